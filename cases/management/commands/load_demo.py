@@ -1,0 +1,46 @@
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from cases.services import case_import, parse_case_file
+from decisionflow.errors import DecisionflowError
+from reviews.groups import REVIEWERS, SUPPORT_LEADS, ensure_review_groups
+
+DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
+
+# Local demo logins only; `make run` prints them. Never use these on a shared server.
+DEMO_USERS = [
+    ("reviewer", "review-T1042", REVIEWERS, "Demo reviewer (approve, decline, edit)"),
+    ("lead", "lead-T1042", SUPPORT_LEADS, "Demo support lead (history, view only)"),
+]
+
+
+class Command(BaseCommand):
+    help = (
+        "Load the demo cases (T-1042 and three more) and the demo reviewer and support lead: "
+        "`python manage.py load_demo`. Running it again changes nothing."
+    )
+
+    def handle(self, *args, **options):
+        try:
+            with transaction.atomic():
+                for path in sorted(DEMO_DIR.glob("*.json")):
+                    result = case_import(data=parse_case_file(path.read_bytes()))
+                    verb = "imported" if result.created else "unchanged"
+                    self.stdout.write(f"load_demo: case={result.case.case_id} {verb}")
+                ensure_review_groups(Group, Permission)
+                User = get_user_model()
+                for username, password, group, _ in DEMO_USERS:
+                    user, created = User.objects.get_or_create(username=username, defaults={"is_staff": True})
+                    if created:
+                        user.set_password(password)
+                        user.save()
+                    user.groups.add(Group.objects.get(name=group))
+        except DecisionflowError as exc:
+            raise CommandError(f"load_demo: {exc.message}") from None
+        self.stdout.write("Demo logins for http://127.0.0.1:8000/admin/ :")
+        for username, password, _, what in DEMO_USERS:
+            self.stdout.write(f"  {what}: username={username} password={password}")

@@ -1,0 +1,110 @@
+"""Cases, their evidence sources with immutable numbered versions, and policies."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Policy(models.Model):
+    """What governed the AI work. ``policy_id`` covers name and parameters, not the label."""
+
+    name = models.CharField(max_length=200)
+    label = models.CharField(max_length=100, help_text="Display only; not part of the identity.")
+    parameters = models.JSONField(default=dict)
+    policy_id = models.CharField(max_length=80, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "policies"
+        constraints = [
+            models.UniqueConstraint(fields=["policy_id", "label"], name="policy_unique_identity_label")
+        ]
+
+    def __str__(self):
+        return f"{self.name} {self.label}"
+
+
+class Source(models.Model):
+    source_id = models.CharField(max_length=100, unique=True)
+    title = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["source_id"]
+
+    def __str__(self):
+        return f"{self.source_id}: {self.title}"
+
+
+class SourceVersion(models.Model):
+    """One immutable version of a source document; edits to a source add a version."""
+
+    source = models.ForeignKey(Source, on_delete=models.PROTECT, related_name="versions")
+    version = models.PositiveIntegerField()
+    text = models.TextField()
+
+    class Meta:
+        ordering = ["source__source_id", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "version"], name="source_version_unique")
+        ]
+
+    def __str__(self):
+        return f"{self.source.source_id} v{self.version}"
+
+
+class Case(models.Model):
+    """A support case and the AI pipeline's prepared work for it.
+
+    ``current_proposal`` moves only by compare-and-swap in ``proposal_revise``: an UPDATE
+    guarded by the expected previous value, so two concurrent edits cannot both win.
+    """
+
+    case_id = models.CharField("case ID", max_length=100, unique=True)
+    subject = models.CharField(max_length=500)
+    customer_message = models.TextField()
+    action = models.CharField(max_length=100, default="record_support_review")
+    policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="cases")
+    draft = models.TextField(help_text="The prepared draft as imported (canonical LF line endings).")
+    # The canonical JSON of the imported file, so a re-import can tell "identical" from "changed".
+    import_digest = models.CharField(max_length=64)
+    current_proposal = models.ForeignKey(
+        "reviews.Proposal",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "case_id"]
+
+    def __str__(self):
+        return self.case_id
+
+
+class SelectedPassage(models.Model):
+    """A passage the pipeline selected as evidence: an exact quotation of one source version."""
+
+    case = models.ForeignKey(Case, on_delete=models.CASCADE, related_name="passages")
+    source_version = models.ForeignKey(SourceVersion, on_delete=models.PROTECT, related_name="+")
+    quotation = models.TextField()
+    position = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["case", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["case", "source_version"], name="passage_unique_version")
+        ]
+
+
+class Finding(models.Model):
+    """An accepted finding with the clause of a selected source version that licenses it."""
+
+    case = models.ForeignKey(Case, on_delete=models.CASCADE, related_name="findings")
+    finding = models.TextField()
+    licensed_clause = models.TextField()
+    source_version = models.ForeignKey(SourceVersion, on_delete=models.PROTECT, related_name="+")
+    position = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["case", "position"]

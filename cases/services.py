@@ -1,0 +1,239 @@
+"""Importing cases from the pipeline's JSON format (see docs/CASE_FORMAT.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from decisionflow import identity
+from decisionflow.errors import InvalidInput
+
+from .models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
+
+_REQUIRED = {
+    "": ["case_id", "subject", "customer_message", "action", "sources", "selected_evidence",
+         "findings", "policy", "draft"],
+    "sources[]": ["source_id", "title", "versions"],
+    "versions[]": ["version", "text"],
+    "selected_evidence[]": ["source_id", "version", "quotation"],
+    "findings[]": ["finding", "licensed_clause", "source_id", "version"],
+    "policy": ["name", "label", "parameters"],
+}
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    case: Case
+    created: bool
+
+
+def _fail(field: str, problem: str):
+    raise InvalidInput(f"{field}: {problem}", field=field)
+
+
+def _check_text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        _fail(field, f"must be a string, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        _fail(field, f"contains a lone surrogate at position {exc.start}; it cannot be stored or hashed")
+    return value
+
+
+def _check_surrogates(value: Any, field: str) -> None:
+    """Every string anywhere in the file, keys included, must be valid Unicode text."""
+    if isinstance(value, str):
+        _check_text(value, field)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_surrogates(item, f"{field}[{index}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, f"{field}.{key}" if field else key)
+            _check_surrogates(item, f"{field}.{key}" if field else key)
+
+
+def _check_keys(obj: Any, kind: str, field: str) -> None:
+    if not isinstance(obj, dict):
+        _fail(field or "file", "must be a JSON object")
+    for key in _REQUIRED[kind]:
+        if key not in obj:
+            _fail(f"{field}.{key}" if field else key, "is required but missing")
+
+
+def _check_version(value: Any, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        _fail(field, f"must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _check_list(value: Any, field: str) -> list:
+    if not isinstance(value, list):
+        _fail(field, "must be a list")
+    return value
+
+
+def parse_case_file(raw: bytes) -> dict:
+    """Decode and validate a case file; returns the data or raises ``InvalidInput``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    validate_case_data(data)
+    return data
+
+
+def validate_case_data(data: Any) -> None:
+    """Structural and referential checks. Nothing here touches the database."""
+    _check_keys(data, "", "")
+    _check_surrogates(data, "")
+    for key in ("case_id", "subject", "customer_message", "action", "draft"):
+        _check_text(data[key], key)
+    if not data["case_id"].strip():
+        _fail("case_id", "must not be empty")
+
+    texts: dict[tuple[str, int], str] = {}
+    for i, source in enumerate(_check_list(data["sources"], "sources")):
+        field = f"sources[{i}]"
+        _check_keys(source, "sources[]", field)
+        _check_text(source["source_id"], f"{field}.source_id")
+        _check_text(source["title"], f"{field}.title")
+        for j, version in enumerate(_check_list(source["versions"], f"{field}.versions")):
+            vfield = f"{field}.versions[{j}]"
+            _check_keys(version, "versions[]", vfield)
+            number = _check_version(version["version"], f"{vfield}.version")
+            key = (source["source_id"], number)
+            if key in texts:
+                _fail(f"{vfield}.version", f"{key[0]} version {number} is listed twice")
+            texts[key] = _check_text(version["text"], f"{vfield}.text")
+
+    selected: set[tuple[str, int]] = set()
+    for i, passage in enumerate(_check_list(data["selected_evidence"], "selected_evidence")):
+        field = f"selected_evidence[{i}]"
+        _check_keys(passage, "selected_evidence[]", field)
+        key = (_check_text(passage["source_id"], f"{field}.source_id"),
+               _check_version(passage["version"], f"{field}.version"))
+        if key not in texts:
+            _fail(f"{field}.version", f"{key[0]} version {key[1]} does not exist in sources")
+        if key in selected:
+            _fail(f"{field}.version", f"{key[0]} version {key[1]} is selected twice")
+        selected.add(key)
+        quotation = _check_text(passage["quotation"], f"{field}.quotation")
+        if not quotation or quotation not in texts[key]:
+            _fail(f"{field}.quotation", f"is not in the text of {key[0]} version {key[1]}")
+
+    for i, finding in enumerate(_check_list(data["findings"], "findings")):
+        field = f"findings[{i}]"
+        _check_keys(finding, "findings[]", field)
+        _check_text(finding["finding"], f"{field}.finding")
+        key = (_check_text(finding["source_id"], f"{field}.source_id"),
+               _check_version(finding["version"], f"{field}.version"))
+        if key not in selected:
+            _fail(f"{field}.source_id", f"cites {key[0]} version {key[1]}, which is not among the selected evidence")
+        clause = _check_text(finding["licensed_clause"], f"{field}.licensed_clause")
+        if not clause or clause not in texts[key]:
+            _fail(f"{field}.licensed_clause", f"is not in the text of {key[0]} version {key[1]}")
+
+    policy = data["policy"]
+    _check_keys(policy, "policy", "policy")
+    _check_text(policy["name"], "policy.name")
+    _check_text(policy["label"], "policy.label")
+    if not isinstance(policy["parameters"], dict):
+        _fail("policy.parameters", "must be an object")
+    for key, value in policy["parameters"].items():
+        try:
+            identity.typed_value(value)
+        except TypeError as exc:
+            _fail(f"policy.parameters.{key}", str(exc))
+
+
+def _import_digest(data: dict) -> str:
+    canonical = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def case_import(*, data: dict) -> ImportResult:
+    """Import one case with its sources, evidence, findings and policy, all or nothing.
+
+    Identical content again is a no-op. A file that would change an existing case, or an
+    existing source version's text, is refused and nothing is written.
+    """
+    validate_case_data(data)
+    data = dict(data, draft=identity.normalize_newlines(data["draft"]))
+    digest = _import_digest(data)
+    with transaction.atomic():
+        existing = Case.objects.filter(case_id=data["case_id"]).first()
+        if existing is not None:
+            if existing.import_digest == digest:
+                return ImportResult(existing, False)
+            raise InvalidInput(
+                f"case {data['case_id']} already exists with different content; "
+                "a case is never changed by an import (edit its proposal in the admin instead)",
+                field="case_id",
+            )
+
+        versions: dict[tuple[str, int], SourceVersion] = {}
+        for src in data["sources"]:
+            source, created = Source.objects.get_or_create(
+                source_id=src["source_id"], defaults={"title": src["title"]}
+            )
+            if not created and source.title != src["title"]:
+                raise InvalidInput(
+                    f"sources: {src['source_id']} already exists with another title", field="sources"
+                )
+            for ver in src["versions"]:
+                sv, created = SourceVersion.objects.get_or_create(
+                    source=source, version=ver["version"], defaults={"text": ver["text"]}
+                )
+                if not created and sv.text != ver["text"]:
+                    raise InvalidInput(
+                        f"sources: {src['source_id']} version {ver['version']} already exists with "
+                        "different text; source versions are immutable, add a new version instead",
+                        field="sources",
+                    )
+                versions[(src["source_id"], ver["version"])] = sv
+
+        pol = data["policy"]
+        policy, _ = Policy.objects.get_or_create(
+            policy_id=identity.policy_id(pol["name"], pol["parameters"]),
+            label=pol["label"],
+            defaults={"name": pol["name"], "parameters": pol["parameters"]},
+        )
+        case = Case.objects.create(
+            case_id=data["case_id"],
+            subject=data["subject"],
+            customer_message=data["customer_message"],
+            action=data["action"],
+            policy=policy,
+            draft=data["draft"],
+            import_digest=digest,
+        )
+        SelectedPassage.objects.bulk_create(
+            SelectedPassage(
+                case=case,
+                source_version=versions[(p["source_id"], p["version"])],
+                quotation=p["quotation"],
+                position=i,
+            )
+            for i, p in enumerate(data["selected_evidence"])
+        )
+        Finding.objects.bulk_create(
+            Finding(
+                case=case,
+                finding=f["finding"],
+                licensed_clause=f["licensed_clause"],
+                source_version=versions[(f["source_id"], f["version"])],
+                position=i,
+            )
+            for i, f in enumerate(data["findings"])
+        )
+    return ImportResult(case, True)

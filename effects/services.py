@@ -1,0 +1,261 @@
+"""Commit (decision + effect in one transaction), reconciliation, and repair.
+
+The unique constraints on ``operation_id`` are the atomic step of commit: every insert is
+attempted, and a unique violation is read back as a replay or a conflict. Nothing checks
+first and writes later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, connection, transaction
+
+from cases.models import Case
+from decisionflow import identity
+from decisionflow.errors import (
+    DecisionflowError,
+    InvalidInput,
+    NotFound,
+    PermissionRefused,
+    StaleProposal,
+)
+from decisionflow.faults import crash_point
+from reviews.models import Proposal, ReviewDecision
+
+from .models import CommitAttempt, EffectRecord
+
+REVIEW_PERMISSION = "reviews.review_proposal"
+
+COMMITTED = "Committed"
+DECLINED = "Declined"
+CONFLICTING = "ConflictingDecision"
+
+PENDING = "Pending"
+NO_LOCAL_EFFECT = "NoLocalEffectRecorded"
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    status: str
+    replay: bool
+    effect_count: int
+    operation_id: str
+    decision: ReviewDecision | None = field(default=None, compare=False)
+
+    def receipt(self) -> dict:
+        """The compact receipt the commands print: exactly these three keys."""
+        return {"Status": self.status, "Replay": self.replay, "EffectCount": self.effect_count}
+
+
+def reviewer_check(reviewer) -> None:
+    if reviewer is None or not getattr(reviewer, "is_authenticated", False) or not reviewer.is_active:
+        raise PermissionRefused("a decision needs an authenticated, active reviewer")
+    if not reviewer.has_perm(REVIEW_PERMISSION):
+        raise PermissionRefused(f"{reviewer.get_username()} does not have the review permission")
+
+
+def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail=""):
+    CommitAttempt.objects.create(
+        operation_id=str(operation_id)[:200],
+        case_id=case_id,
+        approved=approved if isinstance(approved, bool) else None,
+        reviewer=reviewer if getattr(reviewer, "pk", None) else None,
+        outcome=outcome,
+        channel=channel,
+        detail=detail[:2000],
+    )
+
+
+def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
+    return {
+        "operation_id": proposal.operation_id,
+        "decision": decision,
+        "case_id": proposal.case_id,
+        "proposal": proposal,
+        "action": proposal.action,
+        "body": proposal.body,
+        "evidence_id": proposal.evidence_id,
+        "source_versions": {p["source_id"]: p["version"] for p in proposal.passages},
+        "policy_id": proposal.policy_id,
+        "policy_snapshot": proposal.policy_snapshot,
+        "reviewer_id": decision.reviewer_id,
+    }
+
+
+def _insert_once(model, **fields) -> bool:
+    """Insert a write-once row; False when the unique key already holds one."""
+    try:
+        with transaction.atomic():
+            model.objects.create(**fields)
+        return True
+    except IntegrityError:
+        if not model.objects.filter(operation_id=fields["operation_id"]).exists():
+            raise
+        return False
+
+
+def _commit(*, operation_id: str, approved: bool, reviewer, channel: str) -> CommitResult:
+    with transaction.atomic(durable=True):
+        proposal = Proposal.objects.filter(operation_id=operation_id).first()
+        if proposal is None:
+            raise NotFound(f"no proposal has operation {operation_id}")
+        # The case row lock orders this commit against a concurrent edit of the same case,
+        # so "is this still the current proposal?" cannot change before we write.
+        case = Case.objects.select_for_update().only("id", "case_id", "current_proposal_id").get(pk=proposal.case_id)
+        if case.current_proposal_id != proposal.pk:
+            current = Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            raise StaleProposal(
+                f"stale: {identity.short(operation_id)} is not the current proposal of case "
+                f"{case.case_id}; the current one is {identity.short(current or '')}",
+                current_operation_id=current,
+                case_id=case.case_id,
+            )
+        crash_point("commit-before-decision")
+        new_decision = _insert_once(
+            ReviewDecision, operation_id=operation_id, proposal=proposal, approved=approved, reviewer=reviewer
+        )
+        decision = ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
+        attempt = dict(operation_id=operation_id, case_id=case.pk, approved=approved, reviewer=reviewer, channel=channel)
+        if decision.approved != approved:
+            _attempt(**attempt, outcome=CommitAttempt.Outcome.CONFLICT,
+                     detail=f"already {'approved' if decision.approved else 'declined'} by "
+                            f"{decision.reviewer.get_username()}")
+            effects = EffectRecord.objects.filter(operation_id=operation_id).count()
+            return CommitResult(CONFLICTING, False, effects, operation_id, decision)
+        if not approved:
+            _attempt(**attempt, outcome=CommitAttempt.Outcome.DECLINED if new_decision else CommitAttempt.Outcome.REPLAY)
+            return CommitResult(DECLINED, not new_decision, 0, operation_id, decision)
+        crash_point("commit-after-decision")
+        new_effect = _insert_once(EffectRecord, **_effect_fields(proposal, decision))
+        replay = not new_decision and not new_effect
+        _attempt(**attempt, outcome=CommitAttempt.Outcome.REPLAY if replay else CommitAttempt.Outcome.COMMITTED)
+        return CommitResult(COMMITTED, replay, 1, operation_id, decision)
+
+
+def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str = "service") -> CommitResult:
+    """Record a reviewer's decision on one operation and, for an approval, write its effect.
+
+    One durable transaction: when this returns, the decision and the effect are committed.
+    The first approval writes both; the same approval again writes nothing and says
+    ``replay``; the opposite decision is ``ConflictingDecision`` and never an update.
+    Refusals (not a boolean, no permission, unknown or stale operation) raise and write
+    no decision or effect. Every call, refused or not, appends a ``CommitAttempt``.
+    """
+    case_id = Proposal.objects.filter(operation_id=str(operation_id)).values_list("case_id", flat=True).first()
+    attempt = dict(operation_id=operation_id, case_id=case_id, approved=approved, reviewer=reviewer, channel=channel)
+    try:
+        # bool only: 1, "true" or None are not consent.
+        if type(approved) is not bool:
+            raise InvalidInput(f"approved must be true or false, not {approved!r}: an omitted decision is not consent")
+        if not identity.is_operation_id(operation_id):
+            raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
+        reviewer_check(reviewer)
+        result = _commit(operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel)
+    except DecisionflowError as exc:
+        outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+        _attempt(**attempt, outcome=outcome, detail=exc.message)
+        raise
+    except Exception as exc:
+        _attempt(**attempt, outcome=CommitAttempt.Outcome.FAILED, detail=f"{type(exc).__name__}: {exc}")
+        raise
+    crash_point("commit-after-transaction")
+    return result
+
+
+@dataclass(frozen=True)
+class ReconcileRow:
+    case_id: str
+    operation_id: str
+    state: str
+    effects: int
+
+    def as_dict(self) -> dict:
+        return {"case": self.case_id, "operation_id": self.operation_id, "state": self.state, "effects": self.effects}
+
+
+def _state(approved, has_effect) -> str:
+    if approved is None:
+        return PENDING
+    if not approved:
+        return DECLINED
+    return COMMITTED if has_effect else NO_LOCAL_EFFECT
+
+
+def operations_reconcile(
+    *, case_ids: Iterable[str] | None = None, operation_ids: Iterable[str] | None = None, chunk_size: int = 2000
+) -> Iterator[ReconcileRow]:
+    """What really happened to each operation, read from the decision and effect tables.
+
+    Runs nothing and guesses nothing. The operations are each case's current proposal and
+    every proposal that has a decision; a superseded proposal that was never decided can
+    never be committed, so it is not an operation to report.
+
+    One set-based query, streamed (a server-side cursor on PostgreSQL), so a cron run over
+    a million operations holds one chunk in memory at a time. Raw SQL on purpose: it is the
+    hot path of reconcile and a plain anti-join is what the database plans best.
+    """
+    where, params = [], []
+    for column, values in (("c.case_id", case_ids), ("p.operation_id", operation_ids)):
+        if values is not None:
+            values = list(values)
+            if not values:
+                return
+            where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
+            params += values
+    sql = f"""
+        SELECT c.case_id, p.operation_id, d.approved, e.id
+        FROM {Proposal._meta.db_table} p
+        JOIN {Case._meta.db_table} c ON c.id = p.case_id
+        LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
+        LEFT JOIN {EffectRecord._meta.db_table} e ON e.operation_id = p.operation_id
+        WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
+        {"AND " + " AND ".join(where) if where else ""}
+        ORDER BY c.case_id, p.id
+    """
+    with transaction.atomic(), connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(chunk_size):
+            for case_id, operation_id, approved, effect_pk in rows:
+                approved = None if approved is None else bool(approved)
+                yield ReconcileRow(case_id, operation_id, _state(approved, effect_pk is not None),
+                                   0 if effect_pk is None else 1)
+
+
+def operation_reconcile(operation_id: str) -> ReconcileRow | None:
+    """One operation by its key, whether or not it is still current (None if unknown)."""
+    row = (
+        Proposal.objects.filter(operation_id=operation_id)
+        .values_list("case__case_id", "operation_id")
+        .first()
+    )
+    if row is None:
+        return None
+    decision = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", flat=True).first()
+    effects = EffectRecord.objects.filter(operation_id=operation_id).count()
+    return ReconcileRow(row[0], row[1], _state(decision, effects > 0), effects)
+
+
+def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:
+    """Write the missing effect of each ``NoLocalEffectRecorded`` operation.
+
+    Idempotent: the effect's unique key makes a second run (or a concurrent one) a no-op.
+    Each operation is its own transaction, so a crash mid-way leaves every operation either
+    repaired or untouched. Returns the operations that needed repair.
+    """
+    repaired = []
+    for row in rows:
+        if row.state != NO_LOCAL_EFFECT:
+            continue
+        repaired.append(row)
+        if dry_run:
+            continue
+        with transaction.atomic():
+            decision = ReviewDecision.objects.select_related("proposal", "reviewer").get(operation_id=row.operation_id)
+            if _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision)):
+                _attempt(operation_id=row.operation_id, case_id=decision.proposal.case_id, approved=True,
+                         reviewer=decision.reviewer, outcome=CommitAttempt.Outcome.COMMITTED, channel="repair",
+                         detail="reconcile --repair wrote the missing effect")
+        crash_point("repair-midway")
+    return repaired

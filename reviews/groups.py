@@ -1,0 +1,31 @@
+"""The two staff groups. Used by a data migration and by ``load_demo`` (tests flush data)."""
+
+REVIEWERS = "Reviewers"
+SUPPORT_LEADS = "Support leads"
+
+_VIEW = [
+    ("cases", "case"),
+    ("cases", "source"),
+    ("cases", "sourceversion"),
+    ("cases", "policy"),
+    ("reviews", "proposal"),
+    ("reviews", "reviewdecision"),
+    ("reviews", "pendingreview"),
+    ("reviews", "workflowcheckpoint"),
+    ("effects", "effectrecord"),
+    ("effects", "commitattempt"),
+]
+
+
+def ensure_review_groups(Group, Permission):
+    """Create or complete the groups; takes model classes so a migration can pass its own."""
+    view = [
+        Permission.objects.get(content_type__app_label=app, codename=f"view_{model}")
+        for app, model in _VIEW
+    ]
+    review = Permission.objects.get(content_type__app_label="reviews", codename="review_proposal")
+    reviewers, _ = Group.objects.get_or_create(name=REVIEWERS)
+    reviewers.permissions.add(*view, review)
+    leads, _ = Group.objects.get_or_create(name=SUPPORT_LEADS)
+    leads.permissions.add(*view)
+    return reviewers, leads

@@ -1,0 +1,154 @@
+"""Proposals and decisions (both write-once), pending reviews, and workflow checkpoints."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from decisionflow.append_only import AppendOnlyModel
+from decisionflow.identity import short
+
+
+class Origin(models.TextChoices):
+    PREPARED = "prepared", "Prepared"
+    HUMAN_EDIT = "human_edit", "Human edit"
+    EVIDENCE_CHANGE = "evidence_change", "Evidence change"
+
+
+class Proposal(AppendOnlyModel):
+    """Exactly what a reviewer approves, bound to one ``operation_id``. Never updated.
+
+    ``body`` is the canonical body (LF line endings): what the reviewer sees is what was
+    hashed. ``passages``, ``findings`` and ``policy_snapshot`` are snapshots, so later
+    changes to a source or a policy cannot change what an old proposal says.
+    """
+
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="proposals")
+    action = models.CharField(max_length=100)
+    body = models.TextField()
+    # [{"source_id", "version", "quotation"}] in the order shown to the reviewer.
+    passages = models.JSONField()
+    # [{"finding", "licensed_clause", "source_id", "version"}]
+    findings = models.JSONField()
+    # {"name", "label", "parameters"}
+    policy_snapshot = models.JSONField()
+    evidence_id = models.CharField(max_length=80)
+    policy_id = models.CharField(max_length=80)
+    operation_id = models.CharField(max_length=80)
+    origin = models.CharField(max_length=20, choices=Origin.choices)
+    parent = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="children"
+    )
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    # Sentences a person wrote that are not in the prepared draft. The licensed-clause checks
+    # that covered the prepared text say nothing about these.
+    unchecked_sentences = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        permissions = [("review_proposal", "Can approve, decline and edit proposals")]
+        constraints = [
+            models.UniqueConstraint(fields=["operation_id"], name="proposal_unique_operation"),
+            models.CheckConstraint(
+                condition=models.Q(operation_id__startswith="op-v1-"),
+                name="proposal_operation_id_format",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(origin="prepared", parent__isnull=True)
+                | (~models.Q(origin="prepared") & models.Q(parent__isnull=False)),
+                name="proposal_parent_matches_origin",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.case_id and self.case.case_id} {short(self.operation_id)}"
+
+    @property
+    def short_operation_id(self) -> str:
+        return short(self.operation_id)
+
+    @property
+    def is_human_edit(self) -> bool:
+        return self.origin == Origin.HUMAN_EDIT
+
+
+class ReviewDecision(AppendOnlyModel):
+    """A reviewer's approval or decline of one operation. One per operation, never updated.
+
+    The same decision again is a replay; the opposite decision is a conflict, never an update.
+    """
+
+    operation_id = models.CharField(max_length=80)
+    proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="decisions")
+    approved = models.BooleanField()
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-decided_at", "-id"]
+        constraints = [
+            # The atomic step of commit: a second decision for an operation cannot be inserted.
+            models.UniqueConstraint(fields=["operation_id"], name="decision_unique_operation"),
+        ]
+
+    def __str__(self):
+        return f"{'approved' if self.approved else 'declined'} {short(self.operation_id)}"
+
+
+class PendingReview(models.Model):
+    """A workflow paused at the human step: where to resume it, and for which operation."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        COMPLETED = "completed", "Completed"
+        SUPERSEDED = "superseded", "Superseded"
+
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="pending_reviews")
+    proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="pending_reviews")
+    operation_id = models.CharField(max_length=80)
+    workflow_session_id = models.CharField(max_length=100)
+    checkpoint_id = models.CharField(max_length=100)
+    workflow_version = models.CharField(max_length=40)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # `begin` twice for one operation finds the first pause instead of making another.
+            models.UniqueConstraint(fields=["operation_id"], name="pending_review_unique_operation"),
+        ]
+
+    def __str__(self):
+        return f"{self.case} {short(self.operation_id)} ({self.status})"
+
+
+class WorkflowCheckpoint(models.Model):
+    """One agent-framework checkpoint, stored as JSON only (nothing is ever unpickled).
+
+    ``digest`` is the SHA-256 of ``payload`` as stored; a load whose payload no longer
+    matches is refused as tampered or corrupt.
+    """
+
+    checkpoint_id = models.CharField(max_length=100)
+    workflow_name = models.CharField(max_length=200)
+    graph_signature_hash = models.CharField(max_length=128)
+    previous_checkpoint_id = models.CharField(max_length=100, null=True, blank=True)
+    iteration_count = models.IntegerField(default=0)
+    payload = models.TextField()
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["workflow_name", "created_at"], name="checkpoint_by_workflow")]
+        constraints = [
+            models.UniqueConstraint(fields=["checkpoint_id"], name="checkpoint_unique_id"),
+        ]
+
+    def __str__(self):
+        return self.checkpoint_id

@@ -1,0 +1,214 @@
+"""Proposals: built once from a case's prepared work, revised only as new proposals.
+
+Every write is a service here. The pointer ``Case.current_proposal`` moves only by
+compare-and-swap, and a proposal row is never updated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from cases.models import Case, SourceVersion
+from decisionflow import identity
+from decisionflow.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
+
+from .models import Origin, Proposal, ReviewDecision
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def unchecked_sentences(*, body: str, prepared: str) -> list[str]:
+    """Sentences of ``body`` that the prepared draft does not contain, in order."""
+    known = set(split_sentences(prepared))
+    return [s for s in split_sentences(body) if s not in known]
+
+
+@dataclass(frozen=True)
+class RevisionResult:
+    proposal: Proposal
+    changed: bool
+
+
+def _content(case: Case, *, body: str, passages: list[dict], findings: list[dict], policy: dict) -> dict:
+    """Everything a proposal binds, with its three identities computed exactly once."""
+    body = identity.normalize_newlines(body)
+    ev = identity.evidence_id(passages)
+    pol = identity.policy_id(policy["name"], policy["parameters"])
+    return {
+        "case": case,
+        "action": case.action,
+        "body": body,
+        "passages": passages,
+        "findings": findings,
+        "policy_snapshot": policy,
+        "evidence_id": ev,
+        "policy_id": pol,
+        "operation_id": identity.operation_id(case.case_id, case.action, body, ev, pol),
+    }
+
+
+def prepared_content(case: Case) -> dict:
+    passages = [
+        {"source_id": p.source_version.source.source_id, "version": p.source_version.version,
+         "quotation": p.quotation}
+        for p in case.passages.select_related("source_version__source")
+    ]
+    findings = [
+        {"finding": f.finding, "licensed_clause": f.licensed_clause,
+         "source_id": f.source_version.source.source_id, "version": f.source_version.version}
+        for f in case.findings.select_related("source_version__source")
+    ]
+    policy = {"name": case.policy.name, "label": case.policy.label, "parameters": case.policy.parameters}
+    return _content(case, body=case.draft, passages=passages, findings=findings, policy=policy)
+
+
+def _find_or_insert(fields: dict) -> Proposal:
+    """Insert a proposal, or find the one that already has this identity.
+
+    The unique constraint on ``operation_id`` decides; a savepoint keeps the surrounding
+    transaction usable when the insert loses a race.
+    """
+    try:
+        with transaction.atomic():
+            return Proposal.objects.create(**fields)
+    except IntegrityError:
+        existing = Proposal.objects.filter(operation_id=fields["operation_id"]).first()
+        if existing is None:
+            raise
+        return existing
+
+
+def proposal_create(*, case: Case, author=None) -> Proposal:
+    """Build the prepared proposal for ``case`` and make it current if the case has none.
+
+    Building the same content again finds the existing proposal. If the case has already
+    moved on (an edit made another proposal current), the current proposal is returned
+    unchanged: preparing again never rolls the pointer back.
+    """
+    with transaction.atomic():
+        proposal = _find_or_insert(
+            {**prepared_content(case), "origin": Origin.PREPARED, "parent": None, "author": author}
+        )
+        # Compare-and-swap from "no proposal yet".
+        Case.objects.filter(pk=case.pk, current_proposal__isnull=True).update(current_proposal=proposal)
+        case.refresh_from_db(fields=["current_proposal"])
+        return case.current_proposal
+
+
+def _revised_passages(current: Proposal, source_versions: dict) -> tuple[list[dict], list[dict]]:
+    """Move the named sources to other versions, checking each quotation still stands."""
+    cited = {p["source_id"] for p in current.passages}
+    unknown = set(source_versions) - cited
+    if unknown:
+        raise InvalidInput(
+            f"source {sorted(unknown)[0]} is not among this proposal's selected evidence", field="source_versions"
+        )
+    wanted = {}
+    for source_id, version in source_versions.items():
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise InvalidInput(f"{source_id}: version must be an integer, not {version!r}", field="source_versions")
+        sv = SourceVersion.objects.filter(source__source_id=source_id, version=version).first()
+        if sv is None:
+            raise InvalidInput(f"{source_id} has no version {version}", field="source_versions")
+        wanted[source_id] = sv
+
+    def move(item: dict, text_key: str, what: str) -> dict:
+        sv = wanted.get(item["source_id"])
+        if sv is None:
+            return dict(item)
+        if item[text_key] not in sv.text:
+            raise InvalidInput(
+                f"the {what} from {item['source_id']} v{item['version']} is not in version {sv.version}: "
+                f"{item[text_key]!r}",
+                field="source_versions",
+            )
+        return {**item, "version": sv.version}
+
+    passages = [move(p, "quotation", "quotation") for p in current.passages]
+    findings = [move(f, "licensed_clause", "licensed clause") for f in current.findings]
+    return passages, findings
+
+
+def _prepared_root(proposal: Proposal) -> Proposal:
+    while proposal.parent_id is not None:
+        proposal = proposal.parent
+    return proposal
+
+
+def proposal_revise(
+    *,
+    case: Case,
+    expected_operation_id: str,
+    body: str | None = None,
+    source_versions: dict[str, int] | None = None,
+    editor,
+) -> RevisionResult:
+    """Make a new proposal from the current one, with an edited body and/or source versions.
+
+    Invariants: the request must name the case's current operation (else ``StaleProposal``);
+    a decided proposal is never revised (``AlreadyDecided``); the pointer moves by
+    compare-and-swap, so of two concurrent revisions from the same expected identity exactly
+    one wins. A change of line endings only is "no change". One transaction: a refusal
+    writes nothing.
+    """
+    if body is None and not source_versions:
+        raise InvalidInput("an edit needs a new body, new source versions, or both")
+    if body is not None:
+        try:
+            identity.normalize_newlines(body).encode("utf-8")
+        except (UnicodeEncodeError, AttributeError):
+            raise InvalidInput("body must be text without lone surrogates", field="body") from None
+        if not body.strip():
+            raise InvalidInput("body must not be empty", field="body")
+
+    with transaction.atomic():
+        # Lock the case so a commit and an edit of the same case cannot interleave.
+        locked = Case.objects.select_for_update().filter(pk=case.pk).first()
+        if locked is None:
+            raise NotFound(f"case {case.case_id} does not exist")
+        current = locked.current_proposal
+        if current is None:
+            raise InvalidInput(f"case {case.case_id} has no proposal yet; run begin first")
+        if current.operation_id != expected_operation_id:
+            raise StaleProposal(
+                f"stale: case {case.case_id} is now at {identity.short(current.operation_id)}, "
+                f"not {identity.short(str(expected_operation_id))}",
+                current_operation_id=current.operation_id,
+            )
+        if ReviewDecision.objects.filter(operation_id=current.operation_id).exists():
+            raise AlreadyDecided(
+                f"already decided: {identity.short(current.operation_id)} has a decision and cannot be edited"
+            )
+
+        new_body = current.body if body is None else body
+        passages, findings = (
+            _revised_passages(current, source_versions) if source_versions else (current.passages, current.findings)
+        )
+        content = _content(locked, body=new_body, passages=passages, findings=findings, policy=current.policy_snapshot)
+        if content["operation_id"] == current.operation_id:
+            return RevisionResult(current, False)
+
+        body_changed = content["body"] != current.body
+        root = _prepared_root(current)
+        proposal = _find_or_insert(
+            {
+                **content,
+                "origin": Origin.HUMAN_EDIT if body_changed else Origin.EVIDENCE_CHANGE,
+                "parent": current,
+                "author": editor,
+                "unchecked_sentences": unchecked_sentences(body=content["body"], prepared=root.body),
+            }
+        )
+        moved = Case.objects.filter(pk=case.pk, current_proposal=current).update(current_proposal=proposal)
+        if moved != 1:
+            # Unreachable while the row lock above is held; kept so the CAS is the real guard.
+            raise StaleProposal(f"stale: case {case.case_id} moved on during this edit")
+        case.current_proposal = proposal
+        return RevisionResult(proposal, True)

@@ -1,0 +1,84 @@
+"""Shared fixtures: the demo case, users with and without the review permission."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DEBUG", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "cases" / "demo"
+
+
+def pytest_collection_modifyitems(config, items):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        skip = pytest.mark.skip(reason="PostgreSQL only: run `make test` with a server answering")
+        for item in items:
+            if "postgres" in item.keywords:
+                item.add_marker(skip)
+
+
+def load_fixture(name: str = "t1042.json") -> dict:
+    import json
+
+    return json.loads((DEMO / name).read_text())
+
+
+@pytest.fixture
+def t1042_data():
+    return load_fixture("t1042.json")
+
+
+@pytest.fixture
+def case(db, t1042_data):
+    from cases.services import case_import
+
+    return case_import(data=t1042_data).case
+
+
+@pytest.fixture
+def groups(db):
+    from django.contrib.auth.models import Group, Permission
+
+    from reviews.groups import ensure_review_groups
+
+    return ensure_review_groups(Group, Permission)
+
+
+@pytest.fixture
+def make_user(db, groups):
+    from django.contrib.auth import get_user_model
+
+    reviewers, leads = groups
+
+    def make(username="reviewer", *, group="reviewers", password="pw-T1042-test"):
+        user = get_user_model().objects.create_user(username=username, password=password, is_staff=True)
+        if group == "reviewers":
+            user.groups.add(reviewers)
+        elif group == "leads":
+            user.groups.add(leads)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def reviewer(make_user):
+    return make_user("reviewer")
+
+
+@pytest.fixture
+def lead(make_user):
+    return make_user("lead", group="leads")
+
+
+@pytest.fixture
+def proposal(case):
+    from reviews.services import proposal_create
+
+    return proposal_create(case=case)
