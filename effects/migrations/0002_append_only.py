@@ -8,7 +8,7 @@ TABLES = ["effects_effectrecord", "effects_commitattempt"]
 def add_triggers(apps, schema_editor):
     for table in TABLES:
         if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(append_only_trigger_sql(table)[0])
+            schema_editor.execute(append_only_trigger_sql(table)[0], params=None)
         elif schema_editor.connection.vendor == "sqlite":
             schema_editor.execute(
                 f"CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table} "
@@ -19,7 +19,7 @@ def add_triggers(apps, schema_editor):
 def drop_triggers(apps, schema_editor):
     for table in TABLES:
         if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(append_only_trigger_sql(table)[1])
+            schema_editor.execute(append_only_trigger_sql(table)[1], params=None)
         elif schema_editor.connection.vendor == "sqlite":
             schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_update")
 

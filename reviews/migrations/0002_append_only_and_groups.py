@@ -9,7 +9,7 @@ TABLES = ["reviews_proposal", "reviews_reviewdecision"]
 def add_triggers(apps, schema_editor):
     for table in TABLES:
         if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(append_only_trigger_sql(table)[0])
+            schema_editor.execute(append_only_trigger_sql(table)[0], params=None)
         elif schema_editor.connection.vendor == "sqlite":
             # SQLite: refuse UPDATE only. Its test-database flush deletes rows with DELETE,
             # which a DELETE trigger would block; the ORM still refuses deletes.
@@ -22,7 +22,7 @@ def add_triggers(apps, schema_editor):
 def drop_triggers(apps, schema_editor):
     for table in TABLES:
         if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(append_only_trigger_sql(table)[1])
+            schema_editor.execute(append_only_trigger_sql(table)[1], params=None)
         elif schema_editor.connection.vendor == "sqlite":
             schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_update")
 

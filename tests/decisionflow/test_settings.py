@@ -1,0 +1,32 @@
+"""Start-up refuses to run in production without a secret."""
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def _run(env_overrides, *args):
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG", "DATABASE_URL")}
+    env.update(env_overrides)
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_missing_secret_key_with_debug_off_fails_clearly(tmp_path):
+    result = _run({"DEBUG": "0"}, "check")
+    assert result.returncode != 0
+    assert "SECRET_KEY is not set" in result.stderr
+
+
+def test_debug_off_with_secret_key_starts():
+    result = _run({"DEBUG": "0", "SECRET_KEY": "x" * 60, "ALLOWED_HOSTS": "decisionflow.internal"}, "check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_database_url_selects_the_backend():
+    from django.conf import settings
+
+    assert settings.DATABASES["default"]["ENGINE"] in (
+        "django.db.backends.sqlite3", "django.db.backends.postgresql")
