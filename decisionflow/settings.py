@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "cases",
     "reviews",
     "effects",
+    "api",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,204 @@
+"""The JSON API for automation. Endpoints parse, call one service or selector, and answer.
+
+Errors are all one JSON shape, ``{"code", "message"}``; see docs/API.md for the table.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI, Path
+from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
+from ninja.responses import Status
+
+from decisionflow import errors
+
+from . import selectors, services
+from .auth import AUTH
+from .parser import StrictJsonParser
+from .schemas import (
+    DEMO_OPERATION_ID,
+    OPERATION_ID_PATTERN,
+    CaseOut,
+    DecisionIn,
+    DecisionOut,
+    EditIn,
+    EditOut,
+    ErrorOut,
+    OperationOut,
+)
+
+logger = logging.getLogger(__name__)
+
+api = NinjaAPI(
+    title="decisionflow API",
+    version="1",
+    description="Approve, decline and edit proposals, and look up operations by their identity. "
+    "See docs/API.md.",
+    auth=AUTH,
+    parser=StrictJsonParser(),
+    urls_namespace="api",
+    openapi_url="/openapi.json",
+    docs_url="/docs",
+)
+
+# The status each application error answers with; the body carries the error's own code.
+STATUS = {
+    errors.InvalidInput: 400,
+    errors.PermissionRefused: 403,
+    errors.NotFound: 404,
+    errors.StaleProposal: 409,
+    errors.AlreadyDecided: 409,
+    errors.ConflictingDecision: 409,
+    errors.WorkflowIncompatible: 409,
+    errors.OutcomeUncertain: 500,
+}
+# Codes for the refusals that do not come from a service.
+HTTP_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+              405: "method_not_allowed", 413: "too_large", 429: "throttled"}
+
+
+def error_body(code: str, message: str, **extra) -> dict:
+    return {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def _reply(request, status: int, code: str, message: str, **extra):
+    return api.create_response(request, error_body(code, message, **extra), status=status)
+
+
+@api.exception_handler(errors.DecisionflowError)
+def _app_error(request, exc: errors.DecisionflowError):
+    status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
+    code = "forbidden" if isinstance(exc, errors.PermissionRefused) else exc.code
+    return _reply(request, status, code, exc.message,
+                  current_operation_id=getattr(exc, "current_operation_id", None),
+                  operation_id=exc.details.get("operation_id"))
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request, exc: ValidationError):
+    parts = []
+    for err in exc.errors[:10]:
+        # ninja prefixes the location with the parameter source ("body", "path"); keep it.
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "payload")
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else str(err.get("msg", "invalid")))
+    return _reply(request, 400, "invalid_request", "; ".join(parts) or "invalid request")
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    cause = exc.__cause__
+    if isinstance(cause, errors.DecisionflowError):  # our parser's refusal, wrapped by ninja
+        return _app_error(request, cause)
+    if isinstance(cause, RequestDataTooBig):
+        return _too_large(request, cause)
+    code = HTTP_CODES.get(exc.status_code, "error")
+    message = str(exc)
+    if isinstance(exc, AuthenticationError) and message == "Unauthorized":
+        message = "authentication required: send Authorization: Bearer <token>, or use the admin session"
+    if isinstance(exc, AuthorizationError) and message == "Forbidden":
+        message = "forbidden"
+    return _reply(request, exc.status_code, code, message)
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_large(request, exc):
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return _reply(request, 413, "too_large", f"the request body is over the limit of {limit} bytes")
+
+
+@api.exception_handler(Http404)
+def _http404(request, exc):
+    return _reply(request, 404, "not_found", "not found")
+
+
+@api.exception_handler(Exception)
+def _unexpected(request, exc):
+    # A bug, not a refusal: log it with its traceback and answer in the same JSON shape.
+    logger.exception("unexpected error in %s %s", request.method, request.path)
+    return _reply(request, 500, "internal_error", f"internal error ({type(exc).__name__}); see the server log")
+
+
+@csrf_exempt
+def not_found(request: HttpRequest, *args, **kwargs):
+    return JsonResponse(error_body("not_found", f"no API endpoint at {request.path[:200]}"), status=404)
+
+
+def _errors(*statuses: int) -> dict:
+    return {status: ErrorOut for status in statuses}
+
+
+CaseId = Path(..., description="the case's external ID, e.g. T-1042", examples=["T-1042"], max_length=100)
+OperationIdPath = Path(..., pattern=OPERATION_ID_PATTERN, description="op-v1- and 64 lowercase hex digits",
+                       examples=[DEMO_OPERATION_ID])
+
+
+@api.get("/cases/{case_id}", response={200: CaseOut, **_errors(400, 401, 403, 404)}, tags=["cases"], operation_id="case_detail")
+def case_detail(request, case_id: str = CaseId):
+    """The case's current proposal, its pending review, and its reconcile state."""
+    return selectors.case_data(selectors.case_get(case_id))
+
+
+@api.post(
+    "/cases/{case_id}/decision",
+    response={200: DecisionOut, **_errors(400, 401, 403, 404, 409, 413, 500)},
+    tags=["cases"],
+    operation_id="case_decision",
+)
+def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
+    """Approve or decline the operation you saw. The reviewer is you, the authenticated user.
+
+    The same request again answers 200 with ``replay: true`` and writes nothing. The
+    opposite decision is 409 ``conflicting_decision``. After a 500 ``outcome_uncertain``,
+    GET the operation, then retry: a retry is a replay, never a duplicate.
+    """
+    result = services.decision_submit(
+        case=selectors.case_get(case_id),
+        operation_id=payload.operation_id,
+        approved=payload.approved,
+        reviewer=request.auth,
+        fault=services.fault_requested(request),
+    )
+    return {"status": result.status, "replay": result.replay, "effect_count": result.effect_count,
+            "operation_id": result.operation_id}
+
+
+@api.post(
+    "/cases/{case_id}/edits",
+    response={200: EditOut, 201: EditOut, **_errors(400, 401, 403, 404, 409, 413, 500)},
+    tags=["cases"],
+    operation_id="case_edit",
+)
+def case_edit(request, payload: EditIn, case_id: str = CaseId):
+    """Edit the body and/or move cited sources to other versions: a new proposal (201).
+
+    A change of line endings only is no change: 200 with ``changed: false``.
+    """
+    revision = services.edit_submit(
+        case=selectors.case_get(case_id),
+        expected_operation_id=payload.expected_operation_id,
+        body=payload.body,
+        source_versions=payload.source_versions,
+        editor=request.auth,
+    )
+    data = {
+        "changed": revision.changed,
+        "proposal": selectors.proposal_data(revision.proposal),
+        "pending": selectors.pending_data(revision.proposal.operation_id),
+    }
+    return Status(201 if revision.changed else 200, data)
+
+
+@api.get("/operations/{operation_id}", response={200: OperationOut, **_errors(400, 401, 403, 404)},
+         tags=["operations"], operation_id="operation_detail")
+def operation_detail(request, operation_id: str = OperationIdPath):
+    """What happened to one operation: Pending, Committed, Declined or NoLocalEffectRecorded.
+
+    Read from the decision and effect tables; after a lost response, ask this instead of guessing.
+    """
+    return selectors.operation_data(operation_id)

@@ -1,0 +1,138 @@
+"""Request and response shapes. Requests are strict: unknown fields, and anything but a JSON
+boolean for ``approved``, are refused (400) before any service runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from decisionflow.identity import OPERATION_ID_RE
+
+OPERATION_ID_PATTERN = OPERATION_ID_RE.pattern
+DEMO_OPERATION_ID = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fbfc"
+
+OperationId = Annotated[
+    StrictStr,
+    Field(pattern=OPERATION_ID_PATTERN, description="op-v1- and 64 lowercase hex digits", examples=[DEMO_OPERATION_ID]),
+]
+
+
+class Strict(Schema):
+    # A field we do not know is refused, never ignored: a "reviewer" in the body must not
+    # look as if it had been honoured.
+    model_config = ConfigDict(extra="forbid")
+
+
+# Requests ---------------------------------------------------------------------------------
+
+
+class DecisionIn(Strict):
+    operation_id: OperationId
+    approved: StrictBool = Field(description="true approves, false declines; nothing else is consent")
+
+
+class EditIn(Strict):
+    expected_operation_id: OperationId
+    body: StrictStr | None = Field(default=None, min_length=1, description="the new draft body")
+    source_versions: dict[Annotated[StrictStr, Field(min_length=1, max_length=100)],
+                          Annotated[StrictInt, Field(ge=1, le=2_147_483_647)]] | None = Field(
+        default=None, description='move cited sources to other versions, e.g. {"HOLD-7": 4}', min_length=1
+    )
+
+    @model_validator(mode="after")
+    def _something_to_change(self):
+        if self.body is None and not self.source_versions:
+            raise ValueError("an edit needs body, source_versions, or both")
+        return self
+
+
+# Responses --------------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    code: str = Field(description="stable, machine-readable: invalid_request, unauthorized, forbidden, not_found, "
+                                  "stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
+                                  "too_large, outcome_uncertain, internal_error")
+    message: str
+    current_operation_id: str | None = Field(default=None, description="with stale_proposal: the case's current operation")
+    operation_id: str | None = Field(default=None, description="the operation the error is about, when there is one")
+
+
+class DecisionOut(Schema):
+    status: Literal["Committed", "Declined"]
+    replay: bool
+    effect_count: int
+    operation_id: str
+
+
+class PassageOut(Schema):
+    source_id: str
+    version: int
+    quotation: str
+
+
+class FindingOut(Schema):
+    finding: str
+    licensed_clause: str
+    source_id: str
+    version: int
+
+
+class PolicyOut(Schema):
+    name: str
+    label: str
+    parameters: dict[str, int | str | bool]
+
+
+class ProposalOut(Schema):
+    operation_id: str
+    action: str
+    origin: Literal["prepared", "human_edit", "evidence_change"]
+    parent_operation_id: str | None
+    author: str | None
+    created_at: datetime
+    body: str
+    evidence_id: str
+    policy_id: str
+    passages: list[PassageOut]
+    findings: list[FindingOut]
+    policy: PolicyOut
+    unchecked_sentences: list[str]
+
+
+class PendingOut(Schema):
+    status: Literal["pending", "completed", "superseded"]
+    workflow_version: str
+    created_at: datetime
+
+
+class DecisionInfoOut(Schema):
+    approved: bool
+    reviewer: str
+    decided_at: datetime
+
+
+class OperationOut(Schema):
+    operation_id: str
+    case_id: str
+    state: Literal["Pending", "Committed", "Declined", "NoLocalEffectRecorded"]
+    effect_count: int
+    current: bool = Field(description="whether this is still the case's current proposal")
+    decision: DecisionInfoOut | None
+
+
+class CaseOut(Schema):
+    case_id: str
+    subject: str
+    proposal: ProposalOut | None
+    pending: PendingOut | None = Field(description="the paused review of the current proposal; null before it is begun")
+    reconcile: OperationOut | None
+
+
+class EditOut(Schema):
+    changed: bool
+    proposal: ProposalOut
+    pending: PendingOut | None

@@ -1,0 +1,76 @@
+"""The reads the API shows: a case with its current proposal, and one operation by its key."""
+
+from __future__ import annotations
+
+from cases.models import Case
+from decisionflow.errors import NotFound
+from effects.services import operation_reconcile
+from reviews.models import PendingReview, Proposal, ReviewDecision
+
+
+def case_get(case_id: str) -> Case:
+    case = Case.objects.select_related("current_proposal").filter(case_id=case_id).first()
+    if case is None:
+        raise NotFound(f"case {case_id[:100]} does not exist")
+    return case
+
+
+def proposal_data(proposal: Proposal) -> dict:
+    return {
+        "operation_id": proposal.operation_id,
+        "action": proposal.action,
+        "origin": proposal.origin,
+        "parent_operation_id": proposal.parent.operation_id if proposal.parent_id else None,
+        "author": proposal.author.get_username() if proposal.author_id else None,
+        "created_at": proposal.created_at,
+        "body": proposal.body,
+        "evidence_id": proposal.evidence_id,
+        "policy_id": proposal.policy_id,
+        "passages": proposal.passages,
+        "findings": proposal.findings,
+        "policy": proposal.policy_snapshot,
+        "unchecked_sentences": proposal.unchecked_sentences,
+    }
+
+
+def pending_data(operation_id: str) -> dict | None:
+    pending = PendingReview.objects.filter(operation_id=operation_id).first()
+    if pending is None:
+        return None
+    return {"status": pending.status, "workflow_version": pending.workflow_version, "created_at": pending.created_at}
+
+
+def operation_data(operation_id: str) -> dict:
+    """What happened to one operation, read from the decision and effect tables (never guessed)."""
+    row = operation_reconcile(operation_id)
+    if row is None:
+        raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
+    decision = (
+        ReviewDecision.objects.select_related("reviewer").filter(operation_id=operation_id).first()
+    )
+    current = Case.objects.filter(case_id=row.case_id, current_proposal__operation_id=operation_id).exists()
+    return {
+        "operation_id": row.operation_id,
+        "case_id": row.case_id,
+        "state": row.state,
+        "effect_count": row.effects,
+        "current": current,
+        "decision": None if decision is None else {
+            "approved": decision.approved,
+            "reviewer": decision.reviewer.get_username(),
+            "decided_at": decision.decided_at,
+        },
+    }
+
+
+def case_data(case: Case) -> dict:
+    proposal = None
+    if case.current_proposal_id:
+        proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
+    return {
+        "case_id": case.case_id,
+        "subject": case.subject,
+        "proposal": proposal and proposal_data(proposal),
+        "pending": proposal and pending_data(proposal.operation_id),
+        "reconcile": proposal and operation_data(proposal.operation_id),
+    }

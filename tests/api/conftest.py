@@ -1,0 +1,83 @@
+"""API fixtures: tokens for a reviewer and for a user without the review permission, and a
+snapshot of every table a refusal must leave alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+DEMO_OP = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fbfc"
+
+
+@pytest.fixture
+def reviewer_token(reviewer):
+    from api.services import token_create
+
+    return token_create(user=reviewer, name="tests")[1]
+
+
+@pytest.fixture
+def lead_token(lead):
+    from api.services import token_create
+
+    return token_create(user=lead, name="tests")[1]
+
+
+class Api:
+    """A thin JSON client over Django's test client, with a bearer token."""
+
+    def __init__(self, client, token=None):
+        self.client = client
+        self.token = token
+
+    def headers(self, extra=None):
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers.update(extra or {})
+        return headers
+
+    def get(self, path, **kw):
+        return self.client.get(path, headers=self.headers(kw.pop("headers", None)), **kw)
+
+    def post(self, path, data=None, *, raw=None, headers=None, content_type="application/json"):
+        body = raw if raw is not None else json.dumps(data)
+        return self.client.post(path, body, content_type=content_type, headers=self.headers(headers))
+
+
+@pytest.fixture
+def api(client, reviewer_token):
+    return Api(client, reviewer_token)
+
+
+@pytest.fixture
+def lead_api(client, lead_token):
+    return Api(client, lead_token)
+
+
+@pytest.fixture
+def anon_api(client):
+    return Api(client)
+
+
+def snapshot() -> dict:
+    """Counts and pointers that a refusal must not change."""
+    from cases.models import Case
+    from effects.models import EffectRecord
+    from reviews.models import PendingReview, Proposal, ReviewDecision
+
+    return {
+        "decisions": ReviewDecision.objects.count(),
+        "effects": EffectRecord.objects.count(),
+        "proposals": Proposal.objects.count(),
+        "pending": sorted(PendingReview.objects.values_list("operation_id", "status")),
+        "pointers": sorted(Case.objects.values_list("case_id", "current_proposal_id")),
+    }
+
+
+def assert_error(response, status, code):
+    assert response.status_code == status, response.content[:500]
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert body["code"] == code, body
+    assert isinstance(body["message"], str) and body["message"]
+    return body
