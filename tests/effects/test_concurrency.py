@@ -1,6 +1,7 @@
 """Races on real connections: one effect, one first decision, one winning revision.
 
-These run on PostgreSQL (the production database), each thread on its own connection.
+Each thread has its own connection. They run on both databases: on PostgreSQL (production)
+the row lock and unique indexes decide; on SQLite, IMMEDIATE transactions serialize writers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from effects.services import effect_commit
 from reviews.models import Proposal, ReviewDecision
 from reviews.services import proposal_create, proposal_revise
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def race(calls):
