@@ -1,0 +1,46 @@
+"""The effect store and the commit log in the admin: read-only, as the tables are write-once."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from decisionflow.admin_base import ViewOnlyAdmin, op_html, pre_html
+
+from .models import CommitAttempt, EffectRecord
+
+
+@admin.register(EffectRecord)
+class EffectRecordAdmin(ViewOnlyAdmin):
+    list_display = ("operation", "case", "action", "reviewer", "recorded_at")
+    list_select_related = ("case", "reviewer")
+    list_filter = ("action", "recorded_at")
+    search_fields = ("=operation_id", "=case__case_id")
+    list_per_page = 100
+    fields = ("operation_id", "case", "action", "reviewer", "recorded_at", "body_pre", "evidence_id",
+              "source_versions", "policy_id", "policy_snapshot", "decision", "proposal")
+    readonly_fields = ("body_pre",)
+
+    def get_queryset(self, request):
+        # The reviewed body is read only on the detail page.
+        return super().get_queryset(request).defer("body", "policy_snapshot", "source_versions")
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)
+
+    @admin.display(description="reviewed body")
+    def body_pre(self, obj):
+        return pre_html(obj.body)
+
+
+@admin.register(CommitAttempt)
+class CommitAttemptAdmin(ViewOnlyAdmin):
+    list_display = ("operation", "case", "outcome", "approved", "reviewer", "channel", "attempted_at", "detail")
+    list_select_related = ("case", "reviewer")
+    list_filter = ("outcome", "channel", "attempted_at")
+    search_fields = ("=operation_id", "=case__case_id")
+    list_per_page = 100
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)

@@ -1,0 +1,393 @@
+"""The review workplace: the review page per proposal, Approve/Decline, Edit.
+
+Views here parse the request, call one service and show the result. Approve and Decline go
+through ``reviews.workplace.proposal_decide`` -> ``decisionflow.workflow.review_resume``
+(the path ``manage.py resume`` takes); edits through ``decisionflow.workflow.review_edit``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
+
+from cases.models import SourceVersion
+from decisionflow import identity
+from decisionflow.admin_base import ViewOnlyAdmin, op_html, pre_html, when
+from decisionflow.errors import DecisionflowError, InvalidInput, PermissionRefused, StaleProposal
+from effects.models import EffectRecord
+from effects.services import REVIEW_PERMISSION
+
+from . import workplace
+from .forms import DecisionForm, ProposalEditForm
+from .models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
+from .selectors import evidence_moves, proposal_diff
+
+# Large columns no changelist shows; deferring them keeps a page of 100 rows light.
+PROPOSAL_BIG_FIELDS = ("body", "passages", "findings", "policy_snapshot", "unchecked_sentences")
+
+
+def can_review(user) -> bool:
+    return user.is_active and user.has_perm(REVIEW_PERMISSION)
+
+
+def review_url(proposal_pk) -> str:
+    return reverse("admin:reviews_proposal_review", args=[proposal_pk])
+
+
+def current_proposal_link(operation_id: str | None):
+    """A link to the review page of the proposal with this identity (stale refusals)."""
+    if not operation_id:
+        return "(none)"
+    pk = Proposal.objects.filter(operation_id=operation_id).values_list("pk", flat=True).first()
+    if pk is None:
+        return op_html(operation_id)
+    return format_html('<a href="{}" class="df-current-link">{}</a>', review_url(pk), identity.short(operation_id))
+
+
+def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> list[tuple[int, str]]:
+    """What the reviewer is told, as (level, safe HTML) pairs. Every value is escaped."""
+    op = identity.short(outcome.operation_id)
+    result, error = outcome.result, outcome.error
+    if outcome.kind in (workplace.COMMITTED, workplace.DECLINED_KIND):
+        receipt = json.dumps(result.receipt(), separators=(",", ":"))
+        if outcome.kind == workplace.COMMITTED:
+            effect = EffectRecord.objects.filter(operation_id=outcome.operation_id).values_list("pk", flat=True).first()
+            link = format_html(
+                '<a href="{}">effect record {}</a>',
+                reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
+                op,
+            )
+            text = format_html("{}Committed: {} receipt={}. See the {}.", prefix, op, receipt, link)
+        else:
+            text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
+        return [(messages.SUCCESS, text)]
+    if outcome.kind == workplace.REPLAY:
+        decision = result.decision
+        verb = "approved" if decision.approved else "declined"
+        return [(messages.INFO, format_html(
+            "{}already {} by {} at {}, no new record ({})",
+            prefix, verb, decision.reviewer.get_username(), when(decision.decided_at), op,
+        ))]
+    if outcome.kind == workplace.CONFLICT:
+        decision = getattr(result, "decision", None)
+        if decision is not None:
+            done = "approved" if decision.approved else "declined"
+            asked = "approval" if outcome.approved else "decline"
+            text = format_html(
+                "{}conflict: {} was already {} by {} at {}; your {} was refused and nothing was written.",
+                prefix, op, done, decision.reviewer.get_username(), when(decision.decided_at), asked,
+            )
+        else:
+            text = format_html("{}conflict: {} Nothing was written.", prefix, error.message if error else "")
+        return [(messages.ERROR, text)]
+    if outcome.kind == workplace.STALE:
+        current = getattr(error, "current_operation_id", None)
+        return [(messages.ERROR, format_html(
+            "{}stale: you reviewed {}, but the case's current proposal is now {}. Nothing was written; "
+            "open the current proposal and review it.",
+            prefix, op, current_proposal_link(current),
+        ))]
+    if outcome.kind == workplace.UNCERTAIN:
+        row = outcome.reconciled
+        state = (
+            format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects)
+            if row is not None
+            else format_html("reconciled from the effect store: op {} is unknown", op)
+        )
+        return [
+            (messages.WARNING, format_html(
+                "{}outcome uncertain: reconciling ({})", prefix, error.message if error else "no receipt"
+            )),
+            (messages.INFO if row is not None and row.state in ("Committed", "Declined") else messages.WARNING,
+             format_html("{}{}", prefix, state)),
+        ]
+    # refused: permission, workflow version, not found, invalid input
+    return [(messages.ERROR, format_html("{}refused: {} Nothing was written.", prefix, error.message if error else ""))]
+
+
+def mark_sentences(body: str, sentences: list[str]):
+    """The body, escaped, with each unchecked sentence wrapped in <mark>; text unchanged."""
+    spans = []
+    for sentence in sentences:
+        start = body.find(sentence)
+        while start != -1:
+            spans.append((start, start + len(sentence)))
+            start = body.find(sentence, start + len(sentence))
+    spans.sort()
+    out, pos = [], 0
+    for start, end in spans:
+        if start < pos:  # overlapping match: already inside a mark
+            continue
+        out.append(escape(body[pos:start]))
+        out.append(f'<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
+                   f"{escape(body[start:end])}</mark>")
+        pos = end
+    out.append(escape(body[pos:]))
+    return mark_safe("".join(out))
+
+
+@admin.register(Proposal)
+class ProposalAdmin(ViewOnlyAdmin):
+    list_display = ("operation", "case_link", "origin", "author", "created_at", "review_link")
+    list_display_links = None
+    list_select_related = ("case", "author")
+    list_filter = ("origin", "created_at")
+    search_fields = ("=operation_id", "=case__case_id")
+    list_per_page = 100
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*PROPOSAL_BIG_FIELDS)
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)
+
+    @admin.display(description="case", ordering="case__case_id")
+    def case_link(self, obj):
+        return obj.case.case_id
+
+    @admin.display(description="review")
+    def review_link(self, obj):
+        return format_html('<a href="{}">Review page</a>', review_url(obj.pk))
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/review/", wrap(self.review_view), name="reviews_proposal_review"),
+            path("<int:pk>/decide/", wrap(self.decide_view), name="reviews_proposal_decide"),
+            path("<int:pk>/edit/", wrap(self.edit_view), name="reviews_proposal_edit"),
+        ] + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # One page per proposal: the review page shows everything the detail view would.
+        if str(object_id).isdigit():
+            return HttpResponseRedirect(review_url(object_id))
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- the review page ---------------------------------------------------------------
+
+    def _context(self, request, proposal, **extra):
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "proposal": proposal,
+            "case": proposal.case,
+            **extra,
+        }
+
+    def review_view(self, request, pk):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        proposal = get_object_or_404(
+            Proposal.objects.select_related("case", "parent", "author"), pk=pk
+        )
+        case = proposal.case
+        is_current = case.current_proposal_id == proposal.pk
+        current_op = None
+        if not is_current and case.current_proposal_id:
+            current_op = Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+        decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=proposal.operation_id).first()
+        effect = EffectRecord.objects.filter(operation_id=proposal.operation_id).only("id", "recorded_at").first()
+        pending = PendingReview.objects.filter(operation_id=proposal.operation_id).first()
+
+        cited = {(p["source_id"], p["version"]) for p in proposal.passages + proposal.findings}
+        version_pks = {
+            (source_id, version): pk
+            for pk, source_id, version in SourceVersion.objects.filter(
+                source__source_id__in={s for s, _ in cited}
+            ).values_list("pk", "source__source_id", "version")
+        }
+
+        def with_link(item):
+            pk = version_pks.get((item["source_id"], item["version"]))
+            url = reverse("admin:cases_sourceversion_change", args=[pk]) if pk else None
+            return {**item, "url": url}
+
+        policy = proposal.policy_snapshot
+        parameters = [
+            {"key": key, "value": value, "typed": identity.typed_value(value)}
+            for key, value in sorted(policy.get("parameters", {}).items())
+        ]
+        reviewer_ok = can_review(request.user)
+        context = self._context(
+            request,
+            proposal,
+            title=f"Review {case.case_id}",
+            subtitle=proposal.short_operation_id,
+            is_current=is_current,
+            current_link=current_proposal_link(current_op) if current_op else None,
+            decision=decision,
+            decided_at=when(decision.decided_at) if decision else None,
+            effect=effect,
+            pending=pending,
+            passages=[with_link(p) for p in proposal.passages],
+            findings=[with_link(f) for f in proposal.findings],
+            policy=policy,
+            parameters=parameters,
+            diff=proposal_diff(proposal),
+            moves=evidence_moves(proposal),
+            body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
+            if proposal.unchecked_sentences
+            else escape(proposal.body),
+            can_review=reviewer_ok,
+            show_decide=reviewer_ok and is_current,
+            show_edit=reviewer_ok and is_current and decision is None,
+            history_url=reverse("admin:cases_case_history", args=[case.pk]),
+        )
+        return TemplateResponse(request, "admin/reviews/proposal/review.html", context)
+
+    # --- Approve / Decline -------------------------------------------------------------
+
+    def decide_view(self, request, pk):
+        # Permission before anything else: a forged POST by a support lead gets 403.
+        if not can_review(request.user):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        proposal = get_object_or_404(Proposal.objects.select_related("case").only("id", "case"), pk=pk)
+        form = DecisionForm(request.POST)
+        if not form.is_valid():
+            for errors in form.errors.values():
+                for error in errors:
+                    self.message_user(request, f"refused: {error}. Nothing was written.", messages.ERROR)
+            return HttpResponseRedirect(review_url(pk))
+        outcome = workplace.proposal_decide(
+            case=proposal.case,
+            operation_id=form.cleaned_data["operation_id"],
+            approved=form.approved,
+            reviewer=request.user,
+        )
+        for level, text in outcome_message(outcome):
+            self.message_user(request, text, level)
+        return HttpResponseRedirect(review_url(pk))
+
+    # --- Edit --------------------------------------------------------------------------
+
+    def edit_view(self, request, pk):
+        from decisionflow.workflow import review_edit
+
+        if not can_review(request.user):
+            raise PermissionDenied
+        proposal = get_object_or_404(Proposal.objects.select_related("case"), pk=pk)
+        case = proposal.case
+        if request.method == "POST":
+            form = ProposalEditForm(request.POST, proposal=proposal)
+            if form.is_valid():
+                expected = form.cleaned_data["expected_operation_id"]
+                try:
+                    revision, _begun = review_edit(
+                        case=case,
+                        expected_operation_id=expected,
+                        body=form.cleaned_data["body"],
+                        source_versions=form.source_versions(),
+                        editor=request.user,
+                    )
+                except StaleProposal as exc:
+                    self.message_user(request, format_html(
+                        "stale: this edit started from {}, but the case's current proposal is now {}. "
+                        "Nothing was written; open the current proposal and edit that one.",
+                        identity.short(expected), current_proposal_link(exc.current_operation_id),
+                    ), messages.ERROR)
+                except DecisionflowError as exc:
+                    # review_edit commits the revision before it begins the new review; if
+                    # begin failed, the new proposal exists and is current: say so.
+                    case.refresh_from_db(fields=["current_proposal"])
+                    moved = case.current_proposal_id not in (None, proposal.pk) and Proposal.objects.filter(
+                        pk=case.current_proposal_id, parent_id=proposal.pk, author_id=request.user.pk
+                    ).exists()
+                    if moved and not isinstance(exc, (PermissionRefused, InvalidInput)):
+                        self.message_user(request, format_html(
+                            "Saved as a new proposal, but beginning its review failed: {}. "
+                            "The first Approve or Decline on it begins the review again.", exc.message,
+                        ), messages.WARNING)
+                        return HttpResponseRedirect(review_url(case.current_proposal_id))
+                    self.message_user(request, f"refused: {exc.message} Nothing was written.", messages.ERROR)
+                else:
+                    new = revision.proposal
+                    if not revision.changed:
+                        self.message_user(
+                            request,
+                            f"no change: the edit is identical to {new.short_operation_id} once line endings "
+                            "are normalized, so no new proposal was made.",
+                            messages.INFO,
+                        )
+                    else:
+                        self.message_user(request, format_html(
+                            "Saved as a new proposal {} ({}); its review has begun. It replaces {}.",
+                            op_html(new.operation_id), new.get_origin_display(), identity.short(expected),
+                        ), messages.SUCCESS)
+                    return HttpResponseRedirect(review_url(new.pk))
+        else:
+            form = ProposalEditForm(
+                initial={"expected_operation_id": proposal.operation_id, "body": proposal.body},
+                proposal=proposal,
+            )
+        context = self._context(
+            request,
+            proposal,
+            title=f"Edit {case.case_id}",
+            subtitle=proposal.short_operation_id,
+            form=form,
+            is_current=case.current_proposal_id == proposal.pk,
+        )
+        return TemplateResponse(request, "admin/reviews/proposal/edit.html", context)
+
+
+@admin.register(ReviewDecision)
+class ReviewDecisionAdmin(ViewOnlyAdmin):
+    list_display = ("operation", "case", "approved", "reviewer", "decided_at")
+    list_select_related = ("proposal__case", "reviewer")
+    list_filter = ("approved", "decided_at")
+    search_fields = ("=operation_id", "=proposal__case__case_id", "reviewer__username")
+    list_per_page = 100
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*(f"proposal__{f}" for f in PROPOSAL_BIG_FIELDS))
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)
+
+    @admin.display(description="case", ordering="proposal__case__case_id")
+    def case(self, obj):
+        return obj.proposal.case.case_id
+
+
+@admin.register(PendingReview)
+class PendingReviewAdmin(ViewOnlyAdmin):
+    list_display = ("operation", "case", "status", "workflow_version", "checkpoint_id", "created_at")
+    list_select_related = ("case",)
+    list_filter = ("status", "workflow_version", "created_at")
+    search_fields = ("=operation_id", "=case__case_id")
+    list_per_page = 100
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)
+
+
+@admin.register(WorkflowCheckpoint)
+class WorkflowCheckpointAdmin(ViewOnlyAdmin):
+    list_display = ("checkpoint_id", "workflow_name", "iteration_count", "previous_checkpoint_id", "created_at")
+    list_filter = ("workflow_name", "created_at")
+    search_fields = ("=checkpoint_id",)
+    list_per_page = 100
+    fields = ("checkpoint_id", "workflow_name", "graph_signature_hash", "previous_checkpoint_id",
+              "iteration_count", "digest", "created_at", "payload_pre")
+    readonly_fields = ("payload_pre",)
+
+    def get_queryset(self, request):
+        # The payload is the whole engine state; only the detail page reads it (one more query).
+        return super().get_queryset(request).defer("payload")
+
+    @admin.display(description="payload (JSON)")
+    def payload_pre(self, obj):
+        return pre_html(obj.payload)

@@ -1,0 +1,76 @@
+"""Forms of the review workplace. They parse input; the services decide."""
+
+from __future__ import annotations
+
+from django import forms
+
+from cases.models import SourceVersion
+
+APPROVE = "approve"
+DECLINE = "decline"
+
+
+class DecisionForm(forms.Form):
+    """Approve or Decline, naming the operation identity the reviewer saw."""
+
+    operation_id = forms.CharField(max_length=80)
+    # No default and no "empty" choice: an omitted decision is not consent.
+    decision = forms.ChoiceField(
+        choices=[(APPROVE, "Approve"), (DECLINE, "Decline")],
+        error_messages={"required": "choose Approve or Decline: an omitted decision is not consent"},
+    )
+
+    @property
+    def approved(self) -> bool:
+        return self.cleaned_data["decision"] == APPROVE
+
+
+class ProposalEditForm(forms.Form):
+    """A new body and/or other versions of the selected sources, from the proposal shown.
+
+    ``expected_operation_id`` is the identity of the proposal the editor started from; if
+    the case has moved on, the edit is refused as stale.
+    """
+
+    expected_operation_id = forms.CharField(max_length=80, widget=forms.HiddenInput)
+    # strip=False: the body is hashed exactly as written; trimming would change it silently.
+    body = forms.CharField(
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 18, "cols": 100, "class": "vLargeTextField", "spellcheck": "true"}),
+    )
+
+    def __init__(self, *args, proposal, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposal = proposal
+        self.source_fields: dict[str, str] = {}
+        source_ids = [p["source_id"] for p in proposal.passages]
+        versions: dict[str, list[SourceVersion]] = {s: [] for s in source_ids}
+        for sv in (
+            SourceVersion.objects.filter(source__source_id__in=source_ids)
+            .select_related("source")
+            .order_by("source__source_id", "version")
+        ):
+            versions[sv.source.source_id].append(sv)
+        for index, passage in enumerate(proposal.passages):
+            name = f"source_{index}"
+            choices = []
+            for sv in versions[passage["source_id"]]:
+                label = f"version {sv.version}"
+                if sv.version == passage["version"]:
+                    label += " (in this proposal)"
+                elif passage["quotation"] not in sv.text:
+                    label += " (quotation not in this version)"
+                choices.append((str(sv.version), label))
+            self.fields[name] = forms.TypedChoiceField(
+                label=f"{passage['source_id']}",
+                choices=choices,
+                coerce=int,
+                initial=str(passage["version"]),
+            )
+            self.source_fields[passage["source_id"]] = name
+
+    def source_version_fields(self):
+        return [self[name] for name in self.source_fields.values()]
+
+    def source_versions(self) -> dict[str, int]:
+        return {source_id: self.cleaned_data[name] for source_id, name in self.source_fields.items()}
