@@ -166,18 +166,20 @@ def _commit_sync(decision: dict, fault: str | None) -> dict:
 
 
 class Commit(Executor):
-    def __init__(self, fault: str | None = None):
+    def __init__(self, fault: str | None = None, writer=None):
         super().__init__(id=COMMIT_ID)
-        # Host-side only (test fault injection); never part of a message or a checkpoint.
+        # Host-side only, never part of a message or a checkpoint: the test fault, and the
+        # effect writer (always ``effect_commit``, except in the demo's naive-key control).
         self._fault = fault
+        self._writer = writer or _commit_sync
 
     @handler
     async def commit(self, decision: dict, ctx: WorkflowContext[Never, dict]) -> None:
-        await ctx.yield_output(await sync_to_async(_commit_sync, thread_sensitive=True)(decision, self._fault))
+        await ctx.yield_output(await sync_to_async(self._writer, thread_sensitive=True)(decision, self._fault))
 
 
-def build_workflow(storage: DatabaseCheckpointStorage, *, fault: str | None = None):
-    prepare, review, commit = Prepare(), HumanReview(), Commit(fault)
+def build_workflow(storage: DatabaseCheckpointStorage, *, fault: str | None = None, writer=None):
+    prepare, review, commit = Prepare(), HumanReview(), Commit(fault, writer)
     return (
         WorkflowBuilder(name=WORKFLOW_NAME, start_executor=prepare, checkpoint_storage=storage)
         .add_edge(prepare, review)
@@ -206,6 +208,7 @@ class BeginResult:
 class ResumeResult:
     request_reemitted: bool
     result: CommitResult
+    resumed_status: str = "PendingRequests"  # the run's state after the restore, before the answer
 
 
 # --- begin ------------------------------------------------------------------------------
@@ -411,6 +414,14 @@ def review_resume(
 
     The same pause can be resumed any number of times; the effect is written once.
     """
+    return resume_with(
+        case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, fault=fault
+    )
+
+
+def resume_with(*, case, operation_id, approved, reviewer, channel, fault, writer=None) -> ResumeResult:
+    """``review_resume`` with a replaceable effect writer: only the demo's naive-key control
+    passes one, so that it runs the very same resume path with a different key."""
     if fault is not None:
         if fault not in FAULTS:
             raise InvalidInput(f"unknown fault {fault!r}; the only fault is {FAULT_LOSE_RECEIPT}")
@@ -442,7 +453,7 @@ def review_resume(
             )
 
         storage = DatabaseCheckpointStorage()
-        workflow = build_workflow(storage, fault=fault)
+        workflow = build_workflow(storage, fault=fault, writer=writer)
         checkpoint = storage.load_sync(pending.checkpoint_id)  # refuses missing/tampered/pickled
         if checkpoint.graph_signature_hash != workflow.graph_signature_hash:
             raise WorkflowIncompatible(
@@ -455,7 +466,7 @@ def review_resume(
             "reviewer_pk": getattr(reviewer, "pk", None) if getattr(reviewer, "is_authenticated", False) else None,
             "channel": str(channel)[:20],
         }
-        _resumed, output = async_to_sync(_resume_run)(workflow, pending, case.case_id, response)
+        resumed, output = async_to_sync(_resume_run)(workflow, pending, case.case_id, response)
 
         result = CommitResult(
             status=output["status"],
@@ -467,7 +478,9 @@ def review_resume(
         PendingReview.objects.filter(pk=pending.pk, status=PendingReview.Status.PENDING).update(
             status=PendingReview.Status.COMPLETED
         )
-        return ResumeResult(request_reemitted=True, result=result)
+        return ResumeResult(
+            request_reemitted=resumed["request_reemitted"], result=result, resumed_status=resumed["resumed_status"]
+        )
 
 
 # --- edit -------------------------------------------------------------------------------

@@ -1,0 +1,65 @@
+import json
+
+from decisionflow.commandline import WorkflowCommand
+from decisionflow.locks import case_lock, reconcile_lock
+from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
+
+
+class Command(WorkflowCommand):
+    help = (
+        "Run from cron, e.g. every 5 minutes: "
+        "`*/5 * * * * cd /srv/decisionflow && .venv/bin/python manage.py reconcile --all --json >> "
+        "var/log/reconcile.jsonl`. A non-zero exit means someone should look (cron mails it). "
+        "Reads the decision and effect tables and reruns nothing. For each operation it prints "
+        "`reconcile: case=<id> op=<op> state=<Pending|Committed|Declined|NoLocalEffectRecorded> effects=<n>` "
+        "(with --json, one JSON object per line with the keys case, operation_id, state, effects). "
+        "Give CASE_IDs or --all (one of them is required). Without --repair it exits 1 when any operation "
+        "is NoLocalEffectRecorded (approved, but no effect); --repair writes those effects (idempotent) and "
+        "prints each repaired operation again with its new state. Only one reconcile runs at a time: a "
+        "second run exits 1 at once with a message instead of waiting. Exit codes: 0 ok; 1 usage error, "
+        "lock held, unknown case, or NoLocalEffectRecorded found without --repair."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("case_ids", nargs="*", metavar="CASE_ID", help="Cases to reconcile.")
+        parser.add_argument("--all", dest="all_cases", action="store_true", help="Reconcile every case.")
+        parser.add_argument("--json", dest="as_json", action="store_true", help="One JSON object per line instead of text.")
+        parser.add_argument("--repair", action="store_true", help="Write the missing effect of NoLocalEffectRecorded operations.")
+
+    def handle(self, *args, case_ids, all_cases, as_json, repair, **options):
+        if bool(case_ids) == bool(all_cases):
+            self.fail(1, "reconcile: give one or more CASE_IDs, or --all (not both)")
+        if case_ids:
+            from cases.models import Case
+
+            known = set(Case.objects.filter(case_id__in=case_ids).values_list("case_id", flat=True))
+            missing = [c for c in case_ids if c not in known]
+            if missing:
+                self.fail(1, f"reconcile: no case {', '.join(repr(c) for c in missing)}")
+        self.as_json = as_json
+        with reconcile_lock():
+            unrepaired = []
+            for row in operations_reconcile(case_ids=case_ids or None):
+                self.report(row)
+                if row.state == NO_LOCAL_EFFECT:
+                    unrepaired.append(row)
+            if not unrepaired:
+                return
+            if not repair:
+                self.fail(
+                    1,
+                    f"reconcile: {len(unrepaired)} operation(s) approved with no local effect recorded "
+                    "(NoLocalEffectRecorded); run with --repair to write them",
+                )
+            for row in unrepaired:
+                # The repair writes; take the same per-case lock as begin/resume/edit.
+                with case_lock(row.case_id):
+                    effects_repair(rows=[row], dry_run=False)
+                self.report(operation_reconcile(row.operation_id), repaired=True)
+
+    def report(self, row, repaired=False):
+        if self.as_json:
+            self.stdout.write(json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")))
+        else:
+            verb = "repaired" if repaired else "reconcile"
+            self.stdout.write(f"{verb}: case={row.case_id} op={row.operation_id} state={row.state} effects={row.effects}")

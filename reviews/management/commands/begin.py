@@ -1,0 +1,24 @@
+from decisionflow.commandline import WorkflowCommand, case_by_id
+from decisionflow.workflow import review_begin
+
+
+class Command(WorkflowCommand):
+    help = (
+        "Start the review workflow for a case: `python manage.py begin CASE_ID`. It runs `prepare`, "
+        "pauses at human-review-v1, records the pending review and exits, printing "
+        "`begin: status=PendingRequests op=<operation id> checkpoints=<n>`. Run again for a case that "
+        "is already pending, it reports that pending review and creates nothing. "
+        "Exit codes: 0 ok, 1 error, 5 the pause checkpoint was not saved."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("case_id", metavar="CASE_ID", help="The case's external ID, e.g. T-1042.")
+
+    def handle(self, *args, case_id, **options):
+        result = review_begin(case=case_by_id(case_id))
+        self.stdout.write(f"begin: status={result.status} op={result.operation_id} checkpoints={result.checkpoints}")
+        if not result.created:
+            self.stdout.write(
+                f"begin: already pending since {result.pending_review.created_at:%Y-%m-%d %H:%M:%S} UTC "
+                f"(workflow {result.pending_review.workflow_version}); nothing new was created"
+            )

@@ -1,0 +1,71 @@
+import re
+import sys
+from pathlib import Path
+
+from decisionflow.commandline import WorkflowCommand, case_by_id
+from decisionflow.errors import InvalidInput
+from decisionflow.workflow import review_edit
+
+_SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
+
+
+class Command(WorkflowCommand):
+    help = (
+        "Edit the current proposal of a case and begin the workflow for the new one: "
+        "`python manage.py edit CASE_ID --expected-operation-id OP (--body-file FILE | --source SOURCE=VERSION ...) "
+        "[--editor USERNAME]`. --body-file and --source may be combined; FILE may be - for stdin. The editor "
+        "defaults to $DECISIONFLOW_REVIEWER and needs the review permission. Prints "
+        "`edit: op=<new operation id> origin=human_edit|evidence_change`, then the `begin:` line of the new "
+        "pause. An edit that changes nothing prints `edit: op=<op> unchanged`. Exit codes: 0 ok; 1 error; "
+        "4 stale (OP is not the current proposal) or already decided, and nothing is written; 5 the new "
+        "pause checkpoint was not saved."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("case_id", metavar="CASE_ID", help="The case's external ID, e.g. T-1042.")
+        parser.add_argument(
+            "--expected-operation-id", required=True, metavar="OP",
+            help="The operation identity the editor started from; anything else is refused as stale.",
+        )
+        parser.add_argument("--body-file", metavar="FILE", help="The new body, UTF-8 text (- reads stdin).")
+        parser.add_argument(
+            "--source", action="append", default=[], metavar="SOURCE=VERSION",
+            help="Move a selected source to another version, e.g. HOLD-7=4 (repeatable).",
+        )
+        parser.add_argument(
+            "--editor", metavar="USERNAME", help="Who edits (needs the review permission); default $DECISIONFLOW_REVIEWER."
+        )
+
+    def handle(self, *args, case_id, expected_operation_id, body_file, source, editor, **options):
+        if body_file is None and not source:
+            self.fail(1, "edit: one of --body-file FILE or --source SOURCE=VERSION is required")
+        source_versions = {}
+        for item in source:
+            match = _SOURCE.match(item)
+            if match is None:
+                self.fail(1, f"edit: --source {item!r} is not SOURCE=VERSION (e.g. HOLD-7=4)")
+            if match["source"] in source_versions:
+                self.fail(1, f"edit: --source names {match['source']} twice")
+            source_versions[match["source"]] = int(match["version"])
+        body = None if body_file is None else self._read(body_file)
+        case = case_by_id(case_id)
+        user = self.user(editor, option="--editor", role="editor")
+        revision, begun = review_edit(
+            case=case, expected_operation_id=expected_operation_id, body=body,
+            source_versions=source_versions or None, editor=user,
+        )
+        if not revision.changed:
+            self.stdout.write(f"edit: op={revision.proposal.operation_id} unchanged")
+            return
+        self.stdout.write(f"edit: op={revision.proposal.operation_id} origin={revision.proposal.origin}")
+        self.stdout.write(f"begin: status={begun.status} op={begun.operation_id} checkpoints={begun.checkpoints}")
+
+    def _read(self, body_file: str) -> str:
+        try:
+            raw = sys.stdin.buffer.read() if body_file == "-" else Path(body_file).read_bytes()
+        except OSError as exc:
+            raise InvalidInput(f"edit: cannot read {body_file}: {exc.strerror}") from None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"edit: {body_file} is not UTF-8 text (byte {exc.start})") from None

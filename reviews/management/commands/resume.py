@@ -1,0 +1,66 @@
+import json
+
+from decisionflow.commandline import EXIT_CONFLICT, WorkflowCommand, case_by_id
+from decisionflow.errors import DecisionflowError, OutcomeUncertain
+from decisionflow.workflow import FAULTS, review_resume
+from effects.services import CONFLICTING
+
+
+class Command(WorkflowCommand):
+    help = (
+        "Resume a paused review in this process and answer it: "
+        "`python manage.py resume CASE_ID --operation-id OP (--approve | --decline) [--reviewer USERNAME]`. "
+        "Exactly one of --approve/--decline is required: no decision is not consent. The reviewer defaults "
+        "to $DECISIONFLOW_REVIEWER. Prints `approve: resumed status=PendingRequests requestReemitted=True` "
+        "(or `decline:`) and `result={\"Status\":...,\"Replay\":...,\"EffectCount\":...}`. The same pause may be "
+        "resumed any number of times; a second approval is a replay. Exit codes: 0 committed, replayed or "
+        "declined; 1 error; 3 conflicting decision; 4 stale, or not the recorded proposal; 5 incompatible "
+        "workflow version or corrupt checkpoint; 42 the commit step failed, so there is no receipt "
+        "(run `manage.py reconcile CASE_ID`)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("case_id", metavar="CASE_ID", help="The case's external ID, e.g. T-1042.")
+        parser.add_argument(
+            "--operation-id", required=True, metavar="OP", help="The operation identity the reviewer saw (op-v1-…)."
+        )
+        decision = parser.add_mutually_exclusive_group(required=True)
+        decision.add_argument("--approve", action="store_true", help="Approve exactly this operation.")
+        decision.add_argument("--decline", action="store_true", help="Decline exactly this operation.")
+        parser.add_argument(
+            "--reviewer", metavar="USERNAME", help="Who decides (needs the review permission); default $DECISIONFLOW_REVIEWER."
+        )
+        parser.add_argument(
+            "--fault",
+            metavar="FAULT",
+            help=f"Test only, with DECISIONFLOW_FAULT_INJECTION=1: {', '.join(FAULTS)} (lose the receipt after commit).",
+        )
+
+    def handle(self, *args, case_id, operation_id, approve, decline, reviewer, fault, **options):
+        self.verb = "approve" if approve else "decline"
+        self.case_id = case_id
+        case = case_by_id(case_id)
+        user = self.user(reviewer, option="--reviewer", role="reviewer")
+        try:
+            outcome = review_resume(
+                case=case, operation_id=operation_id, approved=bool(approve), reviewer=user,
+                channel="command", fault=fault,
+            )
+        except DecisionflowError as exc:
+            # The resume itself may have happened before the failure: say so, truthfully.
+            if exc.details.get("request_reemitted"):
+                self.stdout.write(f"{self.verb}: resumed status={exc.details['resumed_status']} requestReemitted=True")
+            raise
+        self.stdout.write(f"{self.verb}: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}")
+        receipt = json.dumps(outcome.result.receipt(), separators=(",", ":"))
+        self.stdout.write(f"result={receipt}")
+        if outcome.result.status == CONFLICTING:
+            self.fail(EXIT_CONFLICT, f"conflicting decision: {operation_id} was already decided the other way")
+
+    def hints(self, exc):
+        if isinstance(exc, OutcomeUncertain):
+            return [
+                "resume: the commit step failed after it may have written, so there is no receipt; "
+                f"run `manage.py reconcile {self.case_id}` to read what happened (it reruns nothing)"
+            ]
+        return []
