@@ -127,6 +127,8 @@ class OperationOut(Schema):
 class CaseOut(Schema):
     case_id: str
     subject: str
+    operation_id: str = Field(description="the operation a decision must name now: the current proposal's, or "
+                                          "before the review was begun, the one begin will prepare")
     proposal: ProposalOut | None
     pending: PendingOut | None = Field(description="the paused review of the current proposal; null before it is begun")
     reconcile: OperationOut | None

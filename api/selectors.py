@@ -6,6 +6,15 @@ from cases.models import Case
 from decisionflow.errors import NotFound
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.services import prepared_content
+
+
+def decidable_operation_id(case) -> str:
+    """The operation a decision must name now: the current proposal's, or, before the review
+    was ever begun, the identity ``begin`` will give the prepared proposal (computed, not written)."""
+    if case.current_proposal_id:
+        return case.current_proposal.operation_id
+    return prepared_content(case)["operation_id"]
 
 
 def case_get(case_id: str) -> Case:
@@ -70,6 +79,7 @@ def case_data(case: Case) -> dict:
     return {
         "case_id": case.case_id,
         "subject": case.subject,
+        "operation_id": decidable_operation_id(case),
         "proposal": proposal and proposal_data(proposal),
         "pending": proposal and pending_data(proposal.operation_id),
         "reconcile": proposal and operation_data(proposal.operation_id),

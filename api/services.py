@@ -97,8 +97,11 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
     from decisionflow.errors import ConflictingDecision
     from reviews.models import PendingReview
 
-    current = case.current_proposal.operation_id if case.current_proposal_id else None
-    if operation_id == current and not PendingReview.objects.filter(operation_id=operation_id).exists():
+    from .selectors import decidable_operation_id
+
+    if operation_id == decidable_operation_id(case) and not PendingReview.objects.filter(
+        operation_id=operation_id
+    ).exists():
         workflow.review_begin(case=case, actor=reviewer)
     outcome = workflow.review_resume(
         case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel="api", fault=fault
@@ -110,7 +113,7 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
             what = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
         else:
             what = "the opposite decision is already recorded"
-        raise ConflictingDecision(f"conflicting decision: {operation_id} was {what}; nothing was written",
+        raise ConflictingDecision(f"conflicting decision: {operation_id} was {what}; no decision or effect was written",
                                   operation_id=operation_id)
     return result
 

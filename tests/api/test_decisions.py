@@ -1,0 +1,165 @@
+"""Approve and decline over HTTP: the same service path as `manage.py resume`.
+
+Once is tested twice here; concurrently in test_concurrency.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import DEMO_OP, assert_error, snapshot
+
+DECISION = "/api/cases/T-1042/decision"
+
+
+def attempts(**filters):
+    from effects.models import CommitAttempt
+
+    return list(CommitAttempt.objects.filter(**filters).order_by("id").values_list("outcome", "channel"))
+
+
+def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
+    from effects.models import EffectRecord
+    from reviews.models import PendingReview
+
+    assert api.get("/api/cases/T-1042").json()["operation_id"] == DEMO_OP  # computed; nothing written yet
+    assert snapshot()["proposals"] == 0
+
+    first = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
+    assert first.status_code == 200, first.content
+    assert first.json() == {"status": "Committed", "replay": False, "effect_count": 1, "operation_id": DEMO_OP}
+    assert PendingReview.objects.get(operation_id=DEMO_OP).status == "completed"
+
+    after_first = snapshot()
+    second = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
+    assert second.status_code == 200
+    assert second.json() == {"status": "Committed", "replay": True, "effect_count": 1, "operation_id": DEMO_OP}
+    assert snapshot() == after_first
+    assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
+    effect = EffectRecord.objects.get()
+    assert effect.reviewer == reviewer  # the authenticated user, never a field in the body
+    assert attempts() == [("committed", "api"), ("replay", "api")]
+
+    looked_up = api.get(f"/api/operations/{DEMO_OP}").json()
+    assert looked_up["state"] == "Committed"
+    assert looked_up["effect_count"] == 1
+    assert looked_up["decision"]["approved"] is True
+    assert looked_up["decision"]["reviewer"] == "reviewer"
+    assert looked_up["decision"]["decided_at"]
+
+    shown = api.get("/api/cases/T-1042").json()
+    assert shown["proposal"]["operation_id"] == DEMO_OP
+    assert shown["pending"]["status"] == "completed"
+    assert shown["reconcile"]["state"] == "Committed"
+
+
+def test_decline_then_replay_then_conflict(api, proposal):
+    declined = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False})
+    assert declined.status_code == 200, declined.content
+    assert declined.json() == {"status": "Declined", "replay": False, "effect_count": 0, "operation_id": DEMO_OP}
+    again = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False})
+    assert again.json()["replay"] is True
+
+    before = snapshot()
+    body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}), 409, "conflicting_decision")
+    assert "declined by reviewer" in body["message"]
+    assert body["operation_id"] == DEMO_OP
+    assert snapshot() == before
+    assert api.get(f"/api/operations/{DEMO_OP}").json()["state"] == "Declined"
+    assert attempts()[-1] == ("conflict", "api")
+
+
+def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer):
+    from decisionflow.workflow import review_begin, review_edit
+
+    review_begin(case=proposal.case, actor=reviewer)
+    revision, _ = review_edit(case=proposal.case, expected_operation_id=DEMO_OP,
+                              body=proposal.body + "\nOne more line.", editor=reviewer)
+    new_op = revision.proposal.operation_id
+    before = snapshot()
+
+    for approved in (True, False):
+        body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": approved}), 409, "stale_proposal")
+        assert body["current_operation_id"] == new_op
+    assert snapshot() == before
+    assert api.get(f"/api/operations/{DEMO_OP}").json() | {"decision": None} == {
+        "operation_id": DEMO_OP, "case_id": "T-1042", "state": "Pending", "effect_count": 0, "current": False,
+        "decision": None,
+    }
+    # The current operation is decided normally.
+    assert api.post(DECISION, {"operation_id": new_op, "approved": True}).json()["status"] == "Committed"
+
+
+def test_operation_of_another_case_is_not_found(api, proposal, make_user):
+    """Naming a real operation under the wrong case is refused and writes nothing."""
+    from cases.services import case_import
+
+    from ..conftest import load_fixture
+
+    case_import(data=load_fixture("t1077.json"))
+    before = snapshot()
+    assert_error(api.post("/api/cases/T-1077/decision", {"operation_id": DEMO_OP, "approved": True}),
+                 404, "not_found")
+    assert snapshot() == before
+
+
+def test_fault_header_is_ignored_without_fault_injection(api, proposal, settings):
+    settings.DECISIONFLOW_FAULT_INJECTION = False
+    response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True},
+                        headers={"X-Decisionflow-Fault": "lose-receipt"})
+    assert response.status_code == 200
+    assert response.json()["replay"] is False
+
+
+def test_unknown_fault_is_refused_with_fault_injection(api, proposal, settings):
+    settings.DECISIONFLOW_FAULT_INJECTION = True
+    before = snapshot()
+    assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True},
+                          headers={"X-Decisionflow-Fault": "crash-everything"}), 400, "invalid_request")
+    assert snapshot() == before
+
+
+def test_lost_receipt_sequence_over_http(api, proposal, settings):
+    """fault -> 500 outcome_uncertain; GET says Committed; the retry is a replay; one effect."""
+    from effects.models import EffectRecord
+
+    settings.DECISIONFLOW_FAULT_INJECTION = True
+    lost = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True},
+                    headers={"X-Decisionflow-Fault": "lose-receipt"})
+    body = assert_error(lost, 500, "outcome_uncertain")
+    assert body["operation_id"] == DEMO_OP
+    assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1  # the effect exists; the receipt was lost
+
+    looked_up = api.get(f"/api/operations/{DEMO_OP}")
+    assert looked_up.status_code == 200
+    assert looked_up.json()["state"] == "Committed"
+    assert looked_up.json()["effect_count"] == 1
+
+    retry = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
+    assert retry.status_code == 200
+    assert retry.json() == {"status": "Committed", "replay": True, "effect_count": 1, "operation_id": DEMO_OP}
+    assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
+    assert attempts()[-1] == ("replay", "api")
+
+
+def test_session_post_with_csrf_token_is_accepted(reviewer, proposal):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(reviewer)
+    client.get("/admin/")  # sets the csrftoken cookie, as the admin page would
+    token = client.cookies["csrftoken"].value
+    response = client.post(DECISION, {"operation_id": DEMO_OP, "approved": True}, content_type="application/json",
+                           headers={"X-CSRFToken": token})
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "Committed"
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_same_path_as_the_resume_command(api, proposal, reviewer, approved):
+    """A decision made over HTTP and one made by review_resume are the same operation: the second is a replay."""
+    from decisionflow.workflow import review_resume
+
+    assert api.post(DECISION, {"operation_id": DEMO_OP, "approved": approved}).status_code == 200
+    again = review_resume(case=proposal.case, operation_id=DEMO_OP, approved=approved, reviewer=reviewer)
+    assert again.result.replay is True

@@ -1,0 +1,76 @@
+"""Edits over HTTP: a new proposal (201), line endings only (200, changed: false), refusals (409)."""
+
+from __future__ import annotations
+
+from .conftest import DEMO_OP, assert_error, snapshot
+
+EDITS = "/api/cases/T-1042/edits"
+
+
+def test_edit_body_makes_a_new_current_proposal(api, proposal):
+    body = proposal.body + "\n\nWe are sorry for the trouble."
+    response = api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": body})
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["changed"] is True
+    new = data["proposal"]
+    assert new["operation_id"] != DEMO_OP
+    assert new["origin"] == "human_edit"
+    assert new["parent_operation_id"] == DEMO_OP
+    assert new["author"] == "reviewer"
+    assert new["unchecked_sentences"] == ["We are sorry for the trouble."]
+    assert data["pending"]["status"] == "pending"  # the workflow was begun for the new proposal
+
+    case = api.get("/api/cases/T-1042").json()
+    assert case["operation_id"] == new["operation_id"] == case["proposal"]["operation_id"]
+
+    # The same edit again, from the old identity, is stale and writes nothing.
+    before = snapshot()
+    stale = assert_error(api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": body + " Again."}),
+                         409, "stale_proposal")
+    assert stale["current_operation_id"] == new["operation_id"]
+    assert snapshot() == before
+
+
+def test_line_endings_only_is_no_change(api, proposal):
+    before = snapshot()
+    response = api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": proposal.body.replace("\n", "\r\n")})
+    assert response.status_code == 200, response.content
+    assert response.json()["changed"] is False
+    assert response.json()["proposal"]["operation_id"] == DEMO_OP
+    assert snapshot() == before
+
+
+def test_move_evidence_version(api, proposal):
+    response = api.post(EDITS, {"expected_operation_id": DEMO_OP, "source_versions": {"HOLD-7": 4}})
+    assert response.status_code == 201, response.content
+    new = response.json()["proposal"]
+    assert new["origin"] == "evidence_change"
+    assert {p["source_id"]: p["version"] for p in new["passages"]} == {"HOLD-7": 4, "KB-311": 3}
+    assert new["body"] == proposal.body
+
+
+def test_edit_refusals_write_nothing(api, proposal):
+    before = snapshot()
+    for payload in (
+        {"expected_operation_id": DEMO_OP, "source_versions": {"HOLD-7": 99}},  # no such version
+        {"expected_operation_id": DEMO_OP, "source_versions": {"NOPE-1": 1}},  # not cited
+        {"expected_operation_id": DEMO_OP, "body": "   "},  # blank
+    ):
+        assert_error(api.post(EDITS, payload), 400, "invalid_request")
+    assert snapshot() == before
+
+
+def test_decided_proposal_is_not_edited(api, proposal):
+    assert api.post("/api/cases/T-1042/decision", {"operation_id": DEMO_OP, "approved": True}).status_code == 200
+    before = snapshot()
+    assert_error(api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Changed."}), 409, "already_decided")
+    assert snapshot() == before
+
+
+def test_edit_before_begin_is_refused(api, case):
+    """A case whose review was never begun has no proposal to revise: 400, nothing written."""
+    before = snapshot()
+    body = assert_error(api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi."}), 400, "invalid_request")
+    assert "begin" in body["message"]
+    assert snapshot() == before

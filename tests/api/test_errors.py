@@ -1,0 +1,253 @@
+"""Every row of the error table, each time asserting that nothing was written.
+
+Refusals at the API layer (400, 401, 403, 413) must not reach the workflow at all: the
+decision and edit services are replaced by a tripwire, and the commit-attempt log stays
+as it was. Refusals from the review core (404, 409) go through the real workflow.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import DEMO_OP, Api, assert_error, snapshot
+
+DECISION = "/api/cases/T-1042/decision"
+EDITS = "/api/cases/T-1042/edits"
+
+
+@pytest.fixture
+def tripwire(monkeypatch):
+    """Fail loudly if a refusal that belongs to the API layer reached a service."""
+    import api.services
+
+    def called(**kwargs):
+        raise AssertionError(f"the service was called for a request the API layer must refuse: {kwargs}")
+
+    monkeypatch.setattr(api.services, "decision_submit", called)
+    monkeypatch.setattr(api.services, "edit_submit", called)
+
+
+@pytest.fixture
+def before(case, reviewer, lead):
+    """The demo case begun (proposal and pending review written), and the state to compare to."""
+    from decisionflow.workflow import review_begin
+
+    review_begin(case=case, actor=reviewer)
+    return full_snapshot()
+
+
+def full_snapshot():
+    from effects.models import CommitAttempt
+
+    return {**snapshot(), "attempts": CommitAttempt.objects.count()}
+
+
+BAD_DECISIONS = {
+    "approved missing": {"operation_id": DEMO_OP},
+    "approved null": {"operation_id": DEMO_OP, "approved": None},
+    "approved a string": {"operation_id": DEMO_OP, "approved": "true"},
+    "approved a number": {"operation_id": DEMO_OP, "approved": 1},
+    "approved zero": {"operation_id": DEMO_OP, "approved": 0},
+    "approved a float": {"operation_id": DEMO_OP, "approved": 1.0},
+    "approved a list": {"operation_id": DEMO_OP, "approved": [True]},
+    "unknown field": {"operation_id": DEMO_OP, "approved": True, "note": "x"},
+    "a reviewer field": {"operation_id": DEMO_OP, "approved": True, "reviewer": "lead"},
+    "operation missing": {"approved": True},
+    "operation upper-case hex": {"operation_id": DEMO_OP.upper().replace("OP-V1-", "op-v1-"), "approved": True},
+    "operation too short": {"operation_id": DEMO_OP[:-1], "approved": True},
+    "operation too long": {"operation_id": DEMO_OP + "0", "approved": True},
+    "operation wrong prefix": {"operation_id": "op-v2-" + DEMO_OP[6:], "approved": True},
+    "operation with a newline": {"operation_id": DEMO_OP + "\n", "approved": True},
+    "operation a number": {"operation_id": 1, "approved": True},
+    "a list, not an object": [DEMO_OP, True],
+    "a string, not an object": "approve",
+}
+
+
+@pytest.mark.parametrize("payload", BAD_DECISIONS.values(), ids=BAD_DECISIONS.keys())
+def test_decision_400(api, before, tripwire, payload):
+    assert_error(api.post(DECISION, payload), 400, "invalid_request")
+    assert full_snapshot() == before
+
+
+RAW_BODIES = {
+    "empty body": b"",
+    "malformed JSON": b'{"operation_id": "' + DEMO_OP.encode() + b'", "approved": tru',
+    "trailing garbage": b'{"approved": true}{"approved": true}',
+    "non-UTF-8 byte": b'{"operation_id": "\xff", "approved": true}',
+    "UTF-16 encoded": json.dumps({"operation_id": DEMO_OP, "approved": True}).encode("utf-16"),
+    "UTF-8 BOM": b"\xef\xbb\xbf" + json.dumps({"operation_id": DEMO_OP, "approved": True}).encode(),
+    "lone surrogate in a value": b'{"operation_id": "\\ud800", "approved": true}',
+    "lone surrogate in a key": b'{"operation_id": "' + DEMO_OP.encode() + b'", "approved": true, "\\udfff": 1}',
+    "duplicate key": b'{"operation_id": "' + DEMO_OP.encode() + b'", "approved": false, "approved": true}',
+    "NaN": b'{"operation_id": "' + DEMO_OP.encode() + b'", "approved": NaN}',
+    "deeply nested": b"[" * 100000 + b"]" * 100000,
+}
+
+
+@pytest.mark.parametrize("raw", RAW_BODIES.values(), ids=RAW_BODIES.keys())
+def test_decision_400_raw(api, before, tripwire, raw):
+    assert_error(api.post(DECISION, raw=raw), 400, "invalid_request")
+    assert full_snapshot() == before
+
+
+BAD_EDITS = {
+    "nothing to change": {"expected_operation_id": DEMO_OP},
+    "body null and nothing else": {"expected_operation_id": DEMO_OP, "body": None},
+    "body a number": {"expected_operation_id": DEMO_OP, "body": 5},
+    "body empty": {"expected_operation_id": DEMO_OP, "body": ""},
+    "version a string": {"expected_operation_id": DEMO_OP, "source_versions": {"HOLD-7": "4"}},
+    "version a bool": {"expected_operation_id": DEMO_OP, "source_versions": {"HOLD-7": True}},
+    "version zero": {"expected_operation_id": DEMO_OP, "source_versions": {"HOLD-7": 0}},
+    "versions empty": {"expected_operation_id": DEMO_OP, "source_versions": {}},
+    "unknown field": {"expected_operation_id": DEMO_OP, "body": "Hi.", "author": "lead"},
+    "a reviewer field": {"expected_operation_id": DEMO_OP, "body": "Hi.", "reviewer": "lead"},
+    "malformed expected operation": {"expected_operation_id": "op-v1-abc", "body": "Hi."},
+    "expected operation missing": {"body": "Hi."},
+}
+
+
+@pytest.mark.parametrize("payload", BAD_EDITS.values(), ids=BAD_EDITS.keys())
+def test_edit_400(api, before, tripwire, payload):
+    assert_error(api.post(EDITS, payload), 400, "invalid_request")
+    assert full_snapshot() == before
+
+
+def test_edit_lone_surrogate_in_body_400(api, before, tripwire):
+    raw = b'{"expected_operation_id": "' + DEMO_OP.encode() + b'", "body": "Hello \\ud83d there."}'
+    body = assert_error(api.post(EDITS, raw=raw), 400, "invalid_request")
+    assert "surrogate" in body["message"]
+    assert full_snapshot() == before
+
+
+@pytest.mark.parametrize("op", ["op-v1-xyz", DEMO_OP.upper(), DEMO_OP[:-1], "ev-v1-" + DEMO_OP[6:]])
+def test_operation_lookup_malformed_400(api, before, op):
+    assert_error(api.get(f"/api/operations/{op}"), 400, "invalid_request")
+
+
+def test_400_message_names_the_field(api, before, tripwire):
+    body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": "yes"}), 400, "invalid_request")
+    assert "approved" in body["message"]
+    body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True, "reviewer": "x"}),
+                        400, "invalid_request")
+    assert "reviewer" in body["message"]
+
+
+# 401 --------------------------------------------------------------------------------------
+
+
+def _revoked_token(reviewer):
+    from api.services import token_create, token_revoke
+
+    token, plaintext = token_create(user=reviewer, name="old")
+    assert token_revoke(token=token)
+    return plaintext
+
+
+def _inactive_token(make_user):
+    from api.services import token_create
+
+    user = make_user("gone")
+    user.is_active = False
+    user.save()
+    return token_create(user=user, name="gone")[1]
+
+
+@pytest.mark.parametrize("credentials", ["none", "unknown token", "empty bearer", "revoked", "inactive user",
+                                         "basic scheme"])
+def test_401(client, reviewer, make_user, before, tripwire, credentials):
+    headers = {
+        "none": {},
+        "unknown token": {"Authorization": "Bearer dft_not-a-token"},
+        "empty bearer": {"Authorization": "Bearer "},
+        "revoked": {"Authorization": f"Bearer {_revoked_token(reviewer)}"} if credentials == "revoked" else {},
+        "inactive user": {"Authorization": f"Bearer {_inactive_token(make_user)}"}
+        if credentials == "inactive user" else {},
+        "basic scheme": {"Authorization": "Basic cmV2aWV3ZXI6cHctVDEwNDItdGVzdA=="},
+    }[credentials]
+    before = full_snapshot()
+    anon = Api(client)
+    for response in (
+        anon.post(DECISION, {"operation_id": DEMO_OP, "approved": True}, headers=headers),
+        anon.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi."}, headers=headers),
+        anon.get("/api/cases/T-1042", headers=headers),
+        anon.get(f"/api/operations/{DEMO_OP}", headers=headers),
+    ):
+        assert_error(response, 401, "unauthorized")
+    assert full_snapshot() == before
+
+
+def test_bad_token_does_not_fall_back_to_the_session(client, reviewer, before, tripwire):
+    client.force_login(reviewer)
+    response = client.get("/api/cases/T-1042", headers={"Authorization": "Bearer dft_wrong"})
+    assert_error(response, 401, "unauthorized")
+
+
+# 403 --------------------------------------------------------------------------------------
+
+
+def test_403_without_review_permission(lead_api, before, tripwire):
+    assert_error(lead_api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}), 403, "forbidden")
+    assert_error(lead_api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi."}), 403, "forbidden")
+    # Even an invalid body is refused for the permission first: nothing is validated for them.
+    assert_error(lead_api.post(DECISION, {"approved": "yes"}), 403, "forbidden")
+    assert full_snapshot() == before
+    # Reading needs no review permission: support leads browse.
+    assert lead_api.get("/api/cases/T-1042").status_code == 200
+    assert lead_api.get(f"/api/operations/{DEMO_OP}").status_code == 200
+
+
+def test_403_session_post_without_csrf(reviewer, before, tripwire):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(reviewer)
+    response = client.post(DECISION, {"operation_id": DEMO_OP, "approved": True}, content_type="application/json")
+    body = assert_error(response, 403, "forbidden")
+    assert "CSRF" in body["message"]
+    assert full_snapshot() == before
+    # A safe method needs no CSRF token.
+    assert client.get("/api/cases/T-1042").status_code == 200
+
+
+# 404 --------------------------------------------------------------------------------------
+
+
+def test_404_unknown_case_and_operation(api, before):
+    unknown_op = "op-v1-" + "0" * 64
+    for response in (
+        api.get("/api/cases/T-0000"),
+        api.post("/api/cases/T-0000/decision", {"operation_id": DEMO_OP, "approved": True}),
+        api.post("/api/cases/T-0000/edits", {"expected_operation_id": DEMO_OP, "body": "Hi."}),
+        api.get(f"/api/operations/{unknown_op}"),
+        api.post(DECISION, {"operation_id": unknown_op, "approved": True}),
+        api.get("/api/no/such/endpoint"),
+        api.get("/api/cases/T-1042/decision/extra"),
+    ):
+        assert_error(response, 404, "not_found")
+    assert snapshot() == {k: v for k, v in before.items() if k != "attempts"}
+
+
+# 413 --------------------------------------------------------------------------------------
+
+
+def test_413_body_over_the_limit(api, before, tripwire, settings):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    assert limit == 256 * 1024  # the documented default
+    big = {"expected_operation_id": DEMO_OP, "body": "x" * limit}
+    body = assert_error(api.post(EDITS, big), 413, "too_large")
+    assert str(limit) in body["message"]
+    assert_error(api.post(DECISION, raw=b" " * (limit + 1)), 413, "too_large")
+    assert full_snapshot() == before
+
+
+def test_body_just_under_the_limit_is_read(api, before, settings):
+    """The limit is on bytes: a body of exactly the limit is parsed (and here refused for its content)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    payload = json.dumps({"operation_id": DEMO_OP, "approved": "no"}).encode()
+    raw = payload + b" " * (limit - len(payload))
+    assert len(raw) == limit
+    assert_error(api.post(DECISION, raw=raw), 400, "invalid_request")
+    assert full_snapshot() == before
