@@ -1,0 +1,192 @@
+"""Crash battery: SIGKILL at every named crash point, then reconcile, then retry.
+
+For each point and each iteration (a fresh case each time): run the real command in a new
+process with ``DECISIONFLOW_CRASH_AT=<point>`` and require that it died of SIGKILL; run
+``reconcile`` and require that it reports exactly what the tables hold (and the state the
+crash point implies); retry the same command, then require one decision, at most one effect,
+and an effect for every approval. ``make test`` runs one iteration per point;
+``make reliability`` runs 20 per point on PostgreSQL and 10 on SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from effects.models import CommitAttempt, EffectRecord
+from reviews.models import PendingReview, ReviewDecision
+
+from .conftest import command, iterations, manage, new_case, reconcile_json, record, tally, truth
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+KILLED = -signal.SIGKILL
+
+BEGIN_POINTS = ["begin-after-proposal", "begin-during-checkpoint-save"]
+# (point, what reconcile must say right after the crash for an approval)
+RESUME_POINTS = {
+    "commit-before-decision": "Pending",  # killed before the decision insert
+    "commit-after-decision": "Pending",  # killed inside the transaction: it rolls back
+    "commit-after-transaction": "Committed",  # killed after the commit, before the receipt
+}
+# The points a decline passes through (commit-after-decision is on the approval path only).
+DECLINE_POINTS = {"commit-before-decision", "commit-after-transaction"}
+
+
+class Figures:
+    def __init__(self, point):
+        self.point = point
+        self.started = time.monotonic()
+        self.iterations = self.crashes = self.duplicates = self.lost = self.truthful = 0
+        self.approvals = self.declines = 0
+        self.extra = {}
+
+    def add(self, case, *, approved: bool):
+        t = tally(case)
+        self.iterations += 1
+        self.duplicates += t["duplicates"]
+        self.lost += t["lost_approvals"]
+        self.approvals += approved
+        self.declines += not approved
+        return t
+
+    def save(self):
+        record(
+            "crash", point=self.point, iterations=self.iterations, crashes=self.crashes,
+            reconcile_truthful=self.truthful, duplicates=self.duplicates, lost_approvals=self.lost,
+            approvals=self.approvals, declines=self.declines,
+            seconds=round(time.monotonic() - self.started, 1), **self.extra,
+        )
+
+
+def receipt(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("result=")]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0][len("result="):])
+
+
+def crash(figures, *args):
+    proc = manage(*args, crash_at=figures.point)
+    assert proc.returncode == KILLED, f"{args} did not die at {figures.point}: rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    figures.crashes += 1
+    return proc
+
+
+def reconcile_truthfully(figures, case, expected_state):
+    code, rows = reconcile_json(case.case_id)
+    assert rows == truth([case.case_id]), rows
+    assert [r["state"] for r in rows] == [expected_state], rows
+    assert code == 0, rows
+    figures.truthful += 1
+    return rows
+
+
+@pytest.mark.parametrize("point", BEGIN_POINTS)
+def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
+    figures = Figures(point)
+    for _ in range(iterations()):
+        case = new_case("b")
+        crash(figures, "begin", case.case_id)
+        # Killed before the pending review was recorded: nothing waits for a decision.
+        assert not PendingReview.objects.filter(case=case).exists()
+        reconcile_truthfully(figures, case, "Pending")
+
+        code, out, err = command("begin", case.case_id)
+        assert code == 0, err
+        pending = PendingReview.objects.get(case=case)
+        assert f"op={pending.operation_id}" in out
+
+        code, out, err = command("resume", case.case_id, "--operation-id", pending.operation_id, "--approve",
+                                 "--reviewer", reviewer_name)
+        assert code == 0, err
+        assert receipt(out) == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+        t = figures.add(case, approved=True)
+        assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
+        # The retry begins from scratch, yet the proposal is the same content and identity.
+        assert case.proposals.count() == 1
+    figures.save()
+    assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
+
+
+@pytest.mark.parametrize("point", list(RESUME_POINTS))
+def test_crash_during_resume_then_reconcile_then_retry(point, reviewer_name):
+    from decisionflow.workflow import review_begin
+
+    figures = Figures(point)
+    for i in range(iterations()):
+        # Every other iteration declines, at the points a decline passes through.
+        approved = not (point in DECLINE_POINTS and i % 2 == 1)
+        verb = "--approve" if approved else "--decline"
+        case = new_case("r")
+        op = review_begin(case=case).operation_id
+        args = ("resume", case.case_id, "--operation-id", op, verb, "--reviewer", reviewer_name)
+
+        crash(figures, *args)
+        after = RESUME_POINTS[point] if approved else ("Declined" if point == "commit-after-transaction" else "Pending")
+        reconcile_truthfully(figures, case, after)
+        # The crash never left a half-written commit: a decision only with its effect.
+        assert ReviewDecision.objects.filter(operation_id=op).count() == (0 if after == "Pending" else 1)
+        assert EffectRecord.objects.filter(operation_id=op).count() == (1 if after == "Committed" else 0)
+
+        code, out, err = command(*args)
+        assert code == 0, err
+        landed = after != "Pending"
+        expected = {"Status": "Committed" if approved else "Declined", "Replay": landed,
+                    "EffectCount": 1 if approved else 0}
+        assert receipt(out) == expected
+        t = figures.add(case, approved=approved)
+        assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, int(approved), 0, 0)
+        reconcile_state = [r["state"] for r in reconcile_json(case.case_id)[1]]
+        assert reconcile_state == ["Committed" if approved else "Declined"]
+    figures.save()
+    assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
+
+
+def test_crash_midway_through_reconcile_repair_then_rerun(reviewer):
+    """Several approved operations without an effect; the repair is killed after the first."""
+    from reviews.services import proposal_create
+
+    figures = Figures("repair-midway")
+    repaired_total = 0
+    per_run = 4
+    runs = iterations()
+    for _ in range(runs):
+        cases, ops = [], []
+        for _ in range(per_run):
+            case = new_case("p")
+            proposal = proposal_create(case=case)
+            ReviewDecision.objects.create(operation_id=proposal.operation_id, proposal=proposal, approved=True,
+                                          reviewer=reviewer)
+            cases.append(case)
+            ops.append(proposal.operation_id)
+        case_ids = sorted(c.case_id for c in cases)
+        assert {r["state"] for r in truth(case_ids)} == {"NoLocalEffectRecorded"}
+
+        crash(figures, "reconcile", *case_ids, "--repair")
+        # Each repair is its own transaction: exactly the first one landed, the rest untouched.
+        code, rows = reconcile_json(*case_ids)
+        assert rows == truth(case_ids)
+        assert code == 1  # NoLocalEffectRecorded remains, and reconcile says so
+        assert [r["state"] for r in rows] == ["Committed"] + ["NoLocalEffectRecorded"] * (per_run - 1)
+        figures.truthful += 1
+
+        code, out, err = command("reconcile", *case_ids, "--repair")
+        assert code == 0, err
+        assert out.count("repaired: ") == per_run - 1
+        code, rows = reconcile_json(*case_ids)
+        assert code == 0 and {r["state"] for r in rows} == {"Committed"}
+        for op in ops:
+            assert EffectRecord.objects.filter(operation_id=op).count() == 1
+            assert CommitAttempt.objects.filter(operation_id=op, channel="repair").count() == 1
+        repaired_total += per_run
+        for case in cases:
+            t = figures.add(case, approved=True)
+            assert (t["duplicates"], t["lost_approvals"]) == (0, 0)
+    assert repaired_total == figures.iterations == runs * per_run
+    figures.iterations = runs
+    figures.extra = {"operations_repaired": repaired_total}
+    figures.save()
+    assert figures.crashes == runs and figures.duplicates == 0 and figures.lost == 0
