@@ -256,6 +256,8 @@ def _begin_locked(case: Case, actor) -> BeginResult:
     session_id = f"ws-{uuid.uuid4().hex}"
     message = {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id}
     storage, state, requests, pause = async_to_sync(_begin_run)(message)
+    # `prepare` worked on its own copy of the case; show the caller where it points now.
+    case.refresh_from_db(fields=["current_proposal"])
 
     if state != WorkflowRunState.IDLE_WITH_PENDING_REQUESTS or len(requests) != 1:
         raise DecisionflowError(

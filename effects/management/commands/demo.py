@@ -153,8 +153,7 @@ class Command(WorkflowCommand):
         if rc != 0 and proc.stderr.strip():
             lines = lines + [f"{proc.stderr.strip().splitlines()[0]} (exit {proc.returncode})"]
         for index, line in enumerate(lines):
-            prefix = f"{label}: " if label and index == len(lines) - 1 and line.startswith("result=") else ""
-            text = _short_ops(prefix + line)
+            text = _short_ops(f"{label}: {line}" if label and line.startswith("result=") else line)
             self.stdout.write(f"{text:<55} <- {note}" if note and index == len(lines) - 1 else text)
         if not ok:
             self.failures += 1
@@ -206,7 +205,8 @@ class Command(WorkflowCommand):
                           f"reconcile: case={SECOND_CASE} op={op2} state=Declined effects=0"])
 
         # The control: the same sequence, the same workflow, a fresh random key per attempt.
-        control = self.manage("begin", CONTROL_CASE)
+        self.stdout.write("control: the same steps, the effect keyed by a fresh random ID per attempt")
+        control = self.step("", ["begin", CONTROL_CASE], rc=0)
         op3 = self.op_of(control)
         naive = ["demo", "--naive-step", "approve", "--case", CONTROL_CASE, "--operation-id", op3]
         self.step("", [*naive, "--fault", "lose-receipt"], rc=42, expect=["executor failed: LostReceipt"],
