@@ -97,36 +97,47 @@ def admin_routes(w):
     ]
 
 
-@pytest.mark.parametrize("who", ["anonymous", "lead", "staff", "inactive", "csrf-forged reviewer"])
-def test_admin_routes_change_nothing_without_the_review_permission(who, world, make_user):
+ADMIN_IDENTITIES = ["anonymous", "lead", "staff", "inactive", "csrf-forged reviewer"]
+API_TOKENS = ["none", "lead", "staff", "inactive", "revoked", "forged"]
+
+
+def admin_client_for(who, w, make_user):
     if who == "csrf-forged reviewer":
         # A real reviewer's browser, made to POST by another site: no CSRF token.
         client = Client(enforce_csrf_checks=True)
-        client.force_login(world["reviewer"])
-    else:
-        client = Client()
-        user = {"lead": world["lead"], "staff": world["staff"], "inactive": None}.get(who)
-        if who == "inactive":
-            user = make_user("inactive-2")
-            user.is_active = False
-            user.save()
-        if user is not None:
-            client.force_login(user)
-    before = snapshot()
-    for name, url, data in admin_routes(world):
-        response = client.post(url, data)
-        if who in ("anonymous", "inactive"):
-            # Not logged in (an inactive user's session is not honoured): the login page.
-            assert response.status_code == 302 and "/login/" in response["Location"], name
-        else:
-            assert response.status_code == 403, (name, response.status_code)
-    assert snapshot() == before
+        client.force_login(w["reviewer"])
+        return client
+    client = Client()
+    user = {"lead": w["lead"], "staff": w["staff"]}.get(who)
+    if who == "inactive":
+        user = make_user("inactive-2")
+        user.is_active = False
+        user.save()
+    if user is not None:
+        client.force_login(user)
+    return client
 
 
-@pytest.mark.parametrize("token", ["none", "lead", "staff", "inactive", "revoked", "forged"])
-def test_api_routes_change_nothing_without_the_review_permission(token, world, client):
+def test_admin_routes_change_nothing_without_the_review_permission(world, make_user):
+    """Every identity x every admin route (views, actions, add pages): 403 or the login page."""
+    tried = 0
+    for who in ADMIN_IDENTITIES:
+        client = admin_client_for(who, world, make_user)
+        before = snapshot()
+        for name, url, data in admin_routes(world):
+            response = client.post(url, data)
+            if who in ("anonymous", "inactive"):
+                # Not logged in (an inactive user's session is not honoured): the login page.
+                assert response.status_code == 302 and "/login/" in response["Location"], (who, name)
+            else:
+                assert response.status_code == 403, (who, name, response.status_code)
+            tried += 1
+        assert snapshot() == before, who
+    assert tried == len(ADMIN_IDENTITIES) * 7
+
+
+def test_api_routes_change_nothing_without_the_review_permission(world, client):
     op, case_id = world["op"], world["waiting"].case_id
-    headers = {} if token == "none" else {"Authorization": f"Bearer {world['tokens'][token]}"}
     routes = [
         (f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True}),
         (f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": False}),
@@ -134,12 +145,14 @@ def test_api_routes_change_nothing_without_the_review_permission(token, world, c
         (f"/api/cases/{world['fresh'].case_id}/decision", {"operation_id": op, "approved": True}),
     ]
     before = snapshot()
-    for url, body in routes:
-        response = client.post(url, json.dumps(body), content_type="application/json", headers=headers)
-        expected = 403 if token in ("lead", "staff") else 401
-        assert response.status_code == expected, (url, response.content[:300])
-        assert response.json()["code"] in ("forbidden", "unauthorized")
-    assert snapshot() == before
+    for token in API_TOKENS:
+        headers = {} if token == "none" else {"Authorization": f"Bearer {world['tokens'][token]}"}
+        for url, body in routes:
+            response = client.post(url, json.dumps(body), content_type="application/json", headers=headers)
+            expected = 403 if token in ("lead", "staff") else 401
+            assert response.status_code == expected, (token, url, response.content[:300])
+            assert response.json()["code"] in ("forbidden", "unauthorized")
+        assert snapshot() == before, token
 
 
 def test_api_session_post_without_csrf_changes_nothing(world):
