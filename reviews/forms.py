@@ -69,6 +69,18 @@ class ProposalEditForm(forms.Form):
             )
             self.source_fields[passage["source_id"]] = name
 
+    def clean_body(self):
+        body = self.cleaned_data["body"]
+        # Django decodes a form body that is not valid UTF-8 (broken bytes, an encoded lone
+        # surrogate) with U+FFFD instead of failing; hashing that would approve text nobody
+        # wrote. A replacement character the proposal did not already have means exactly that.
+        if body.count("\ufffd") > self.proposal.body.count("\ufffd"):
+            raise forms.ValidationError(
+                "the body arrived with invalid UTF-8 (broken bytes or a lone surrogate, shown as \ufffd); "
+                "nothing was written"
+            )
+        return body
+
     def source_version_fields(self):
         return [self[name] for name in self.source_fields.values()]
 
