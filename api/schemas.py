@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from decisionflow.identity import OPERATION_ID_RE
 
@@ -18,6 +18,17 @@ OperationId = Annotated[
     StrictStr,
     Field(pattern=OPERATION_ID_PATTERN, description="op-v1- and 64 lowercase hex digits", examples=[DEMO_OPERATION_ID]),
 ]
+
+
+def _integral_float(value):
+    # JSON Schema counts 4.0 as an integer, and Python's json reads it as a float; take it as
+    # 4. Strings and booleans stay refused (StrictInt).
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+Version = Annotated[StrictInt, Field(ge=1, le=2_147_483_647), BeforeValidator(_integral_float)]
 
 
 class Strict(Schema):
@@ -35,11 +46,19 @@ class DecisionIn(Strict):
 
 
 class EditIn(Strict):
+    # At least one of body and source_versions, said in the schema too (anyOf), so a client
+    # generated from the schema knows it. Neither may be null: leave a field out instead.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"anyOf": [{"required": ["body"]}, {"required": ["source_versions"]}]},
+    )
+
     expected_operation_id: OperationId
-    body: StrictStr | None = Field(default=None, min_length=1, description="the new draft body")
+    body: StrictStr = Field(default=None, min_length=1, pattern=r"\S",
+                            description="the new draft body; not blank", json_schema_extra={"default": None})
     source_versions: dict[Annotated[StrictStr, Field(min_length=1, max_length=100)],
-                          Annotated[StrictInt, Field(ge=1, le=2_147_483_647)]] | None = Field(
-        default=None, description='move cited sources to other versions, e.g. {"HOLD-7": 4}', min_length=1
+                          Version] = Field(
+        default=None, min_length=1, description='move cited sources to other versions, e.g. {"HOLD-7": 4}'
     )
 
     @model_validator(mode="after")

@@ -251,3 +251,14 @@ def test_body_just_under_the_limit_is_read(api, before, settings):
     assert len(raw) == limit
     assert_error(api.post(DECISION, raw=raw), 400, "invalid_request")
     assert full_snapshot() == before
+
+
+# 405 --------------------------------------------------------------------------------------
+
+
+def test_405_wrong_method_is_json_with_allow(api, before):
+    for method, path in (("delete", "/api/cases/T-1042"), ("put", DECISION), ("get", EDITS)):
+        response = getattr(api.client, method)(path, headers=api.headers())
+        assert_error(response, 405, "method_not_allowed")
+        assert response["Allow"]
+    assert full_snapshot() == before
