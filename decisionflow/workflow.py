@@ -251,6 +251,11 @@ async def _begin_run(message: dict):
 def _begin_locked(case: Case, actor) -> BeginResult:
     existing = _existing_begin(case)
     if existing is not None and existing.pending_review.workflow_version == WORKFLOW_VERSION:
+        if existing.pending_review.status == PendingReview.Status.SUPERSEDED:
+            # An edit came back to this very operation (e.g. the text was restored): it is
+            # the current proposal again, so its pause is live again.
+            PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=PendingReview.Status.PENDING)
+            existing.pending_review.refresh_from_db()
         return existing
 
     session_id = f"ws-{uuid.uuid4().hex}"
@@ -360,6 +365,11 @@ async def _resume_run(workflow, pending: PendingReview, case_id: str, response: 
             f"stale: the request re-emitted from checkpoint {pending.checkpoint_id} carries "
             f"{', '.join(identity.short(str(c)) for c in carried) or 'no operation'}, not the recorded "
             f"{identity.short(operation_id)}; nothing was answered"
+        )
+    if requests[0].data.get("workflow_version") != WORKFLOW_VERSION:
+        raise WorkflowIncompatible(
+            f"incompatible workflow version: checkpoint {pending.checkpoint_id} holds a request of workflow "
+            f"{requests[0].data.get('workflow_version')!r}, this is {WORKFLOW_VERSION}; nothing was answered"
         )
     resumed = {"resumed_status": status_name(first.get_final_state()), "request_reemitted": True}
 

@@ -274,3 +274,23 @@ def test_the_case_lock_excludes_another_thread(transactional_db):
     assert outcome == {"busy": "case T-LOCK is locked by another process; try again later"}
     with case_lock("T-LOCK", timeout=0):  # released, so free again
         pass
+
+
+def test_an_edit_back_to_an_earlier_text_revives_its_pending_review(case, begun, reviewer):
+    body = begun.pending_review.proposal.body
+    _, edited = review_edit(case=case, expected_operation_id=begun.operation_id, body=body + " More.", editor=reviewer)
+    revision, back = review_edit(case=case, expected_operation_id=edited.operation_id, body=body, editor=reviewer)
+    assert revision.changed and back.operation_id == begun.operation_id and back.created is False
+    assert dict(PendingReview.objects.values_list("operation_id", "status")) == {
+        begun.operation_id: "pending", edited.operation_id: "superseded"}
+    assert review_resume(case=case, operation_id=begun.operation_id, approved=True,
+                         reviewer=reviewer).result.status == "Committed"
+    assert PendingReview.objects.get(operation_id=begun.operation_id).status == "completed"
+
+
+def test_a_request_from_another_workflow_version_is_refused(case, begun, reviewer):
+    row = _pause_row(begun)
+    _store(row, row.payload.replace(f'"workflow_version":"{WORKFLOW_VERSION}"', '"workflow_version":"review-v0"'))
+    with pytest.raises(WorkflowIncompatible, match="review-v0"):
+        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
+    assert CommitAttempt.objects.count() == 0
