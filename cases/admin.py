@@ -69,7 +69,7 @@ class ReviewerFilter(admin.SimpleListFilter):
 
 @admin.register(Case)
 class CaseAdmin(ViewOnlyAdmin):
-    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided", "history_link")
+    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided")
     list_display_links = None
     list_filter = (StatusFilter, ReviewerFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("=case_id", "subject")
@@ -88,7 +88,11 @@ class CaseAdmin(ViewOnlyAdmin):
 
     @admin.display(description="case", ordering="case_id")
     def case_link(self, obj):
-        return format_html('<a href="{}">{}</a>', reverse("admin:cases_case_review", args=[obj.pk]), obj.case_id)
+        return format_html(
+            '<a href="{}" class="df-case-link">{}</a><br><a href="{}" class="df-small">history</a>',
+            reverse("admin:cases_case_review", args=[obj.pk]), obj.case_id,
+            reverse("admin:cases_case_history", args=[obj.pk]),
+        )
 
     @admin.display(description="status", ordering="review_status")
     def status(self, obj):
@@ -106,10 +110,6 @@ class CaseAdmin(ViewOnlyAdmin):
     @admin.display(description="decided", ordering="decision_at")
     def decided(self, obj):
         return when(obj.decision_at) if obj.decision_at else "-"
-
-    @admin.display(description="history")
-    def history_link(self, obj):
-        return format_html('<a href="{}">History</a>', reverse("admin:cases_case_history", args=[obj.pk]))
 
     @admin.display(description="customer message")
     def customer_message_pre(self, obj):
@@ -140,6 +140,7 @@ class CaseAdmin(ViewOnlyAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "case": case,
+            "is_nav_sidebar_enabled": False,
             "title": f"Review {case.case_id}",
             "can_review": can_review(request.user),
             "history_url": reverse("admin:cases_case_history", args=[case.pk]),
@@ -181,6 +182,7 @@ class CaseAdmin(ViewOnlyAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "case": case,
+            "is_nav_sidebar_enabled": False,
             "title": f"History of {case.case_id}",
             "subtitle": case.subject,
             "history": history,
@@ -201,7 +203,8 @@ class CaseAdmin(ViewOnlyAdmin):
         if request.method == "POST" and request.POST.get("action") in DECIDE_ACTIONS:
             if not self.has_review_permission(request):
                 raise PermissionDenied
-        return super().changelist_view(request, extra_context)
+        # Seven columns and the filters need the width more than the nav does.
+        return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 
     @admin.action(description="Approve selected", permissions=["review"])
     def approve_selected(self, request, queryset):

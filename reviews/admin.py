@@ -177,6 +177,8 @@ class ProposalAdmin(ViewOnlyAdmin):
     def _context(self, request, proposal, **extra):
         return {
             **self.admin_site.each_context(request),
+            # The page is read top to bottom; the full width is worth more than the nav.
+            "is_nav_sidebar_enabled": False,
             "opts": self.model._meta,
             "proposal": proposal,
             "case": proposal.case,
@@ -321,7 +323,7 @@ class ProposalAdmin(ViewOnlyAdmin):
                         )
                     else:
                         self.message_user(request, format_html(
-                            "Saved as a new proposal {} ({}); its review has begun. It replaces {}.",
+                            "Saved as a new proposal {} ({}), replacing {}; its review has begun.",
                             op_html(new.operation_id), new.get_origin_display(), identity.short(expected),
                         ), messages.SUCCESS)
                     return HttpResponseRedirect(review_url(new.pk))

@@ -19,7 +19,7 @@ def diff_class(line: str) -> str:
         return "df-add"
     if line.startswith("-"):
         return "df-del"
-    return ""
+    return "df-ctx"
 
 
 @register.filter

@@ -1,0 +1,129 @@
+"""Browser tests: Playwright for Python driving Debian's Chromium against pytest-django's live server.
+
+Playwright's sync API keeps an asyncio loop registered as running in this thread, so:
+- Django would refuse ORM calls here (SynchronousOnlyOperation): the flag below allows them,
+  which is safe because the test thread never awaits anything itself;
+- the workflow host functions use ``async_to_sync``, which cannot run in a thread with a
+  running loop: tests call them through ``in_thread``.
+
+Screenshots go to a temporary folder, or to ``DECISIONFLOW_SCREENSHOT_DIR`` when set
+(``make screenshots`` sets it to docs/screenshots).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+SKIP_REASON = (
+    f"browser tests skipped: {CHROMIUM} is missing (run `make browser` as root to install Debian's chromium)"
+)
+
+REVIEWER = ("reviewer", "review-T1042")
+LEAD = ("lead", "lead-T1042")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    mine = [item for item in items if Path(str(item.fspath)).is_relative_to(here)]
+    for item in mine:
+        item.add_marker(pytest.mark.browser)
+    if mine and not os.access(CHROMIUM, os.X_OK):
+        print(f"\n{SKIP_REASON}")
+        for item in mine:
+            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+def in_thread(fn, *args, **kwargs):
+    """Run ``fn`` in a fresh thread (no event loop there) on its own DB connection."""
+    from django.db import connections
+
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the test thread
+            box["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@pytest.fixture
+def screenshot_dir(tmp_path_factory) -> Path:
+    configured = os.environ.get("DECISIONFLOW_SCREENSHOT_DIR")
+    path = Path(configured) if configured else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def demo(transactional_db, settings):
+    """The demo data as `make run` loads it, with T-1042 begun (as `manage.py begin` does)."""
+    from django.core.management import call_command
+
+    from cases.models import Case
+    from decisionflow.workflow import review_begin
+
+    # The live server speaks plain HTTP; development cookie settings, whatever the env says.
+    settings.SESSION_COOKIE_SECURE = False
+    settings.CSRF_COOKIE_SECURE = False
+    settings.SECURE_SSL_REDIRECT = False
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    call_command("load_demo", stdout=open(os.devnull, "w"))
+    case = Case.objects.get(case_id="T-1042")
+    in_thread(review_begin, case=case)
+    case.refresh_from_db()
+    return case
+
+
+@pytest.fixture(scope="module")
+def browser():
+    # Module scope: Chromium starts once per file (about 3 s saved per test), and Playwright's
+    # loop is gone again before tests of other modules run.
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def login(browser, live_server):
+    """A logged-in browser context for a demo user: ``login(*REVIEWER)``."""
+    contexts = []
+
+    def make(username: str, password: str):
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        contexts.append(context)
+        page = context.new_page()
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", password)
+        page.click("input[type=submit]")
+        page.wait_for_url(f"{live_server.url}/admin/")
+        return context, page
+
+    yield make
+    for context in contexts:
+        context.close()
