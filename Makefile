@@ -52,5 +52,13 @@ test-postgres: $(VENV)/.installed
 		echo "SKIPPED: the PostgreSQL run (no server answers at $(TEST_POSTGRES_URL)); set TEST_POSTGRES_URL to run it"; \
 	fi
 
+# Benchmarks: ratios against raw baselines measured in the same run, written to
+# docs/PERFORMANCE.md. Uses its own databases (decisionflow_bench* on BENCH_POSTGRES_URL,
+# default the local server, and a temporary SQLite file); ~15 minutes on 2 cores.
+BENCH_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432
+BENCH_ARGS ?=
+bench: $(VENV)/.installed
+	BENCH_POSTGRES_URL="$(BENCH_POSTGRES_URL)" $(PY) -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) db.sqlite3 .pytest_cache

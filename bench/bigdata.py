@@ -1,0 +1,126 @@
+"""Bulk-load many operations into a benchmark PostgreSQL database, set-based and fast.
+
+One ``INSERT ... SELECT FROM generate_series`` per table, in one transaction, into the
+migrated schema (constraints, indexes and append-only triggers all in place). The mix per
+100 operations: 1 approved without effect (``NoLocalEffectRecorded``), 29 committed, 10
+declined, 60 pending. Only raw psycopg here: no Django, so the orchestrator can use it.
+"""
+
+from __future__ import annotations
+
+# g % 100 == 0: approved, effect missing; 1..29: approved with effect; 30..39: declined.
+MIX = {"NoLocalEffectRecorded": 1, "Committed": 29, "Declined": 10, "Pending": 60}
+
+
+def expected_states(n: int) -> dict:
+    """How many operations of each state ``load_operations(n)`` creates (for checks)."""
+    counts = dict.fromkeys(MIX, 0)
+    for g in range(1, n + 1):
+        r = g % 100
+        state = ("NoLocalEffectRecorded" if r == 0 else "Committed" if r < 30 else
+                 "Declined" if r < 40 else "Pending")
+        counts[state] += 1
+    return counts
+
+
+def load_operations(conn, n: int, *, prefix: str = "L") -> None:
+    """``n`` cases, each with one current prepared proposal, decisions and effects per MIX.
+
+    Expects empty case, proposal, decision and effect tables (explicit ids 1..n); moves
+    the id sequences past them so later ORM inserts do not collide.
+    """
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM cases_case")
+        if cur.fetchone()[0]:
+            raise RuntimeError("load_operations needs an empty, freshly migrated database")
+        cur.execute(
+            "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, email, is_staff, "
+            "is_active, date_joined) VALUES ('!', false, 'bench-loader', '', '', '', true, true, now()) RETURNING id"
+        )
+        user_id = cur.fetchone()[0]
+        cur.execute(
+            "INSERT INTO cases_policy (name, label, parameters, policy_id) VALUES "
+            "('support-reply', 'v3', '{\"allowance_units\": 9}', %s) RETURNING id",
+            ("pol-v1-" + "0" * 64,),
+        )
+        policy_id = cur.fetchone()[0]
+        # The rows are consistent by construction, so the per-row foreign-key triggers are
+        # switched off for this transaction (superuser only; the benchmark database is ours):
+        # checking 3 million references one by one would dominate the load time.
+        cur.execute("SET LOCAL session_replication_role = replica")
+        cur.execute(
+            """
+            INSERT INTO cases_case (id, case_id, subject, customer_message, action, policy_id, draft,
+                                    import_digest, current_proposal_id, created_at)
+            SELECT g, %(prefix)s || '-' || lpad(g::text, 7, '0'), 'Gateway reboots after firmware 4.2.0 (bulk ' || g || ')',
+                   'Two of our gateways reboot every few minutes.', 'record_support_review', %(policy)s,
+                   'Hello, please collect a diagnostic export.', '', g, now() - (g || ' seconds')::interval
+            FROM generate_series(1, %(n)s) g
+            """,
+            {"prefix": prefix, "policy": policy_id, "n": n},
+        )
+        cur.execute(
+            """
+            INSERT INTO reviews_proposal (id, case_id, action, body, passages, findings, policy_snapshot,
+                                          evidence_id, policy_id, operation_id, origin, parent_id, author_id,
+                                          unchecked_sentences, created_at)
+            SELECT g, g, 'record_support_review', 'Hello, please collect a diagnostic export.',
+                   '[{"source_id": "KB-311", "version": 3, "quotation": "open System > Support"}]',
+                   '[]', '{"name": "support-reply", "label": "v3", "parameters": {"allowance_units": 9}}',
+                   'ev-v1-' || repeat('1', 64), 'pol-v1-' || repeat('0', 64),
+                   'op-v1-' || encode(sha256(convert_to(%(prefix)s || g, 'UTF8')), 'hex'),
+                   'prepared', NULL, NULL, '[]', now() - (g || ' seconds')::interval
+            FROM generate_series(1, %(n)s) g
+            """,
+            {"prefix": prefix, "n": n},
+        )
+        cur.execute(
+            """
+            INSERT INTO reviews_reviewdecision (id, operation_id, proposal_id, approved, reviewer_id, decided_at)
+            SELECT p.id, p.operation_id, p.id, (p.id %% 100) < 30, %(user)s, now()
+            FROM reviews_proposal p WHERE p.id <= %(n)s AND (p.id %% 100) < 40
+            """,
+            {"user": user_id, "n": n},
+        )
+        cur.execute(
+            """
+            INSERT INTO effects_effectrecord (id, operation_id, decision_id, case_id, proposal_id, action, body,
+                                              evidence_id, source_versions, policy_id, policy_snapshot,
+                                              reviewer_id, recorded_at)
+            SELECT d.id, d.operation_id, d.id, p.case_id, p.id, p.action, p.body, p.evidence_id,
+                   '{"KB-311": 3}', p.policy_id, p.policy_snapshot, d.reviewer_id, now()
+            FROM reviews_reviewdecision d JOIN reviews_proposal p ON p.id = d.proposal_id
+            WHERE d.approved AND (d.id % 100) <> 0
+            """
+        )
+        for table in ("cases_case", "reviews_proposal", "reviews_reviewdecision", "effects_effectrecord"):
+            cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
+    was = conn.autocommit
+    conn.autocommit = True  # VACUUM cannot run inside a transaction
+    try:
+        conn.execute("VACUUM ANALYZE")
+    finally:
+        conn.autocommit = was
+
+
+# The narrow anti-join: only the operations that need attention (approved, no effect).
+ANTI_JOIN_SQL = """
+    SELECT c.case_id, d.operation_id
+    FROM reviews_reviewdecision d
+    JOIN reviews_proposal p ON p.id = d.proposal_id
+    JOIN cases_case c ON c.id = p.case_id
+    WHERE d.approved AND NOT EXISTS (SELECT 1 FROM effects_effectrecord e WHERE e.operation_id = d.operation_id)
+"""
+
+
+# The reconcile query of effects.services.operations_reconcile with every filter off,
+# spelled out for the raw baselines (the smoke test checks both list the same operations).
+RECONCILE_SQL = """
+    SELECT c.case_id, p.operation_id, d.approved, e.id
+    FROM reviews_proposal p
+    JOIN cases_case c ON c.id = p.case_id
+    LEFT JOIN reviews_reviewdecision d ON d.operation_id = p.operation_id
+    LEFT JOIN effects_effectrecord e ON e.operation_id = p.operation_id
+    WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
+    ORDER BY c.case_id, p.id
+"""

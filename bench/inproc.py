@@ -1,0 +1,95 @@
+"""One benchmark process against one database: ``python -m bench.inproc --out results.json``.
+
+DATABASE_URL must name the benchmark's own, migrated database (bench.run creates it). The
+process-level measures (interpreter start, the reconcile command) are in bench.run; the
+rest runs here so that interpreter start-up is excluded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+# Sizes: "full" for `make bench`; "smoke" proves the code still runs (tests/bench).
+SCALES = {
+    "full": {"runs": 5, "identity_number": 20000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
+             "workflow_n": 20, "storage_n": 50, "admin_cases": 100_000, "admin_requests": 15},
+    "smoke": {"runs": 1, "identity_number": 50, "commit_n": 2, "concurrent_per_worker": 1, "workers": 2,
+              "workflow_n": 1, "storage_n": 1, "admin_cases": 30, "admin_requests": 1},
+}
+
+
+def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[dict]:
+    """Run every in-process measure that applies to the configured database."""
+    from django.db import connection
+
+    from . import measures
+
+    vendor = connection.vendor
+    pg = vendor == "postgresql"
+    runs = scale["runs"]
+    plan = []
+    if pg:
+        plan.append(("identity", lambda: measures.bench_identity(runs=runs, number=scale["identity_number"])))
+    plan.append(("commit", lambda: list(measures.bench_commit(runs=runs, n=scale["commit_n"], vendor=vendor))))
+    if pg:
+        plan.append(("concurrent", lambda: [measures.bench_commit_concurrent(
+            runs=runs, n_per_worker=scale["concurrent_per_worker"], workers=scale["workers"])]))
+    plan.append(("begin", lambda: [measures.bench_begin(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
+    if pg:
+        plan.append(("resume", lambda: [measures.bench_resume(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
+        plan.append(("storage", lambda: [measures.bench_storage(n=scale["storage_n"], vendor=vendor)]))
+        plan.append(("admin", lambda: [__import__("bench.admin_pages", fromlist=["x"]).bench_admin(
+            cases=scale["admin_cases"], requests=scale["admin_requests"])]))
+    if pg and only and "reconcile_service" in only:
+        # Only on request: bench.run points it at the million-operation database.
+        plan.append(("reconcile_service", lambda: [measures.bench_reconcile_service(runs=min(runs, 3))]))
+    out = []
+    for name, fn in plan:
+        if only and name not in only:
+            continue
+        if name in ("begin", "resume", "storage") and not measures.workflow_available():
+            out.append({"key": f"{name}_{vendor}", "kind": "missing", "bench": name, "vendor": vendor,
+                        "error": "decisionflow.workflow (review_begin/review_resume) is not available yet"})
+            log(f"bench {name} ({vendor}): skipped, the workflow is not available")
+            continue
+        t = time.perf_counter()
+        log(f"bench {name} ({vendor}) ...")
+        try:
+            for res in fn():
+                res.setdefault("vendor", vendor)
+                out.append(res)
+        except Exception:
+            out.append({"key": f"{name}_{vendor}", "kind": "error", "bench": name, "vendor": vendor,
+                        "error": traceback.format_exc(limit=8)})
+            log(f"bench {name} ({vendor}): FAILED\n{traceback.format_exc(limit=8)}")
+        log(f"bench {name} ({vendor}) done in {time.perf_counter() - t:.1f} s")
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--only", default="", help="comma-separated subset: identity,commit,concurrent,begin,...")
+    args = parser.parse_args(argv)
+    if not os.environ.get("DATABASE_URL"):
+        parser.error("DATABASE_URL must name the benchmark database")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "decisionflow.settings")
+    os.environ.setdefault("DEBUG", "1")
+    import django
+
+    django.setup()
+    results = run_suite(scale=SCALES[args.scale], only=set(filter(None, args.only.split(","))) or None,
+                        log=lambda m: print(m, file=sys.stderr, flush=True))
+    with open(args.out, "w") as fh:
+        json.dump(results, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""`make bench`: run every benchmark and write docs/PERFORMANCE.md.
+
+    .venv/bin/python -m bench.run [--scale full|smoke] [--out docs/PERFORMANCE.md]
+
+It uses its own databases only: on PostgreSQL (BENCH_POSTGRES_URL, default
+postgres://postgres@127.0.0.1:5432) it drops and recreates ``decisionflow_bench`` (the
+review-core, workflow and admin benchmarks, over 100,000 bulk-loaded cases) and
+``decisionflow_bench_reconcile`` (1,000,000 operations; kept between runs when its contents
+are exactly what this run would load, unless --fresh); on SQLite, a temporary file. Both
+are migrated with ``manage.py migrate``. Nothing here reads or writes a test database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import report
+from .stats import summary
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+SIZES = {
+    "full": {"runs": 5, "process_runs": 7, "reconcile_runs": 3, "reconcile_ops": 1_000_000,
+             "admin_cases": 100_000},
+    "smoke": {"runs": 1, "process_runs": 1, "reconcile_runs": 1, "reconcile_ops": 300, "admin_cases": 30},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[bench {datetime.now(timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def env_for(database_url: str) -> dict:
+    env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1", PYTHONPATH=str(ROOT))
+    env.pop("DECISIONFLOW_FAULT_INJECTION", None)
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
+def migrate(database_url: str) -> None:
+    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env_for(database_url),
+                   check=True)
+
+
+def pg_url(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}"
+
+
+def pg_admin(base: str):
+    import psycopg
+
+    return psycopg.connect(pg_url(base, "postgres"), autocommit=True)
+
+
+def pg_recreate(base: str, name: str) -> None:
+    with pg_admin(base) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def pg_exists(base: str, name: str) -> bool:
+    with pg_admin(base) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
+
+
+def inproc(database_url: str, scale: str, only: str | None = None) -> list[dict]:
+    """One benchmark process (interpreter start excluded from what it measures)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        out = fh.name
+    try:
+        cmd = [PY, "-m", "bench.inproc", "--scale", scale, "--out", out]
+        if only:
+            cmd += ["--only", only]
+        subprocess.run(cmd, cwd=ROOT, env=env_for(database_url), check=True)
+        return json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink(missing_ok=True)
+
+
+# --- 7. process start -------------------------------------------------------------------
+
+
+def wall(cmd: list[str], env: dict) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def bench_process_start(database_url: str, runs: int, *, warm: bool = True) -> dict:
+    env = env_for(database_url)
+    res = {"key": "process_start", "title": "7. process start: `manage.py resume --help` wall time",
+           "subject": "`python manage.py resume --help`", "baseline": "`python -c pass`", "kind": "cost",
+           "unit": "ms", "goal": None, "note": "report only", "subject_values": [], "baseline_values": [],
+           "ratios": [], "vendor": "any"}
+    if warm:
+        wall([PY, "manage.py", "resume", "--help"], env)  # warm the page cache and .pyc files
+    for i in range(runs):
+        pair = [("b", [PY, "-c", "pass"]), ("s", [PY, "manage.py", "resume", "--help"])]
+        if i % 2:
+            pair.reverse()
+        got = {k: wall(cmd, env) * 1000 for k, cmd in pair}
+        res["subject_values"].append(got["s"])
+        res["baseline_values"].append(got["b"])
+        res["ratios"].append(got["s"] / got["b"])
+    return res
+
+
+# --- 8. reconcile over a million operations ---------------------------------------------
+
+
+def _reconcile_db_ready(url: str, n: int) -> bool:
+    """The kept database holds exactly what load_operations(n) makes, on current migrations."""
+    import psycopg
+
+    from .bigdata import expected_states
+
+    try:
+        with psycopg.connect(url) as conn:
+            cases = conn.execute("SELECT count(*) FROM cases_case").fetchone()[0]
+            effects = conn.execute("SELECT count(*) FROM effects_effectrecord").fetchone()[0]
+            applied = conn.execute("SELECT count(*) FROM django_migrations").fetchone()[0]
+    except Exception:
+        return False
+    exp = expected_states(n)
+    plan = subprocess.run([PY, "manage.py", "showmigrations", "--plan"], cwd=ROOT, env=env_for(url),
+                          capture_output=True, text=True, check=True).stdout
+    unapplied = plan.count("[ ]")
+    return cases == n and effects == exp["Committed"] and unapplied == 0 and applied > 0
+
+
+def _rss_run(cmd: list[str], env: dict) -> tuple[float, int, int, str]:
+    """Wall seconds, peak RSS (KiB) of exactly this child, its exit code, stderr tail."""
+    err = tempfile.TemporaryFile()
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err.seek(0)
+    return elapsed, usage.ru_maxrss, proc.returncode, err.read().decode(errors="replace")[-500:]
+
+
+def bench_reconcile(base: str, sizes: dict, *, fresh: bool, name: str, scale: str) -> list[dict]:
+    import psycopg
+
+    from .bigdata import load_operations
+
+    n = sizes["reconcile_ops"]
+    url = pg_url(base, name)
+    if fresh or not pg_exists(base, name) or not _reconcile_db_ready(url, n):
+        log(f"reconcile: loading {n:,} operations into {name} ...")
+        pg_recreate(base, name)
+        migrate(url)
+        t = time.perf_counter()
+        with psycopg.connect(url) as conn:
+            load_operations(conn, n)
+        log(f"reconcile: loaded in {time.perf_counter() - t:.0f} s")
+    else:
+        log(f"reconcile: reusing {name} ({n:,} operations, already loaded)")
+    out = [measure_reconcile(url, n, runs=sizes["reconcile_runs"])]
+    # The service alone, in-process (no process start, no printing), on the same data.
+    out += inproc(url, scale, only="reconcile_service")
+    return out
+
+
+def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
+    """The command vs the raw COPY of the same join, on a database load_operations(n) filled."""
+    import psycopg
+
+    from .bigdata import ANTI_JOIN_SQL, RECONCILE_SQL, expected_states
+
+    exp = expected_states(n)
+    sql = RECONCILE_SQL
+    res = {"key": "reconcile_command", "title": f"8. reconcile: {n:,} operations, `reconcile --all --json > /dev/null`",
+           "subject": "`python manage.py reconcile --all --json > /dev/null` (process start included)",
+           "baseline": "the same left/anti-join SQL, raw, streamed to the client with COPY ... TO STDOUT (psycopg)",
+           "kind": "cost", "unit": "s", "goal": ("≤", 1.5), "note": "", "subject_values": [],
+           "baseline_values": [], "ratios": [], "vendor": "postgresql", "operations": n, "rss_kib": [],
+           "expected": exp, "anti_join_s": []}
+    env = env_for(url)
+    cmd = [PY, "manage.py", "reconcile", "--all", "--json"]
+
+    def baseline() -> float:
+        t = time.perf_counter()
+        with psycopg.connect(url) as conn, conn.cursor() as cur:
+            with cur.copy(f"COPY ({sql}) TO STDOUT") as copy:
+                for _block in copy:
+                    pass
+        return time.perf_counter() - t
+
+    def anti_join() -> float:
+        t = time.perf_counter()
+        with psycopg.connect(url) as conn:
+            rows = conn.execute(ANTI_JOIN_SQL).fetchall()
+        if len(rows) != exp["NoLocalEffectRecorded"]:
+            raise AssertionError(f"anti-join found {len(rows)} rows, expected {exp['NoLocalEffectRecorded']}")
+        return time.perf_counter() - t
+
+    for i in range(runs):
+        order = ["b", "s"] if i % 2 == 0 else ["s", "b"]
+        got = {}
+        for which in order:
+            if which == "b":
+                got["b"] = baseline()
+            else:
+                elapsed, rss, code, err = _rss_run(cmd, env)
+                # Exit 1 with this message is the documented answer when some operation is
+                # NoLocalEffectRecorded (1% are, by design of the data).
+                want = f"{exp['NoLocalEffectRecorded']} operation(s) approved with no local effect"
+                if code not in (0, 1) or (exp["NoLocalEffectRecorded"] and want not in err):
+                    raise RuntimeError(f"reconcile exited {code}: {err}")
+                got["s"], res["rss_kib"] = elapsed, res["rss_kib"] + [rss]
+        res["anti_join_s"].append(anti_join())
+        res["subject_values"].append(got["s"])
+        res["baseline_values"].append(got["b"])
+        res["ratios"].append(got["s"] / got["b"])
+    return res
+
+
+# --- machine ----------------------------------------------------------------------------
+
+
+def machine(base: str) -> dict:
+    import sqlite3
+
+    import django
+    import psycopg
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        m = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
+        mem = f"{int(m.group(1)) / 1024 / 1024:.1f} GiB"
+    except (OSError, AttributeError):
+        pass
+    try:
+        with pg_admin(base) as conn:
+            pg = conn.execute("SHOW server_version").fetchone()[0]
+            settings = {k: conn.execute(f"SHOW {k}").fetchone()[0]
+                        for k in ("shared_buffers", "work_mem", "synchronous_commit", "fsync")}
+    except Exception as exc:
+        pg, settings = f"unavailable ({exc})", {}
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "os": platform.platform(),
+            "python": platform.python_version(), "django": django.get_version(), "psycopg": psycopg.__version__,
+            "postgresql": pg, "pg_settings": settings, "sqlite": sqlite3.sqlite_version,
+            "load_before": os.getloadavg()}
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", choices=sorted(SIZES), default="full")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "PERFORMANCE.md"))
+    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--postgres", default=os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432"),
+                        help="server URL without a database name")
+    parser.add_argument("--db-prefix", default="decisionflow_bench")
+    parser.add_argument("--fresh", action="store_true", help="reload the reconcile database even if it is intact")
+    parser.add_argument("--skip", default="", help="comma-separated: postgres,sqlite,process,reconcile")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+    sizes = SIZES[args.scale]
+    started = time.perf_counter()
+    info = machine(args.postgres)
+    results: list[dict] = []
+
+    if "postgres" not in skip:
+        name = args.db_prefix
+        url = pg_url(args.postgres, name)
+        log(f"PostgreSQL: recreating {name}, migrating, loading {sizes['admin_cases']:,} cases")
+        pg_recreate(args.postgres, name)
+        migrate(url)
+        import psycopg
+
+        from .bigdata import load_operations
+
+        with psycopg.connect(url) as conn:
+            load_operations(conn, sizes["admin_cases"], prefix="L")
+        results += inproc(url, args.scale)
+
+    if "sqlite" not in skip:
+        with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
+            url = f"sqlite:///{tmp}/bench.sqlite3"
+            log("SQLite: migrating a temporary database")
+            migrate(url)
+            results += inproc(url, args.scale, only="commit,begin")
+
+    if "process" not in skip:
+        log("process start")
+        with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
+            results.append(bench_process_start(f"sqlite:///{tmp}/unused.sqlite3", sizes["process_runs"]))
+
+    if "reconcile" not in skip:
+        try:
+            results += bench_reconcile(args.postgres, sizes, fresh=args.fresh,
+                                       name=f"{args.db_prefix}_reconcile", scale=args.scale)
+        except Exception as exc:
+            import traceback
+
+            results.append({"key": "reconcile_command", "kind": "error", "bench": "reconcile",
+                            "error": traceback.format_exc(limit=6)})
+            log(f"reconcile FAILED: {exc}")
+
+    info["load_after"] = os.getloadavg()
+    info["duration_s"] = time.perf_counter() - started
+    info["scale"] = args.scale
+    info["command"] = "make bench" if args.scale == "full" else f"python -m bench.run --scale {args.scale}"
+    info["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "results": results}, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(report.render(info, results))
+    log(f"wrote {args.out} in {info['duration_s']:.0f} s")
+    failed = [r for r in results if r.get("kind") == "error"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
