@@ -1,0 +1,516 @@
+"""Two hosts, one PostgreSQL: concurrent load through the JSON API, then reconcile.
+
+Starts two gunicorn instances (the pinned gunicorn, gthread workers) on two loopback ports,
+both on one PostgreSQL database, and runs bounded client threads against them for a fixed
+time. Each client thread loops over three scenarios on fresh cases (imported directly in the
+database, as the pipeline's import would):
+
+- approve: GET the case, then the same approval sent to BOTH hosts at once, then once more:
+  exactly one answer may say ``replay: false``;
+- decline: decline on one host, then approve on the other: 409 ``conflicting_decision``;
+- stale: GET the case, edit it (a new operation), approve the old operation on the other
+  host (409 ``stale_proposal`` naming the new one), then approve the new one.
+
+Only the 409s listed above are expected; any other non-2xx answer is an error. Afterwards
+the servers are stopped and ``manage.py reconcile --all --json`` must show every operation
+settled and agreeing with what the clients were told: each operation told Committed is
+Committed with one effect, each told Declined is Declined, nothing is NoLocalEffectRecorded,
+and no case has two decisions or two effects.
+
+Usage (``make reliability`` runs the first form for 60 s)::
+
+    python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8
+    python reliability/load.py --database-url postgres://...  # an existing, migrated database
+
+Exit status 0 when every check holds; the summary is printed and, with --json, written.
+Every address is 127.0.0.1; every loop is bounded in time and in count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+MAX_ROUNDS_PER_CLIENT = 100_000  # a bound on count, beside the bound on time
+EXPECTED_409 = {"conflicting_decision", "stale_proposal"}
+
+
+# --- setup ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """Drop and create ``name`` on the server of ``admin_url``; return its DATABASE_URL."""
+    import psycopg
+    from psycopg import sql
+
+    if not name.replace("_", "").isalnum():
+        raise SystemExit(f"load: database name {name!r} must be letters, digits and _")
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base = admin_url.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+def manage(database_url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1")
+    env.pop("DECISIONFLOW_FAULT_INJECTION", None)
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def django_setup(database_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ.setdefault("DEBUG", "1")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "decisionflow.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def case_data(case_id: str) -> dict:
+    data = json.loads((ROOT / "cases" / "demo" / "t1042.json").read_text())
+    data["case_id"] = case_id
+    return data
+
+
+def import_case(prefix: str) -> str:
+    from cases.services import case_import
+
+    case_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    case_import(data=case_data(case_id))
+    return case_id
+
+
+def make_reviewers(count: int) -> list[str]:
+    """Reviewers with the review permission and one API token each (created in the DB)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group, Permission
+
+    from api.services import token_create
+    from reviews.groups import ensure_review_groups
+
+    reviewers, _leads = ensure_review_groups(Group, Permission)
+    tokens = []
+    run = uuid.uuid4().hex[:6]
+    for i in range(count):
+        user = get_user_model().objects.create_user(f"load-{run}-{i}", is_staff=True)
+        user.set_unusable_password()
+        user.save()
+        user.groups.add(reviewers)
+        tokens.append(token_create(user=user, name="load test")[1])
+    return tokens
+
+
+# --- servers -------------------------------------------------------------------------------
+
+
+class Servers:
+    def __init__(self, database_url: str, ports: list[int], workers: int, threads: int, log_dir: Path):
+        self.procs = []
+        env = dict(os.environ, DATABASE_URL=database_url, DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50),
+                   ALLOWED_HOSTS=HOST, SECURE_SSL_REDIRECT="0", LOG_LEVEL="WARNING")
+        env.pop("DECISIONFLOW_FAULT_INJECTION", None)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for port in ports:
+            log = open(log_dir / f"gunicorn-{port}.log", "w")  # noqa: SIM115 - closed in stop()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gunicorn", "decisionflow.wsgi:application", "--bind", f"{HOST}:{port}",
+                 "--workers", str(workers), "--threads", str(threads), "--worker-class", "gthread",
+                 "--timeout", "120", "--graceful-timeout", "10"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            self.procs.append((port, proc, log))
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for port, proc, _log in self.procs:
+            while True:
+                if proc.poll() is not None:
+                    raise SystemExit(f"load: gunicorn on port {port} exited with {proc.returncode}")
+                try:
+                    conn = http.client.HTTPConnection(HOST, port, timeout=5)
+                    conn.request("GET", "/api/cases/READY-CHECK")
+                    status = conn.getresponse().status
+                    conn.close()
+                    if status in (401, 404):
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"load: gunicorn on port {port} did not answer within {timeout:.0f} s")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for _port, proc, _log in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _port, proc, log in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
+
+
+# --- clients -------------------------------------------------------------------------------
+
+
+class Tally:
+    """Everything the clients saw, merged under one lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.statuses = Counter()  # "200", "409 stale_proposal", ...
+        self.expected_409 = Counter()
+        self.unexpected = []  # (what, status, body) samples
+        self.unexpected_count = 0
+        self.transport_errors = 0
+        self.told = {}  # operation_id -> "Committed" | "Declined"
+        self.first_answers = Counter()  # operation_id -> answers with replay false
+        self.scenarios = Counter()
+        self.uncertain = set()  # operations whose answer was lost in transport
+        self.latencies = []
+
+    def answer(self, what, status, body, seconds):
+        with self.lock:
+            self.requests += 1
+            self.latencies.append(seconds)
+            code = body.get("code") if isinstance(body, dict) else None
+            self.statuses[f"{status} {code}" if code else str(status)] += 1
+
+    def unexpected_answer(self, what, status, body):
+        with self.lock:
+            self.unexpected_count += 1
+            if len(self.unexpected) < 20:
+                self.unexpected.append({"what": what, "status": status, "body": str(body)[:300]})
+
+
+class Client:
+    def __init__(self, port: int, token: str, tally: Tally):
+        self.port, self.token, self.tally = port, token, tally
+
+    def call(self, method: str, path: str, body=None, what="") -> tuple[int | None, dict]:
+        headers = {"Authorization": f"Bearer {self.token}", "Host": HOST}
+        data = None if body is None else json.dumps(body)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        started = time.monotonic()
+        # A new connection per request: an idle kept-alive connection that the server has
+        # closed would turn a POST into a lost answer for no reason under test.
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=120)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException):
+            # The answer is lost; reconcile tells what happened to the operation.
+            with self.tally.lock:
+                self.tally.transport_errors += 1
+            return None, {}
+        finally:
+            conn.close()
+        try:
+            payload = json.loads(raw) if raw else {}
+        except ValueError:
+            payload = {"raw": raw[:200].decode("utf-8", "replace")}
+        self.tally.answer(what, status, payload, time.monotonic() - started)
+        return status, payload
+
+def expect(tally, what, status, body, wanted_status, wanted_code=None) -> bool:
+    ok = status == wanted_status and (wanted_code is None or body.get("code") == wanted_code)
+    if ok and status == 409:
+        with tally.lock:
+            tally.expected_409[wanted_code] += 1
+    elif not ok and status is not None:
+        tally.unexpected_answer(what, status, body)
+    return ok
+
+
+def decided(tally, op, body, outcome):
+    with tally.lock:
+        tally.told[op] = outcome
+        if body.get("replay") is False:
+            tally.first_answers[op] += 1
+
+
+def scenario_approve(here, there, tally, case_id):
+    status, case = here.call("GET", f"/api/cases/{case_id}", what="get case")
+    if not expect(tally, "get case", status, case, 200):
+        return
+    op = case["operation_id"]
+    answers = [None, None]
+
+    def send(i, client):
+        answers[i] = client.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True},
+                                 what="approve (racing duplicate)")
+
+    racers = [threading.Thread(target=send, args=(i, c)) for i, c in enumerate((here, there))]
+    for t in racers:
+        t.start()
+    for t in racers:
+        t.join(180)
+    answers.append(here.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True},
+                             what="approve (duplicate)"))
+    for answer in answers:
+        if answer is None or answer[0] is None:
+            with tally.lock:
+                tally.uncertain.add(op)
+            continue
+        status, body = answer
+        if expect(tally, "approve", status, body, 200) and body.get("status") == "Committed":
+            decided(tally, op, body, "Committed")
+        elif status == 200:
+            tally.unexpected_answer("approve", status, body)
+
+
+def scenario_decline(here, there, tally, case_id):
+    status, case = here.call("GET", f"/api/cases/{case_id}", what="get case")
+    if not expect(tally, "get case", status, case, 200):
+        return
+    op = case["operation_id"]
+    status, body = here.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": False},
+                             what="decline")
+    if status is None:
+        with tally.lock:
+            tally.uncertain.add(op)
+        return
+    if expect(tally, "decline", status, body, 200) and body.get("status") == "Declined":
+        decided(tally, op, body, "Declined")
+    status, body = there.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True},
+                              what="approve after decline")
+    expect(tally, "approve after decline", status, body, 409, "conflicting_decision")
+
+
+def scenario_stale(here, there, tally, case_id, rng):
+    status, case = here.call("GET", f"/api/cases/{case_id}", what="get case")
+    if not expect(tally, "get case", status, case, 200):
+        return
+    old = case["operation_id"]
+    edit = {"expected_operation_id": old, "body": f"Hello,\n\nEdited under load ({rng.random():.6f}).\n\nSupport"}
+    status, body = here.call("POST", f"/api/cases/{case_id}/edits", edit, what="edit")
+    if not expect(tally, "edit", status, body, 201):
+        return
+    new = body["proposal"]["operation_id"]
+    status, body = there.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": old, "approved": True},
+                              what="stale approval")
+    if expect(tally, "stale approval", status, body, 409, "stale_proposal") and body.get("current_operation_id") != new:
+        tally.unexpected_answer("stale approval names the wrong current operation", status, body)
+    status, body = there.call("POST", f"/api/cases/{case_id}/edits", edit, what="stale edit")
+    expect(tally, "stale edit", status, body, 409, "stale_proposal")
+    status, body = there.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": new, "approved": True},
+                              what="approve after edit")
+    if status is None:
+        with tally.lock:
+            tally.uncertain.add(new)
+    elif expect(tally, "approve after edit", status, body, 200) and body.get("status") == "Committed":
+        decided(tally, new, body, "Committed")
+
+
+def client_loop(index, ports, tokens, tally, deadline, seed):
+    from django.db import connections
+
+    rng = random.Random(seed + index)
+    here = Client(ports[index % len(ports)], tokens[index % len(tokens)], tally)
+    there = Client(ports[(index + 1) % len(ports)], tokens[(index + 1) % len(tokens)], tally)
+    try:
+        for _ in range(MAX_ROUNDS_PER_CLIENT):
+            if time.monotonic() >= deadline:
+                break
+            kind = rng.choices(["approve", "decline", "stale"], weights=[45, 25, 30])[0]
+            case_id = import_case(f"LOAD-{kind[:2].upper()}")
+            if kind == "stale":
+                # The pipeline begins this one itself (as `manage.py begin` would); approve and
+                # decline cases are begun by their first decision through the API.
+                from cases.models import Case
+                from decisionflow.workflow import review_begin
+
+                review_begin(case=Case.objects.get(case_id=case_id))
+            with tally.lock:
+                tally.scenarios[kind] += 1
+            if kind == "approve":
+                scenario_approve(here, there, tally, case_id)
+            elif kind == "decline":
+                scenario_decline(here, there, tally, case_id)
+            else:
+                scenario_stale(here, there, tally, case_id, rng)
+    except Exception as exc:  # noqa: BLE001 - a crashed client is reported, not hidden
+        tally.unexpected_answer(f"client {index} crashed", None, f"{type(exc).__name__}: {exc}")
+    finally:
+        connections.close_all()
+
+
+# --- checks --------------------------------------------------------------------------------
+
+
+def settle(database_url: str, tally: Tally, summary: dict) -> list[str]:
+    """Reconcile, compare with what the clients were told; returns the failed checks."""
+    from django.db.models import Count
+
+    from effects.models import EffectRecord
+    from reviews.models import ReviewDecision
+
+    proc = manage(database_url, "reconcile", "--all", "--json")
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    by_op = {r["operation_id"]: r for r in rows}
+    states = Counter(r["state"] for r in rows)
+    failures = []
+    if proc.returncode != 0:
+        failures.append(f"reconcile --all exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+    disagreements = []
+    for op, outcome in tally.told.items():
+        row = by_op.get(op)
+        want_effects = 1 if outcome == "Committed" else 0
+        if row is None or row["state"] != outcome or row["effects"] != want_effects:
+            disagreements.append({"operation_id": op, "told": outcome, "reconcile": row})
+    untold = [r for r in rows if r["operation_id"] not in tally.told]
+    unsettled = [r for r in untold if r["state"] not in ("Pending",) and r["operation_id"] not in tally.uncertain]
+    effects = EffectRecord.objects.count()
+    dup_effects = EffectRecord.objects.values("case_id").annotate(n=Count("id")).filter(n__gt=1).count()
+    dup_decisions = ReviewDecision.objects.values("proposal__case_id").annotate(n=Count("id")).filter(n__gt=1).count()
+    double_first = sum(1 for n in tally.first_answers.values() if n > 1)
+    told_committed = sum(1 for v in tally.told.values() if v == "Committed")
+    summary.update(
+        reconcile_exit=proc.returncode,
+        reconcile_operations=len(rows),
+        reconcile_states=dict(states),
+        operations_told_committed=told_committed,
+        operations_told_declined=sum(1 for v in tally.told.values() if v == "Declined"),
+        effects=effects,
+        duplicate_effects=dup_effects,
+        duplicate_decisions=dup_decisions,
+        duplicates=dup_effects + dup_decisions + double_first,
+        answered_replay_false_twice=double_first,
+        disagreements=len(disagreements),
+        disagreement_samples=disagreements[:5],
+        pending_never_decided=sum(1 for r in untold if r["state"] == "Pending"),
+        unsettled=len(unsettled),
+    )
+    if states.get("NoLocalEffectRecorded"):
+        failures.append(f"{states['NoLocalEffectRecorded']} operation(s) NoLocalEffectRecorded")
+    if disagreements:
+        failures.append(f"{len(disagreements)} operation(s) disagree with what clients were told")
+    if unsettled:
+        failures.append(f"{len(unsettled)} decided operation(s) no client was told about")
+    if effects != states.get("Committed", 0):
+        failures.append(f"{effects} effect(s) but {states.get('Committed', 0)} Committed operation(s)")
+    if summary["duplicates"]:
+        failures.append(f"{summary['duplicates']} duplicate(s)")
+    if tally.unexpected_count:
+        failures.append(f"{tally.unexpected_count} unexpected answer(s)")
+    if tally.transport_errors:
+        failures.append(f"{tally.transport_errors} request(s) lost in transport")
+    if tally.requests == 0:
+        failures.append("no requests were made")
+    return failures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--database-url", help="An existing, migrated PostgreSQL database.")
+    target.add_argument("--create-database", metavar="NAME", help="Drop, create and migrate this database first.")
+    parser.add_argument("--admin-url", default=os.environ.get("TEST_POSTGRES_URL",
+                                                              "postgres://postgres@127.0.0.1:5432/postgres"),
+                        help="With --create-database: a URL of the server to create it on.")
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--clients", type=int, default=8, help="Client threads, split across the two hosts.")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per host.")
+    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker.")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", metavar="FILE", help="Also write the summary here.")
+    parser.add_argument("--log-dir", default=str(ROOT / "var" / "load"), help="gunicorn logs.")
+    args = parser.parse_args(argv)
+    if not 1 <= args.clients <= 64 or not 0 < args.seconds <= 900:
+        parser.error("--clients must be 1..64 and --seconds 0..900")
+
+    database_url = args.database_url
+    if args.create_database:
+        database_url = create_database(args.admin_url, args.create_database)
+        migrated = manage(database_url, "migrate", "--noinput")
+        if migrated.returncode != 0:
+            print(migrated.stderr, file=sys.stderr)
+            return 1
+    if not database_url.startswith(("postgres://", "postgresql://")):
+        parser.error("the load test runs on PostgreSQL (two hosts share one database)")
+    django_setup(database_url)
+    tokens = make_reviewers(4)
+    import_case("LOAD-WARMUP")  # creates the shared sources before the clients race for them
+
+    ports = [free_port(), free_port()]
+    while ports[0] == ports[1]:
+        ports[1] = free_port()
+    servers = Servers(database_url, ports, args.workers, args.threads, Path(args.log_dir))
+    tally = Tally()
+    summary = {"seconds": args.seconds, "clients": args.clients, "hosts": [f"{HOST}:{p}" for p in ports],
+               "workers_per_host": args.workers, "threads_per_worker": args.threads}
+    try:
+        servers.wait_ready()
+        started = time.monotonic()
+        deadline = started + args.seconds
+        clients = [threading.Thread(target=client_loop, args=(i, ports, tokens, tally, deadline, args.seed))
+                   for i in range(args.clients)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(max(1.0, deadline - time.monotonic()) + 300)
+        elapsed = time.monotonic() - started
+        stuck = sum(t.is_alive() for t in clients)
+    finally:
+        servers.stop()
+    lat = sorted(tally.latencies) or [0.0]
+    summary.update(
+        elapsed_seconds=round(elapsed, 1),
+        scenarios=dict(tally.scenarios),
+        requests=tally.requests,
+        requests_per_second=round(tally.requests / elapsed, 1) if elapsed else 0,
+        latency_p50_ms=round(lat[len(lat) // 2] * 1000),
+        latency_p95_ms=round(lat[int(len(lat) * 0.95)] * 1000),
+        statuses=dict(tally.statuses),
+        errors=sum(n for s, n in tally.statuses.items() if not s.startswith("2")),
+        expected_409=dict(tally.expected_409),
+        unexpected_errors=tally.unexpected_count,
+        unexpected_samples=tally.unexpected,
+        transport_errors=tally.transport_errors,
+        stuck_clients=stuck,
+    )
+    failures = settle(database_url, tally, summary)
+    if stuck:
+        failures.append(f"{stuck} client thread(s) did not finish")
+    summary["failures"] = failures
+    summary["ok"] = not failures
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
