@@ -231,6 +231,16 @@ def _existing_begin(case: Case) -> BeginResult | None:
     )
 
 
+def _pause_is_usable(pending: PendingReview) -> bool:
+    """Whether a recorded pause can be resumed: its checkpoint loads and carries the request."""
+    try:
+        checkpoint = DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)
+    except WorkflowIncompatible:
+        return False
+    request = checkpoint.pending_request_info_events.get(review_request_id(pending.operation_id))
+    return request is not None and request.data.get("operation_id") == pending.operation_id
+
+
 async def _begin_run(message: dict):
     storage = DatabaseCheckpointStorage()
     workflow = build_workflow(storage)
@@ -250,7 +260,11 @@ async def _begin_run(message: dict):
 
 def _begin_locked(case: Case, actor) -> BeginResult:
     existing = _existing_begin(case)
-    if existing is not None and existing.pending_review.workflow_version == WORKFLOW_VERSION:
+    if (
+        existing is not None
+        and existing.pending_review.workflow_version == WORKFLOW_VERSION
+        and _pause_is_usable(existing.pending_review)
+    ):
         if existing.pending_review.status == PendingReview.Status.SUPERSEDED:
             # An edit came back to this very operation (e.g. the text was restored): it is
             # the current proposal again, so its pause is live again.
@@ -296,7 +310,8 @@ def _begin_locked(case: Case, actor) -> BeginResult:
         workflow_version=WORKFLOW_VERSION,
     )
     if existing is not None:
-        # The operation's pending review was recorded by another workflow version; this run
+        # The operation's pending review was recorded by another workflow version, or its
+        # checkpoint is gone or refused (the refused row stays, as evidence): this run
         # replaces where it waits. A decision already made stays made: the review core
         # turns a second approval into a replay.
         PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=PendingReview.Status.PENDING, **fields)
@@ -323,7 +338,9 @@ def review_begin(*, case: Case, actor=None) -> BeginResult:
     """Run ``prepare`` and pause at ``human-review-v1``; record the pending review.
 
     Invariant: one pending review per operation. Begin for a case that is already pending
-    on its current operation reports that pending review and writes nothing. Raises
+    on its current operation reports that pending review and writes nothing, unless that
+    pause cannot be resumed (another workflow version, a missing or refused checkpoint):
+    then it pauses again and moves the pending review to the new checkpoint. Raises
     ``WorkflowIncompatible`` if the pause checkpoint was not durably saved (then no pending
     review is recorded). Holds the case lock for the whole run.
     """

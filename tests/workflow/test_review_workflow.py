@@ -219,10 +219,15 @@ def test_a_request_for_another_operation_is_refused_as_stale(case, begun, review
     assert (ReviewDecision.objects.count(), CommitAttempt.objects.count()) == (0, 0)
 
 
-def test_a_missing_pause_checkpoint_is_refused(case, begun, reviewer):
+def test_a_missing_pause_checkpoint_is_refused_and_begin_pauses_again(case, begun, reviewer):
     WorkflowCheckpoint.objects.filter(checkpoint_id=begun.pending_review.checkpoint_id).delete()
     with pytest.raises(WorkflowIncompatible, match="does not exist"):
         review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
+    again = review_begin(case=case)
+    assert (again.pending_review.pk, again.created) == (begun.pending_review.pk, True)
+    assert again.pending_review.checkpoint_id != begun.pending_review.checkpoint_id
+    assert review_resume(case=case, operation_id=begun.operation_id, approved=True,
+                         reviewer=reviewer).result.status == "Committed"
 
 
 def test_the_store_saves_plain_json_only(begun):

@@ -1,7 +1,7 @@
 import json
 
 from decisionflow.commandline import EXIT_CONFLICT, WorkflowCommand, case_by_id
-from decisionflow.errors import DecisionflowError, OutcomeUncertain
+from decisionflow.errors import DecisionflowError, OutcomeUncertain, WorkflowIncompatible
 from decisionflow.workflow import FAULTS, review_resume
 from effects.services import CONFLICTING
 
@@ -58,6 +58,8 @@ class Command(WorkflowCommand):
             self.fail(EXIT_CONFLICT, f"conflicting decision: {operation_id} was already decided the other way")
 
     def hints(self, exc):
+        if isinstance(exc, WorkflowIncompatible):
+            return [f"resume: `manage.py begin {self.case_id}` pauses this operation again on the current workflow"]
         if isinstance(exc, OutcomeUncertain):
             return [
                 "resume: the commit step failed after it may have written, so there is no receipt; "
