@@ -71,9 +71,20 @@ def _reply(request, status: int, code: str, message: str, **extra):
 
 @api.exception_handler(errors.DecisionflowError)
 def _app_error(request, exc: errors.DecisionflowError):
-    status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), 400)
-    code = "forbidden" if isinstance(exc, errors.PermissionRefused) else exc.code
-    return _reply(request, status, code, exc.message,
+    status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), None)
+    if status is None:
+        # A plain DecisionflowError is the workflow failing (e.g. begin could not pause):
+        # not the client's fault, and nothing the client can fix by changing the request.
+        logger.error("workflow error in %s %s: %s", request.method, request.path, exc.message)
+        status, code = 500, "internal_error"
+    else:
+        code = "forbidden" if isinstance(exc, errors.PermissionRefused) else exc.code
+    message = exc.message
+    if isinstance(exc, errors.OutcomeUncertain):
+        op = exc.details.get("operation_id")
+        message += (f"; the commit may have happened: GET /api/operations/{op} to see what did, then retry "
+                    "(a retry is a replay, never a duplicate)")
+    return _reply(request, status, code, message,
                   current_operation_id=getattr(exc, "current_operation_id", None),
                   operation_id=exc.details.get("operation_id"))
 

@@ -262,3 +262,23 @@ def test_405_wrong_method_is_json_with_allow(api, before):
         assert_error(response, 405, "method_not_allowed")
         assert response["Allow"]
     assert full_snapshot() == before
+
+
+# 500 --------------------------------------------------------------------------------------
+
+
+def test_500_is_json_too(api, before, monkeypatch):
+    """A workflow failure or a bug still answers in the JSON error shape (and is logged)."""
+    from api import services as api_services
+    from decisionflow.errors import DecisionflowError
+
+    def workflow_failed(**kwargs):
+        raise DecisionflowError("begin: the workflow ended Idle with 0 review request(s)")
+
+    def bug(**kwargs):
+        raise ZeroDivisionError("oops")
+
+    for failure in (workflow_failed, bug):
+        monkeypatch.setattr(api_services, "decision_submit", failure)
+        assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}), 500, "internal_error")
+    assert full_snapshot() == before
