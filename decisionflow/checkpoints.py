@@ -21,8 +21,7 @@ import json
 from typing import Any
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
-from agent_framework import WorkflowEvent
-from agent_framework._workflows._runner_context import MessageType, WorkflowMessage
+from agent_framework import WorkflowEvent, WorkflowMessage
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 
@@ -101,10 +100,8 @@ def _message_from_json(data: Any, where: str) -> WorkflowMessage:
     data = dict(data)
     event = data.get("original_request_info_event")
     data["original_request_info_event"] = None if event is None else _event_from_json(event, f"{where}.request")
-    message = WorkflowMessage.from_dict(data)
-    # from_dict accepts any value; make sure the enum really is one of the engine's.
-    message.type = MessageType(message.type)
-    return message
+    # from_dict turns "type" into the engine's MessageType enum and refuses unknown values.
+    return WorkflowMessage.from_dict(data)
 
 
 def encode_checkpoint(checkpoint: EngineCheckpoint) -> str:

@@ -62,7 +62,7 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
     assert (counts(), WorkflowCheckpoint.objects.count()) == before
 
 
-def test_resume_commits_once_then_replays_and_reports_a_conflict(case, begun, reviewer):
+def test_resume_commits_once_then_replays_and_reports_a_conflict(case, begun, reviewer, caplog):
     first = review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
     assert first.request_reemitted and first.result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
     assert first.result.decision.reviewer == reviewer
@@ -74,6 +74,10 @@ def test_resume_commits_once_then_replays_and_reports_a_conflict(case, begun, re
     assert PendingReview.objects.get().status == "completed"
     assert list(CommitAttempt.objects.order_by("id").values_list("outcome", "channel")) == [
         ("committed", "command"), ("replay", "admin"), ("conflict", "command")]
+    # Every checkpoint of every resume was stored (restore, response entry, two supersteps):
+    # a save that failed would only have been logged by the engine.
+    assert WorkflowCheckpoint.objects.count() == 3 + 3 * 4
+    assert "Failed to create checkpoint" not in caplog.text
 
 
 def test_a_decline_is_a_result_not_an_error(case, begun, reviewer):
