@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres browser bench reliability clean
+.PHONY: run test test-sqlite test-postgres browser screenshots bench reliability clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ browser:
 	else \
 		echo "NOTE: /usr/bin/chromium is missing and cannot be installed here (not root): browser tests will be skipped."; \
 	fi
+
+# Rerun the browser tests and keep their screenshots for the README (docs/screenshots/).
+screenshots: $(VENV)/.installed browser
+	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
 
 run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
