@@ -64,5 +64,11 @@ BENCH_ARGS ?=
 bench: $(VENV)/.installed
 	BENCH_POSTGRES_URL="$(BENCH_POSTGRES_URL)" $(PY) -m bench.run $(BENCH_ARGS)
 
+# The reliability battery (crashes at every step, two-host load, bad input, security), long
+# version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
+# decisionflow_load database; writes docs/RELIABILITY.md (~10-20 minutes on 2 cores).
+reliability: $(VENV)/.installed
+	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
+
 clean:
 	rm -rf $(VENV) db.sqlite3 .pytest_cache

@@ -85,7 +85,8 @@ class Battery:
 
     def save(self):
         record("bad-input", entry=self.entry, inputs=self.tried, refused_clearly=self.refused,
-               wrote_something=self.written, seconds=round(time.monotonic() - self.started, 1))
+               wrote_something=self.written, seconds=round(time.monotonic() - self.started, 1),
+               names=self.names)
         assert self.refused == self.tried and self.written == 0
 
 

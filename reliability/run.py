@@ -1,0 +1,364 @@
+"""`make reliability`: run the whole battery, then write docs/RELIABILITY.md from what it measured.
+
+Steps (each a subprocess; a failing step is reported, and the rest still run):
+
+1. tests/reliability on SQLite, 10 iterations per crash point;
+2. tests/reliability on PostgreSQL, 20 iterations per crash point (skipped, and reported as
+   skipped, when no server answers at TEST_POSTGRES_URL);
+3. reliability/load.py: two gunicorn hosts on one PostgreSQL database (decisionflow_load,
+   created and migrated), 8 client threads for 60 s;
+4. this file writes docs/RELIABILITY.md from the figures the tests recorded
+   (figures.jsonl), the JUnit reports and the load summary.
+
+Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
+Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
+RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), TEST_POSTGRES_URL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "var" / "reliability"
+DOC = ROOT / "docs" / "RELIABILITY.md"
+PG = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+SQLITE_ITERATIONS = int(os.environ.get("RELIABILITY_SQLITE_ITERATIONS", "10"))
+POSTGRES_ITERATIONS = int(os.environ.get("RELIABILITY_POSTGRES_ITERATIONS", "20"))
+LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
+LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
+
+POINTS = {
+    "begin-after-proposal": ("`begin`", "after the proposal is written, before the pending review",
+                             "decisionflow/workflow.py `_prepare_sync`", "Pending, no pending review"),
+    "begin-during-checkpoint-save": ("`begin`", "while the pause checkpoint is being saved (row inserted, "
+                                     "not committed)", "decisionflow/checkpoints.py `_save_sync`",
+                                     "Pending, no pending review"),
+    "commit-before-decision": ("`resume`", "before the decision insert", "effects/services.py `_commit`",
+                               "Pending"),
+    "commit-after-decision": ("`resume`", "inside the commit transaction, after the decision, before the effect",
+                              "effects/services.py `_commit`", "Pending (the transaction rolled back)"),
+    "commit-after-transaction": ("`resume`", "after the commit transaction, before the receipt",
+                                 "effects/services.py `effect_commit`",
+                                 "Committed with 1 effect (Declined for a decline)"),
+    "repair-midway": ("`reconcile --repair`", "after the first of 4 repairs",
+                      "effects/services.py `effects_repair`",
+                      "1 Committed, 3 NoLocalEffectRecorded (exit 1)"),
+}
+
+SECURITY = {
+    "test_admin_routes_change_nothing_without_the_review_permission":
+        "5 identities (anonymous, support lead, staff without groups, inactive reviewer, a reviewer's browser "
+        "sending a CSRF-less cross-site POST) x 7 admin routes (decide, edit, begin, both bulk actions, the add "
+        "pages of decisions and effects): 403 or the login page, nothing written",
+    "test_api_routes_change_nothing_without_the_review_permission":
+        "6 credentials (none, support lead, staff, inactive user, revoked token, forged token) x 4 API writes: "
+        "401/403 JSON, nothing written",
+    "test_api_session_post_without_csrf_changes_nothing":
+        "a logged-in reviewer's session POSTing to the API without the CSRF token: 403, nothing written",
+    "test_commands_and_services_refuse_a_user_without_the_permission":
+        "`resume` and `edit` naming a lead or a staff user, and `effect_commit` called directly: refused",
+    "test_html_in_a_draft_or_quotation_is_escaped_on_every_page":
+        "`<script>`, `<img onerror>` and `<b onmouseover>` in the draft, subject, source title and quotation: "
+        "never raw on 9 admin pages for a reviewer and a lead, shown escaped on the pages that show them; the "
+        "API answers JSON with nosniff (the browser suite, tests/browser, checks the same in Chromium)",
+    "test_check_deploy_is_clean_with_production_settings":
+        "`manage.py check --deploy --fail-level WARNING` with DEBUG=0, a SECRET_KEY and ALLOWED_HOSTS: no "
+        "issues; secure session and CSRF cookies, SSL redirect, HSTS one year, nosniff, X-Frame-Options DENY",
+    "test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled":
+        "a checkpoint row carrying agent-framework's `__pickled__` encoding of an object whose unpickling "
+        "writes a file, with a matching digest: load and `resume` refuse it (exit 5) and the file never "
+        "appears; the control (plain `pickle.loads`) does write it",
+}
+
+
+def run(step: str, argv: list[str], env: dict, log: Path) -> dict:
+    print(f"== {step} ==", flush=True)
+    started = time.monotonic()
+    with open(log, "w") as fh:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - started
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+    print(f"   exit {proc.returncode} in {seconds:.0f} s: {tail[0][:200]}", flush=True)
+    return {"step": step, "exit": proc.returncode, "seconds": round(seconds, 1), "log": str(log.relative_to(ROOT))}
+
+
+def postgres_answers() -> bool:
+    try:
+        import psycopg
+
+        psycopg.connect(PG, connect_timeout=3).close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "no server"
+        return False
+
+
+def pytest_step(database: str, iterations: int) -> dict:
+    out = OUT / database
+    out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(DEBUG="1", DECISIONFLOW_RELIABILITY_ITERATIONS=str(iterations),
+               DECISIONFLOW_RELIABILITY_OUT=str(out))
+    if database == "postgresql":
+        env["DATABASE_URL"] = PG
+    argv = [sys.executable, "-m", "pytest", "tests/reliability", "-q", "-p", "no:cacheprovider",
+            f"--junitxml={out / 'junit.xml'}"]
+    return run(f"tests/reliability on {database}, {iterations} iterations per crash point", argv, env,
+               out / "pytest.log")
+
+
+def load_step() -> dict:
+    env = dict(os.environ, DEBUG="1")
+    argv = [sys.executable, "reliability/load.py", "--create-database", "decisionflow_load", "--admin-url", PG,
+            "--seconds", LOAD_SECONDS, "--clients", LOAD_CLIENTS, "--json", str(OUT / "load.json"),
+            "--log-dir", str(OUT / "load-logs")]
+    return run(f"load: two gunicorn hosts, one PostgreSQL, {LOAD_SECONDS} s", argv, env, OUT / "load.log")
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def figures(database: str) -> list[dict]:
+    path = OUT / database / "figures.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def junit(database: str) -> list[dict]:
+    path = OUT / database / "junit.xml"
+    if not path.exists():
+        return []
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "FAILED"
+            elif child.tag == "skipped" and outcome == "passed":
+                outcome = "skipped"
+        cases.append({"name": case.get("name"), "file": case.get("classname", "").rsplit(".", 1)[-1],
+                      "seconds": float(case.get("time") or 0), "outcome": outcome})
+    return cases
+
+
+def git(*args) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def md_table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str:
+    dbs = [d for d in ("sqlite", "postgresql") if (OUT / d).exists()]
+    lines = [
+        "# Reliability",
+        "",
+        "Generated by `make reliability` (reliability/run.py). Do not edit by hand: rerun it.",
+        "",
+        f"- Run: {started:%Y-%m-%d %H:%M} UTC, {total_seconds / 60:.1f} minutes in all; commit `{git('rev-parse', '--short', 'HEAD')}`.",
+        f"- Machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} {platform.machine()}.",
+        "",
+        "The promise: nothing is duplicated, nothing approved is lost, and no one approves without permission. "
+        "Each family below tries to break it and counts.",
+        "",
+        "## Steps",
+        "",
+    ]
+    lines += md_table(["step", "result", "seconds", "log"],
+                      [[s["step"], s.get("note") or ("passed" if s["exit"] == 0 else f"FAILED (exit {s['exit']})"),
+                        s["seconds"], f"`{s['log']}`"] for s in steps])
+
+    # crashes
+    lines += ["", "## Crashes: SIGKILL at every step", "",
+              "For each crash point and each iteration, on a fresh case: run the real command in a new process "
+              "with `DECISIONFLOW_FAULT_INJECTION=1 DECISIONFLOW_CRASH_AT=<point>` and require that it died of "
+              "SIGKILL (exit -9); run `reconcile` and require that it reports exactly what the decision and "
+              "effect tables hold, and the state the point implies; retry the same command; then require one "
+              "decision, at most one effect, and an effect for every approval. Every other `resume` iteration "
+              "declines at the points a decline passes through. `reconcile --repair` is killed after the first "
+              "of 4 approved operations that have no effect (built directly in the tables), then rerun.",
+              "", "Test: `tests/reliability/test_crashes.py`.", ""]
+    lines += md_table(["point", "command", "killed", "where", "reconcile must say"],
+                      [[f"`{p}`", *v] for p, v in POINTS.items()])
+    for db in dbs:
+        rows = [f for f in figures(db) if f["family"] == "crash"]
+        if not rows:
+            continue
+        lines += ["", f"### {db}", ""]
+        total = defaultdict(int)
+        table = []
+        for f in sorted(rows, key=lambda f: list(POINTS).index(f["point"]) if f["point"] in POINTS else 99):
+            extra = f" ({f['operations_repaired']} operations repaired)" if "operations_repaired" in f else ""
+            table.append([f"`{f['point']}`", f"{f['iterations']}{extra}", f["crashes"], f["reconcile_truthful"],
+                          f"{f['approvals']}/{f['declines']}", f["duplicates"], f["lost_approvals"], f["seconds"]])
+            for k in ("iterations", "crashes", "reconcile_truthful", "duplicates", "lost_approvals"):
+                total[k] += f[k]
+        table.append(["**total**", total["iterations"], total["crashes"], total["reconcile_truthful"], "",
+                      f"**{total['duplicates']}**", f"**{total['lost_approvals']}**", ""])
+        lines += md_table(["point", "iterations", "crashes (exit -9)", "reconcile truthful", "approvals/declines",
+                           "duplicates", "lost approvals", "seconds"], table)
+
+    # load
+    lines += ["", "## Load: two hosts, one PostgreSQL", ""]
+    load_path = OUT / "load.json"
+    if load_path.exists():
+        s = json.loads(load_path.read_text())
+        lines += [
+            f"Two gunicorn instances ({s['workers_per_host']} gthread workers x {s['threads_per_worker']} threads "
+            f"each) on {', '.join(s['hosts'])}, sharing the PostgreSQL database `decisionflow_load` (dropped, "
+            f"created and migrated first). {s['clients']} client threads, split across both hosts, ran for "
+            f"{s['seconds']:.0f} s (bounded in time and in count). Each round imports a fresh case, then:",
+            "",
+            "- **approve**: GET the case, send the same approval to both hosts at once, then once more: exactly "
+            "one answer may say `replay: false`;",
+            "- **decline**: decline on one host, then approve on the other: 409 `conflicting_decision`;",
+            "- **stale**: the case is begun, edited through the API (a new operation), the old operation is "
+            "approved on the other host (409 `stale_proposal` naming the new one), the same edit is sent again "
+            "(409 `stale_proposal`), then the new operation is approved.",
+            "",
+            "Then the servers stop and `manage.py reconcile --all --json` is compared with what the clients "
+            "were told. Script: `reliability/load.py`.",
+            "",
+        ]
+        statuses = ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))
+        lines += md_table(["figure", "value"], [
+            ["rounds (approve / decline / stale)", " / ".join(str(s["scenarios"].get(k, 0))
+                                                            for k in ("approve", "decline", "stale"))],
+            ["requests", s["requests"]],
+            ["requests per second", s["requests_per_second"]],
+            ["latency p50 / p95", f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"],
+            ["answers by status", statuses],
+            ["errors (non-2xx)", s["errors"]],
+            ["of which the expected 409s", ", ".join(f"{k}: {v}" for k, v in sorted(s["expected_409"].items()))],
+            ["unexpected errors", s["unexpected_errors"]],
+            ["requests lost in transport", s["transport_errors"]],
+            ["operations told Committed / Declined", f"{s['operations_told_committed']} / "
+                                                     f"{s['operations_told_declined']}"],
+            ["effects", s["effects"]],
+            ["duplicates (second effect or decision per case, or two `replay: false` answers)",
+             f"**{s['duplicates']}**"],
+            ["reconcile --all: operations and states", f"{s['reconcile_operations']}: " + ", ".join(
+                f"{k} {v}" for k, v in sorted(s["reconcile_states"].items()))],
+            ["operations where reconcile disagrees with the clients", f"**{s['disagreements']}**"],
+            ["result", "passed" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
+        ])
+    else:
+        lines += ["Not run (no PostgreSQL answered, or the step failed before writing its summary)."]
+    for db in dbs:
+        quick = [f for f in figures(db) if f["family"] == "load"]
+        for f in quick:
+            lines += ["", f"The quick version in `make test` (tests/reliability/test_load.py, {f['seconds']} s, on "
+                          f"the test database) also ran here: {f['requests']} requests, {f['errors']} errors (all "
+                          f"expected 409s), {f['effects']} effects, {f['duplicates']} duplicates."]
+
+    # bad input
+    lines += ["", "## Bad input", "",
+              "One table per entry point. Every row feeds one malformed, hostile or stale input and requires a "
+              "clear error (a non-zero exit code with a message; an admin error message or form error; a JSON "
+              "4xx with a code) and that nothing was written: proposal, decision, effect and pending-review "
+              "rows and every case's current-proposal pointer are compared before and after each row. "
+              "Test: `tests/reliability/test_bad_input.py`.", ""]
+    for db in dbs:
+        rows = [f for f in figures(db) if f["family"] == "bad-input"]
+        if not rows:
+            continue
+        lines += [f"### {db}", ""]
+        lines += md_table(["entry point", "inputs", "refused clearly", "wrote something"],
+                          [[f["entry"], f["inputs"], f["refused_clearly"], f["wrote_something"]] for f in rows]
+                          + [["**total**", sum(f["inputs"] for f in rows), sum(f["refused_clearly"] for f in rows),
+                              f"**{sum(f['wrote_something'] for f in rows)}**"]])
+        lines += [""]
+    if dbs:
+        rows = [f for f in figures(dbs[0]) if f["family"] == "bad-input"]
+        lines += ["<details><summary>Every input</summary>", ""]
+        for f in rows:
+            lines += [f"**{f['entry']}**: " + "; ".join(f.get("names", [])), ""]
+        lines += ["</details>"]
+
+    # security
+    lines += ["", "## Security", "", "Test: `tests/reliability/test_security.py`.", ""]
+    sec_rows = []
+    for name, what in SECURITY.items():
+        outcomes = []
+        for db in dbs:
+            hit = [c for c in junit(db) if c["name"] == name]
+            outcomes.append(hit[0]["outcome"] if hit else "not run")
+        sec_rows.append([f"`{name}`", what, *outcomes])
+    lines += md_table(["test", "what it tried", *dbs], sec_rows)
+
+    # every test
+    lines += ["", "## Every test of the battery", ""]
+    for db in dbs:
+        cases = junit(db)
+        if not cases:
+            continue
+        passed = sum(c["outcome"] == "passed" for c in cases)
+        failed = sum(c["outcome"] == "FAILED" for c in cases)
+        skipped = sum(c["outcome"] == "skipped" for c in cases)
+        lines += [f"**{db}**: {passed} passed, {failed} failed, {skipped} skipped.", ""]
+        lines += md_table(["test", "result", "seconds"],
+                          [[f"{c['file']}::{c['name']}", c["outcome"], f"{c['seconds']:.1f}"] for c in cases])
+        lines += [""]
+
+    lines += [
+        "## How to rerun",
+        "",
+        "```sh",
+        "make reliability                      # everything above; rewrites this file (about 10-20 minutes)",
+        "make test                             # the quick version: 1 iteration per crash point, a 4 s load run",
+        "DECISIONFLOW_RELIABILITY_ITERATIONS=5 .venv/bin/pytest tests/reliability/test_crashes.py   # SQLite",
+        "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres DECISIONFLOW_RELIABILITY_ITERATIONS=20 \\",
+        "    .venv/bin/pytest tests/reliability -q                                                # PostgreSQL",
+        ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
+        "```",
+        "",
+        "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
+        "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `TEST_POSTGRES_URL`. Raw figures, "
+        "JUnit reports and logs: `var/reliability/`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.monotonic()
+    if OUT.exists():
+        for path in sorted(OUT.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    OUT.mkdir(parents=True, exist_ok=True)
+    steps = [pytest_step("sqlite", SQLITE_ITERATIONS)]
+    if postgres_answers():
+        steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
+        steps.append(load_step())
+    elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
+        steps.append({"step": "PostgreSQL", "exit": 1, "seconds": 0, "log": "-",
+                      "note": f"FAILED: no PostgreSQL answers at {PG}"})
+    else:
+        steps.append({"step": "PostgreSQL runs and load", "exit": 0, "seconds": 0, "log": "-",
+                      "note": f"SKIPPED: no PostgreSQL answers at {PG}"})
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(report(steps, started, time.monotonic() - t0))
+    failed = [s for s in steps if s["exit"] != 0]
+    print(f"wrote {DOC.relative_to(ROOT)}; {len(steps) - len(failed)} of {len(steps)} step(s) passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
