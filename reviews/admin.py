@@ -65,7 +65,7 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
                 reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
                 op,
             )
-            text = format_html("{}Committed: {} receipt={}. See the {}.", prefix, op, receipt, link)
+            text = format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link)
         else:
             text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
         return [(messages.SUCCESS, text)]

@@ -219,7 +219,6 @@ def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewe
     assert counts() == before  # the confirmation page writes nothing
 
     # Meanwhile someone edits T-1150: its row is now stale and must be skipped.
-    form = {key: value for key, value in confirm.context["rows"][0].items()}  # noqa: F841 (rows are shown)
     data = {"action": "approve_selected", "_selected_action": selected, "post": "yes",
             f"operation_id_{case.pk}": case.current_proposal.operation_id,
             f"operation_id_{other.pk}": other.current_proposal.operation_id}
