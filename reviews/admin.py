@@ -89,7 +89,7 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
             text = format_html("{}conflict: {} Nothing was written.", prefix, error.message if error else "")
         return [(messages.ERROR, text)]
     if outcome.kind == workplace.STALE:
-        current = getattr(error, "current_operation_id", None)
+        current = outcome.current_operation_id or getattr(error, "current_operation_id", None)
         return [(messages.ERROR, format_html(
             "{}stale: you reviewed {}, but the case's current proposal is now {}. Nothing was written; "
             "open the current proposal and review it.",
@@ -97,11 +97,16 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
         ))]
     if outcome.kind == workplace.UNCERTAIN:
         row = outcome.reconciled
-        state = (
-            format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects)
-            if row is not None
-            else format_html("reconciled from the effect store: op {} is unknown", op)
-        )
+        if outcome.reconcile_error:
+            state = format_html(
+                "the effect store could not be read either ({}); run `manage.py reconcile` for op {} "
+                "before trying again", outcome.reconcile_error, op,
+            )
+        elif row is not None:
+            state = format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state,
+                                row.effects)
+        else:
+            state = format_html("reconciled from the effect store: op {} is unknown", op)
         return [
             (messages.WARNING, format_html(
                 "{}outcome uncertain: reconciling ({})", prefix, error.message if error else "no receipt"

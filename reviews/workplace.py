@@ -42,9 +42,28 @@ class DecideOutcome:
     approved: bool
     result: CommitResult | None = None
     error: DecisionflowError | None = None
-    # Only for ``uncertain``: what the decision and effect tables say now.
+    # Only for ``uncertain``: what the decision and effect tables say now, or why they
+    # could not be read.
     reconciled: ReconcileRow | None = None
+    reconcile_error: str | None = None
     begun: bool = False
+    # Only for ``stale``: the case's current operation, to link to.
+    current_operation_id: str | None = None
+
+
+def _current_operation(case: Case) -> str | None:
+    return Case.objects.filter(pk=case.pk).values_list("current_proposal__operation_id", flat=True).first()
+
+
+def _uncertain(base: dict, error: DecisionflowError, begun: bool) -> DecideOutcome:
+    """Read the outcome back from the effect store; never guess it from the exception."""
+    try:
+        row = operation_reconcile(base["operation_id"])
+    except Exception as exc:  # noqa: BLE001 - the database itself may be what failed
+        log.exception("reconciling %s after a failed decision also failed", base["operation_id"])
+        return DecideOutcome(UNCERTAIN, **base, error=error, begun=begun,
+                             reconcile_error=f"{type(exc).__name__}: {exc}")
+    return DecideOutcome(UNCERTAIN, **base, error=error, reconciled=row, begun=begun)
 
 
 def _begin_if_needed(case: Case, operation_id: str, actor) -> bool:
@@ -55,8 +74,7 @@ def _begin_if_needed(case: Case, operation_id: str, actor) -> bool:
     """
     from decisionflow.workflow import review_begin
 
-    current = Case.objects.filter(pk=case.pk).values_list("current_proposal__operation_id", flat=True).first()
-    if current != operation_id:
+    if _current_operation(case) != operation_id:
         return False
     if PendingReview.objects.filter(operation_id=operation_id).exists():
         return False
@@ -82,21 +100,21 @@ def proposal_decide(*, case: Case, operation_id: str, approved: bool, reviewer) 
         )
         result = resumed.result
     except StaleProposal as exc:
-        return DecideOutcome(STALE, **base, error=exc, begun=begun)
+        # A stale refusal from the workflow's own check does not name the current operation.
+        current = exc.current_operation_id or _current_operation(case)
+        return DecideOutcome(STALE, **base, error=exc, begun=begun, current_operation_id=current)
     except ConflictingDecision as exc:
         return DecideOutcome(CONFLICT, **base, error=exc, begun=begun)
     except OutcomeUncertain as exc:
-        return DecideOutcome(UNCERTAIN, **base, error=exc, reconciled=operation_reconcile(operation_id), begun=begun)
+        return _uncertain(base, exc, begun)
     except DecisionflowError as exc:
         return DecideOutcome(REFUSED, **base, error=exc, begun=begun)
     except Exception as exc:  # noqa: BLE001 - any failure: the effect store decides, not the exception
         log.exception("admin decision on %s failed; reconciling", operation_id)
-        error = OutcomeUncertain(f"{type(exc).__name__}: {exc}")
-        return DecideOutcome(UNCERTAIN, **base, error=error, reconciled=operation_reconcile(operation_id), begun=begun)
+        return _uncertain(base, OutcomeUncertain(f"{type(exc).__name__}: {exc}"), begun)
     if result is None:
         # Silence is not success.
-        error = OutcomeUncertain("the workflow returned no commit result")
-        return DecideOutcome(UNCERTAIN, **base, error=error, reconciled=operation_reconcile(operation_id), begun=begun)
+        return _uncertain(base, OutcomeUncertain("the workflow returned no commit result"), begun)
     if result.status == CONFLICTING:
         kind = CONFLICT
     elif result.replay:

@@ -218,3 +218,33 @@ def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
     assert "such as &lt;notes&gt;" in html
     assert "Export to CSV drops the &lt;notes&gt; column" in html
     assert "audits &amp; reports" in html
+
+
+def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, monkeypatch):
+    from decisionflow import workflow
+    from reviews import workplace
+
+    def boom(**kwargs):
+        raise RuntimeError("server closed the connection")
+
+    def reconcile_down(operation_id):
+        raise RuntimeError("database unavailable")
+
+    monkeypatch.setattr(workflow, "review_resume", boom)
+    monkeypatch.setattr(workplace, "operation_reconcile", reconcile_down)
+    text = messages_of(decide(reviewer_client, case.current_proposal, "approve"))
+    assert text[0].startswith("outcome uncertain: reconciling")
+    assert "could not be read either (RuntimeError: database unavailable)" in text[1]
+    assert "manage.py reconcile" in text[1]
+
+
+def test_stale_from_the_workflow_check_still_links_the_current_proposal(reviewer_client, begun, case, monkeypatch):
+    from decisionflow import workflow
+    from decisionflow.errors import StaleProposal
+
+    def reemitted_other(**kwargs):
+        raise StaleProposal("stale: the request re-emitted from checkpoint ck carries another operation")
+
+    monkeypatch.setattr(workflow, "review_resume", reemitted_other)
+    text = " ".join(messages_of(decide(reviewer_client, case.current_proposal, "approve")))
+    assert "stale:" in text and review(case.current_proposal_id) in text
