@@ -112,7 +112,10 @@ def _http_error(request, exc: HttpError):
         message = "authentication required: send Authorization: Bearer <token>, or use the admin session"
     if isinstance(exc, AuthorizationError) and message == "Forbidden":
         message = "forbidden"
-    return _reply(request, exc.status_code, code, message)
+    response = _reply(request, exc.status_code, code, message)
+    if exc.status_code == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="decisionflow"'
+    return response
 
 
 @api.exception_handler(RequestDataTooBig)

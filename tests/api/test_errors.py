@@ -176,6 +176,7 @@ def test_401(client, reviewer, make_user, before, tripwire, credentials):
         anon.get(f"/api/operations/{DEMO_OP}", headers=headers),
     ):
         assert_error(response, 401, "unauthorized")
+        assert response["WWW-Authenticate"].startswith("Bearer")
     assert full_snapshot() == before
 
 
