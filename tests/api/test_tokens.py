@@ -63,6 +63,9 @@ def test_admin_issues_a_token_and_shows_it_once(client, admin_user, reviewer, pr
     from api.models import ApiToken
 
     client.force_login(admin_user)
+    form = client.get(reverse("admin:api_apitoken_add"))
+    assert form.status_code == 200
+    assert 'name="user"' in form.content.decode() and 'name="name"' in form.content.decode()
     response = client.post(reverse("admin:api_apitoken_add"), {"user": reviewer.pk, "name": "nightly retry"},
                            follow=True)
     assert response.status_code == 200
@@ -82,6 +85,8 @@ def test_admin_issues_a_token_and_shows_it_once(client, admin_user, reviewer, pr
 
     # Revoking from the changelist stops it.
     changelist = reverse("admin:api_apitoken_changelist")
+    listing = client.get(changelist).content.decode()
+    assert token.prefix in listing and plaintext not in listing
     response = client.post(changelist, {"action": "revoke", "_selected_action": [token.pk]}, follow=True)
     assert "Revoked 1 token" in " ".join(str(m) for m in response.context["messages"])
     token.refresh_from_db()
