@@ -1,8 +1,9 @@
 """Browser tests: Playwright for Python driving Debian's Chromium against pytest-django's live server.
 
 Playwright's sync API keeps an asyncio loop registered as running in this thread, so:
-- Django would refuse ORM calls here (SynchronousOnlyOperation): the flag below allows them,
-  which is safe because the test thread never awaits anything itself;
+- Django would refuse ORM calls here (SynchronousOnlyOperation): ``allow_orm_beside_playwright``
+  allows them, only while these tests run (elsewhere the check must keep catching real
+  mistakes), which is safe because the test thread never awaits anything itself;
 - the workflow host functions use ``async_to_sync``, which cannot run in a thread with a
   running loop: tests call them through ``in_thread``.
 
@@ -17,8 +18,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
-os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -42,6 +41,17 @@ def pytest_collection_modifyitems(config, items):
         print(f"\n{SKIP_REASON}")
         for item in mine:
             item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def allow_orm_beside_playwright():
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 def in_thread(fn, *args, **kwargs):
