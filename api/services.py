@@ -9,7 +9,13 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
+from decisionflow import faults, workflow
+from decisionflow.errors import ConflictingDecision, InvalidInput
+from effects.services import CONFLICTING
+from reviews.models import PendingReview
+
 from .models import ApiToken
+from .selectors import decidable_operation_id
 
 TOKEN_PREFIX = "dft_"
 # last_used_at is advisory: writing it at most once a minute keeps busy clients (and the
@@ -63,7 +69,7 @@ def token_authenticate(plaintext: str):
 # Decisions and edits --------------------------------------------------------------------
 
 FAULT_HEADER = "X-Decisionflow-Fault"
-KNOWN_FAULTS = {"lose-receipt"}
+KNOWN_FAULTS = set(workflow.FAULTS)
 
 
 def fault_requested(request) -> str | None:
@@ -72,9 +78,6 @@ def fault_requested(request) -> str | None:
     With fault injection off (production) the header is ignored entirely, so no client can
     make a real server fail on purpose.
     """
-    from decisionflow import faults
-    from decisionflow.errors import InvalidInput
-
     value = request.headers.get(FAULT_HEADER)
     if not value or not faults.enabled():
         return None
@@ -93,12 +96,6 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
     Returns the commit result; ``ConflictingDecision`` is raised as an error here because
     over HTTP it is a refusal (409), not a success.
     """
-    from decisionflow import workflow
-    from decisionflow.errors import ConflictingDecision
-    from reviews.models import PendingReview
-
-    from .selectors import decidable_operation_id
-
     if operation_id == decidable_operation_id(case) and not PendingReview.objects.filter(
         operation_id=operation_id
     ).exists():
@@ -107,7 +104,7 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
         case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel="api", fault=fault
     )
     result = outcome.result
-    if result.status == "ConflictingDecision":
+    if result.status == CONFLICTING:
         decision = result.decision
         if decision is not None:
             what = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
@@ -120,8 +117,6 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
 
 def edit_submit(*, case, expected_operation_id: str, body=None, source_versions=None, editor):
     """Revise the case's current proposal through the workflow; returns the RevisionResult."""
-    from decisionflow import workflow
-
     revision, _begun = workflow.review_edit(
         case=case, expected_operation_id=expected_operation_id, body=body,
         source_versions=source_versions, editor=editor,

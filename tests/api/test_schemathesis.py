@@ -14,7 +14,7 @@ import schemathesis
 from schemathesis import checks
 from hypothesis import HealthCheck, settings
 
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 30
 
 
 @pytest.fixture
