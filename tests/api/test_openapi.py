@@ -1,0 +1,27 @@
+"""The published schema: open to read, and saying what the endpoints really do."""
+
+from __future__ import annotations
+
+
+def test_openapi_json_describes_the_endpoints(client, db):
+    response = client.get("/api/openapi.json")  # no credentials needed to read the schema
+    assert response.status_code == 200
+    schema = response.json()
+    assert set(schema["paths"]) == {
+        "/api/cases/{case_id}", "/api/cases/{case_id}/decision", "/api/cases/{case_id}/edits",
+        "/api/operations/{operation_id}",
+    }
+    decision = schema["paths"]["/api/cases/{case_id}/decision"]["post"]
+    assert set(decision["responses"]) == {"200", "400", "401", "403", "404", "409", "413", "500"}
+    assert {"TokenAuth", "SessionAuth"} == {k for s in decision["security"] for k in s}
+    body = schema["components"]["schemas"]["DecisionIn"]
+    assert body["additionalProperties"] is False
+    assert body["properties"]["approved"]["type"] == "boolean"
+    assert body["properties"]["operation_id"]["pattern"] == "^op-v1-[0-9a-f]{64}$"
+    assert schema["components"]["securitySchemes"]["TokenAuth"] == {"type": "http", "scheme": "bearer"}
+    # The test-only fault header is not part of the public contract.
+    assert "X-Decisionflow-Fault" not in response.content.decode()
+
+
+def test_docs_page(client, db):
+    assert client.get("/api/docs").status_code == 200
