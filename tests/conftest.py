@@ -23,6 +23,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # Real hashers cost about a second per user on these machines; tests need no strength.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 def load_fixture(name: str = "t1042.json") -> dict:
     import json
 
