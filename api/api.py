@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, HttpRequest, JsonResponse, UnreadablePostError
+from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Path
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
@@ -124,6 +125,15 @@ def _too_large(request, exc):
 
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     return _reply(request, 413, "too_large", f"the request body is over the limit of {limit} bytes")
+
+
+@api.exception_handler(RawPostDataException)
+@api.exception_handler(UnreadablePostError)
+@api.exception_handler(SuspiciousOperation)
+def _unreadable_body(request, exc):
+    # A form or multipart body, already consumed as form data (the session CSRF check reads
+    # form fields), too many fields, or a client that hung up mid-body: not JSON we can read.
+    return _reply(request, 400, "invalid_request", "the body must be a JSON object sent as application/json")
 
 
 @api.exception_handler(Http404)

@@ -213,6 +213,26 @@ def test_403_session_post_without_csrf(reviewer, before, tripwire):
     assert client.get("/api/cases/T-1042").status_code == 200
 
 
+def test_session_form_bodies_are_400_not_500(reviewer, before, tripwire):
+    """A form or multipart body is not JSON; the session CSRF check reads it as a form first."""
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(reviewer)
+    client.get("/admin/")
+    token = client.cookies["csrftoken"].value
+    for content_type in ("multipart/form-data; boundary=BoUnDaRy", "application/x-www-form-urlencoded"):
+        data = ({"operation_id": DEMO_OP, "approved": "true"} if content_type.startswith("multipart") else
+                f"operation_id={DEMO_OP}&approved=true")
+        if content_type.startswith("multipart"):
+            from django.test.client import encode_multipart
+
+            data = encode_multipart("BoUnDaRy", data)
+        response = client.post(DECISION, data, content_type=content_type, headers={"X-CSRFToken": token})
+        assert_error(response, 400, "invalid_request")
+    assert full_snapshot() == before
+
+
 # 404 --------------------------------------------------------------------------------------
 
 
