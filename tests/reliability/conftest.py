@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from urllib.parse import quote
 
@@ -140,8 +141,23 @@ def truth(case_ids) -> list[dict]:
     return rows
 
 
+def reconcile(*args: str) -> tuple[int, str, str]:
+    """``reconcile`` as cron runs it, waiting out the lock of a process that was just killed.
+
+    reconcile does not wait for its lock (a second cron run exits at once). A SIGKILLed
+    ``reconcile --repair`` releases it when PostgreSQL notices the dropped connection, a few
+    milliseconds later; until then the next run is refused, and cron would simply run again.
+    """
+    for _ in range(100):
+        code, out, err = command("reconcile", *args)
+        if "locked by another process" not in err:
+            break
+        time.sleep(0.1)
+    return code, out, err
+
+
 def reconcile_json(*case_ids: str) -> tuple[int, list[dict]]:
-    code, out, err = command("reconcile", *case_ids, "--json")
+    code, out, err = reconcile(*case_ids, "--json")
     return code, [json.loads(line) for line in out.splitlines() if line.strip()]
 
 

@@ -19,7 +19,7 @@ import pytest
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision
 
-from .conftest import command, iterations, manage, new_case, reconcile_json, record, tally, truth
+from .conftest import command, iterations, manage, new_case, reconcile, reconcile_json, record, tally, truth
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -173,7 +173,7 @@ def test_crash_midway_through_reconcile_repair_then_rerun(reviewer):
         assert [r["state"] for r in rows] == ["Committed"] + ["NoLocalEffectRecorded"] * (per_run - 1)
         figures.truthful += 1
 
-        code, out, err = command("reconcile", *case_ids, "--repair")
+        code, out, err = reconcile(*case_ids, "--repair")
         assert code == 0, err
         assert out.count("repaired: ") == per_run - 1
         code, rows = reconcile_json(*case_ids)
