@@ -64,3 +64,32 @@ def append_only_trigger_sql(table: str) -> tuple[str, str]:
     """
     reverse = f"DROP TRIGGER IF EXISTS {function} ON {table}; DROP FUNCTION IF EXISTS {function}();"
     return forward, reverse
+
+
+def append_only_triggers(tables: list[str]):
+    """A migration operation adding the triggers to ``tables`` on PostgreSQL and SQLite.
+
+    SQLite refuses UPDATE only: its test-database flush deletes rows with DELETE, which a
+    DELETE trigger would block; the ORM layer above still refuses deletes there.
+    """
+    from django.db import migrations
+
+    def forward(apps, schema_editor):
+        for table in tables:
+            if schema_editor.connection.vendor == "postgresql":
+                # params=None: the PL/pgSQL '%' must not be read as a query placeholder.
+                schema_editor.execute(append_only_trigger_sql(table)[0], params=None)
+            elif schema_editor.connection.vendor == "sqlite":
+                schema_editor.execute(
+                    f"CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table} "
+                    f"BEGIN SELECT RAISE(ABORT, 'UPDATE on {table} is refused: rows are append-only'); END;"
+                )
+
+    def backward(apps, schema_editor):
+        for table in tables:
+            if schema_editor.connection.vendor == "postgresql":
+                schema_editor.execute(append_only_trigger_sql(table)[1], params=None)
+            elif schema_editor.connection.vendor == "sqlite":
+                schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_update")
+
+    return migrations.RunPython(forward, backward)

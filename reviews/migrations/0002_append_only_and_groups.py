@@ -1,30 +1,7 @@
 from django.db import migrations
 
-from decisionflow.append_only import append_only_trigger_sql
+from decisionflow.append_only import append_only_triggers
 from reviews.groups import ensure_review_groups
-
-TABLES = ["reviews_proposal", "reviews_reviewdecision"]
-
-
-def add_triggers(apps, schema_editor):
-    for table in TABLES:
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(append_only_trigger_sql(table)[0], params=None)
-        elif schema_editor.connection.vendor == "sqlite":
-            # SQLite: refuse UPDATE only. Its test-database flush deletes rows with DELETE,
-            # which a DELETE trigger would block; the ORM still refuses deletes.
-            schema_editor.execute(
-                f"CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table} "
-                f"BEGIN SELECT RAISE(ABORT, 'UPDATE on {table} is refused: rows are append-only'); END;"
-            )
-
-
-def drop_triggers(apps, schema_editor):
-    for table in TABLES:
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.execute(append_only_trigger_sql(table)[1], params=None)
-        elif schema_editor.connection.vendor == "sqlite":
-            schema_editor.execute(f"DROP TRIGGER IF EXISTS {table}_no_update")
 
 
 def add_groups(apps, schema_editor):
@@ -48,6 +25,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(add_triggers, drop_triggers),
+        append_only_triggers(["reviews_proposal", "reviews_reviewdecision"]),
         migrations.RunPython(add_groups, migrations.RunPython.noop),
     ]
