@@ -128,11 +128,14 @@ def make_reviewers(count: int) -> list[str]:
 
 
 class Servers:
-    def __init__(self, database_url: str, ports: list[int], workers: int, threads: int, log_dir: Path):
+    def __init__(self, database_url: str, ports: list[int], workers: int, threads: int, log_dir: Path,
+                 extra_env: dict | None = None):
         self.procs = []
         env = dict(os.environ, DATABASE_URL=database_url, DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50),
                    ALLOWED_HOSTS=HOST, SECURE_SSL_REDIRECT="0", LOG_LEVEL="WARNING")
         env.pop("DECISIONFLOW_FAULT_INJECTION", None)
+        env.pop("DECISIONFLOW_CRASH_AT", None)
+        env.update(extra_env or {})  # the crash tests start a host with a crash point armed
         log_dir.mkdir(parents=True, exist_ok=True)
         for port in ports:
             log = open(log_dir / f"gunicorn-{port}.log", "w")  # noqa: SIM115 - closed in stop()

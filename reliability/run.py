@@ -192,7 +192,11 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
               "effect tables hold, and the state the point implies; retry the same command; then require one "
               "decision, at most one effect, and an effect for every approval. Every other `resume` iteration "
               "declines at the points a decline passes through. `reconcile --repair` is killed after the first "
-              "of 4 approved operations that have no effect (built directly in the tables), then rerun.",
+              "of 4 approved operations that have no effect (built directly in the tables), then rerun. "
+              "The rows marked *(HTTP, host killed)* do the same over the API with two gunicorn hosts on one "
+              "database: host A has the crash point armed, so its worker is SIGKILLed mid-request and the "
+              "client gets no answer at all; the client asks host B (`GET /api/operations/OP`), reconcile must "
+              "agree, and the client retries the approval on host B.",
               "", "Test: `tests/reliability/test_crashes.py`.", ""]
     lines += md_table(["point", "command", "killed", "where", "reconcile must say"],
                       [[f"`{p}`", *v] for p, v in POINTS.items()])

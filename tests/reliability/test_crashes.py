@@ -10,6 +10,7 @@ and an effect for every approval. ``make test`` runs one iteration per point;
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import time
@@ -19,7 +20,7 @@ import pytest
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision
 
-from .conftest import command, iterations, manage, new_case, reconcile, reconcile_json, record, tally, truth
+from .conftest import command, database_url, iterations, manage, new_case, reconcile, reconcile_json, record, tally, truth
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -190,3 +191,69 @@ def test_crash_midway_through_reconcile_repair_then_rerun(reviewer):
     figures.extra = {"operations_repaired": repaired_total}
     figures.save()
     assert figures.crashes == runs and figures.duplicates == 0 and figures.lost == 0
+
+
+def http_call(port, method, path, token, body=None):
+    """One request on a new connection; (None, {}) when the connection dies without an answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Authorization": f"Bearer {token}"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"{}")
+    except (OSError, http.client.HTTPException):
+        return None, {}
+    finally:
+        conn.close()
+
+
+def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(reviewer, tmp_path):
+    """Two gunicorn hosts on one database; on host A every commit dies at the crash point.
+
+    The client's approval to A gets no answer (its worker was SIGKILLed); it asks host B
+    what happened to the operation, reconcile agrees, and it retries on B: exactly one
+    decision and one effect, whichever side of the commit A died on.
+    """
+    from api.services import token_create
+    from reliability.load import Servers, free_port
+
+    token = token_create(user=reviewer, name="failover")[1]
+    url = database_url()
+    clean_port = free_port()
+    clean = Servers(url, [clean_port], 1, 2, tmp_path)
+    try:
+        clean.wait_ready()
+        for point, after in RESUME_POINTS.items():
+            figures = Figures(f"{point} (HTTP, host killed)")
+            port = free_port()
+            faulty = Servers(url, [port], 1, 2, tmp_path / point,
+                             extra_env={"DECISIONFLOW_FAULT_INJECTION": "1", "DECISIONFLOW_CRASH_AT": point})
+            try:
+                faulty.wait_ready()
+                for _ in range(iterations()):
+                    case = new_case("h")
+                    path = f"/api/cases/{case.case_id}"
+                    status, shown = http_call(clean_port, "GET", path, token)
+                    assert status == 200, shown
+                    op = shown["operation_id"]
+                    approve = {"operation_id": op, "approved": True}
+                    status, body = http_call(port, "POST", f"{path}/decision", token, approve)
+                    assert status is None, (status, body)  # the worker died: no answer at all
+                    figures.crashes += 1
+                    status, body = http_call(clean_port, "GET", f"/api/operations/{op}", token)
+                    assert status == 200 and body["state"] == after, body
+                    reconcile_truthfully(figures, case, after)
+                    status, body = http_call(clean_port, "POST", f"{path}/decision", token, approve)
+                    assert status == 200, body
+                    assert body == {"status": "Committed", "replay": after == "Committed", "effect_count": 1,
+                                    "operation_id": op}
+                    t = figures.add(case, approved=True)
+                    assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
+            finally:
+                faulty.stop()
+            figures.save()
+            assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
+    finally:
+        clean.stop()
