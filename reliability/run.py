@@ -21,6 +21,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -321,6 +322,19 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         lines += [""]
 
     lines += [
+        "## What the battery found while it was built",
+        "",
+        "- The admin edit form accepted a body sent as invalid UTF-8 (`%FF`, or an encoded lone surrogate "
+        "`%ED%A0%80`): Django decodes form data with U+FFFD replacement instead of failing, so a proposal "
+        "with text nobody wrote was created. The form now refuses a body with replacement characters the "
+        "proposal did not already have (reviews/forms.py), and the battery keeps both rows.",
+        "- `check --deploy` warned about `SECURE_HSTS_PRELOAD`. Preloading an internal host name on the "
+        "browsers' public list is not appropriate by default, so it stays an explicit setting and the "
+        "warning is silenced only while it is off (decisionflow/settings.py).",
+        "- A killed `reconcile --repair` holds the reconcile lock until PostgreSQL notices the dropped "
+        "connection (milliseconds); a run started in that window exits 1 with \"locked by another process\", "
+        "as designed. The harness retries, as cron's next run would.",
+        "",
         "## How to rerun",
         "",
         "```sh",
@@ -343,9 +357,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
 def main() -> int:
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.monotonic()
-    if OUT.exists():
-        for path in sorted(OUT.rglob("*"), reverse=True):
-            path.unlink() if path.is_file() else path.rmdir()
+    shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)
     steps = [pytest_step("sqlite", SQLITE_ITERATIONS)]
     if postgres_answers():
