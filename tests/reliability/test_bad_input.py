@@ -249,8 +249,11 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
     pending = PendingReview.objects.get(operation_id=w.op_a)
     row = WorkflowCheckpoint.objects.get(checkpoint_id=pending.checkpoint_id)
     original = {f: getattr(row, f) for f in ("payload", "digest", "graph_signature_hash")}
-    resume = cmd_error("resume", w.a.case_id, "--operation-id", w.op_a, "--approve",
-                       "--reviewer", w.reviewer.get_username(), code=5)
+    def refused(expect):
+        return cmd_error("resume", w.a.case_id, "--operation-id", w.op_a, "--approve",
+                         "--reviewer", w.reviewer.get_username(), code=5, expect=expect)
+
+    resume = refused(None)
     # A checkpoint that loads but re-emits a request for another operation is refused as stale.
     resume_stale = cmd_error("resume", w.a.case_id, "--operation-id", w.op_a, "--approve",
                              "--reviewer", w.reviewer.get_username(), code=4, expect="stale")
@@ -273,14 +276,14 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
     def other_version():
         PendingReview.objects.filter(pk=pending.pk).update(workflow_version="review-v0")
         try:
-            return resume()
+            return refused("workflow version")()
         finally:
             PendingReview.objects.filter(pk=pending.pk).update(workflow_version=pending.workflow_version)
 
     def missing():
         PendingReview.objects.filter(pk=pending.pk).update(checkpoint_id="no-such-checkpoint")
         try:
-            return resume()
+            return refused("does not exist")()
         finally:
             PendingReview.objects.filter(pk=pending.pk).update(checkpoint_id=pending.checkpoint_id)
 
@@ -295,17 +298,21 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
         d["pending_request_info_events"] = json.loads(json.dumps(d["pending_request_info_events"]).replace(
             w.op_a, w.op_b))
 
+    def other_graph_row():
+        # Content and column agree (the digest is recomputed), but the graph is not this one.
+        WorkflowCheckpoint.objects.filter(pk=row.pk).update(graph_signature_hash=other_graph)
+        return with_payload(set_graph, refused("graph"))()
+
     battery = Battery("checkpoints", subtests)
     rows = [
-        ("a tampered checkpoint (payload edited, digest kept)", with_row(payload=tampered)),
+        ("a tampered checkpoint (payload edited, digest kept)", with_row(refused("digest"), payload=tampered)),
         ("a checkpoint from another workflow version", other_version),
-        ("a checkpoint from another workflow graph", lambda: (
-            WorkflowCheckpoint.objects.filter(pk=row.pk).update(graph_signature_hash=other_graph),
-            with_payload(set_graph)())[1]),
+        ("a checkpoint from another workflow graph", other_graph_row),
         ("a checkpoint whose request names another operation (digest recomputed)", with_payload(swap_op, resume_stale)),
-        ("a checkpoint that is not JSON (digest recomputed)", with_row(payload="{not json",
+        ("a checkpoint that is not JSON (digest recomputed)", with_row(refused("JSON"), payload="{not json",
                                                                        digest=payload_digest("{not json"))),
-        ("a checkpoint in another format", with_payload(lambda d: d.update(format="pickle.v0"))),
+        ("a checkpoint in another format", with_payload(lambda d: d.update(format="pickle.v0"),
+                                                                    refused("format"))),
         ("a missing checkpoint", missing),
     ]
     for name, attempt in rows:
