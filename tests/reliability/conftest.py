@@ -58,22 +58,25 @@ def database_url() -> str:
     return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
 
 
-def child_env(*, crash_at: str | None = None, **extra) -> dict:
+def child_env(*, crash_at: str | None = None, inject: bool = True, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DECISIONFLOW_CRASH")}
     env.update(DATABASE_URL=database_url(), DEBUG="1", PYTHONUNBUFFERED="1")
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
     if crash_at:
-        env.update(DECISIONFLOW_FAULT_INJECTION="1", DECISIONFLOW_CRASH_AT=crash_at)
+        env.update(DECISIONFLOW_CRASH_AT=crash_at)
+        if inject:
+            env.update(DECISIONFLOW_FAULT_INJECTION="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
-def manage(*args: str, crash_at: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def manage(*args: str, crash_at: str | None = None, inject: bool = True, timeout: float = 120
+           ) -> subprocess.CompletedProcess:
     """``python manage.py *args`` in a fresh process on the test database."""
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env=child_env(crash_at=crash_at),
+        env=child_env(crash_at=crash_at, inject=inject),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -257,3 +257,16 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
             assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
     finally:
         clean.stop()
+
+
+def test_a_crash_point_is_inert_without_fault_injection(reviewer_name):
+    """DECISIONFLOW_CRASH_AT alone (fault injection off, as in production) kills nothing."""
+    from decisionflow.workflow import review_begin
+
+    case = new_case("inert")
+    op = review_begin(case=case).operation_id
+    proc = manage("resume", case.case_id, "--operation-id", op, "--approve", "--reviewer", reviewer_name,
+                  crash_at="commit-after-decision", inject=False)
+    assert proc.returncode == 0, proc.stderr
+    assert receipt(proc.stdout) == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    assert EffectRecord.objects.filter(operation_id=op).count() == 1
