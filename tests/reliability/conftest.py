@@ -192,12 +192,6 @@ def record(family: str, **figures) -> None:
         fh.write(json.dumps(line, sort_keys=True) + "\n")
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The fixtures' users have passwords; the production hasher costs ~1 s per user here.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def reviewer_name(reviewer):
     return reviewer.get_username()
