@@ -16,7 +16,7 @@ import traceback
 
 # Sizes: "full" for `make bench`; "smoke" proves the code still runs (tests/bench).
 SCALES = {
-    "full": {"runs": 5, "identity_number": 20000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
+    "full": {"runs": 5, "identity_number": 5000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
              "workflow_n": 20, "storage_n": 50, "admin_cases": 100_000, "admin_requests": 15},
     "smoke": {"runs": 1, "identity_number": 50, "commit_n": 2, "concurrent_per_worker": 1, "workers": 2,
               "workflow_n": 1, "storage_n": 1, "admin_cases": 30, "admin_requests": 1},

@@ -203,7 +203,7 @@ def _ops(cases) -> list[str]:
 # --- 2 and 4: commit and replay, one connection -----------------------------------------
 
 
-def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict]:
+def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict, dict]:
     """Fresh approvals per second through effect_commit vs two raw inserts; then replays."""
     from django.db import connection
 
@@ -228,6 +228,13 @@ def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict]:
         baseline=f"{raw}: the same two inserts, both conflicting (ON CONFLICT DO NOTHING), one transaction",
         kind="speed", unit="ops/s", goal=("≥", 0.5) if vendor == "postgresql" else None, n=n,
     )
+    orm = result(
+        f"orm_{vendor}", f"{'2' if vendor == 'postgresql' else '10'} (context). the Django ORM floor, {db}",
+        subject="the same two rows with `objects.create` in one `transaction.atomic()` (no lookup, lock or attempt)",
+        baseline=f"{raw}: INSERT decision RETURNING id, INSERT effect, one transaction",
+        kind="speed", unit="ops/s", goal=None, n=n,
+    )
+    orm_sets = [make_cases(n, prefix=f"{token}-o{i}", proposals=True) for i in range(runs)]
     conn = raw_connect()
     try:
         baseline_rows = [_raw_rows(cases, reviewer.pk) for cases in baseline_sets]
@@ -243,8 +250,18 @@ def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict]:
             _commit_loop(_ops(subject_sets[i]), reviewer, expect_replay=False)
             return n / (time.perf_counter() - t)
 
-        for sv, bv in paired(runs, b, s):
-            add_pair(commit, sv, bv)
+        def o(i):
+            t = time.perf_counter()
+            _orm_two_inserts(orm_sets[i], reviewer)
+            return n / (time.perf_counter() - t)
+
+        for i in range(runs):
+            # Three-way interleave: raw, ORM and effect_commit, rotating which goes first.
+            fns = [("b", b), ("o", o), ("s", s)]
+            fns = fns[i % 3:] + fns[:i % 3]
+            got = {k: fn(i) for k, fn in fns}
+            add_pair(commit, got["s"], got["b"])
+            add_pair(orm, got["o"], got["b"])
 
         def rb(i):
             t = time.perf_counter()
@@ -260,8 +277,23 @@ def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict]:
             add_pair(replay, sv, bv)
     finally:
         conn.close()
-    _check_effects(baseline_sets + subject_sets)
-    return commit, replay
+    _check_effects(baseline_sets + subject_sets + orm_sets)
+    return commit, replay, orm
+
+
+def _orm_two_inserts(cases, reviewer) -> None:
+    """What the framework alone costs: the two rows through the ORM, nothing else."""
+    from django.db import transaction
+
+    from effects.models import EffectRecord
+    from effects.services import _effect_fields
+    from reviews.models import ReviewDecision
+
+    for c in cases:
+        p = c.current_proposal
+        with transaction.atomic():
+            d = ReviewDecision.objects.create(operation_id=p.operation_id, proposal=p, approved=True, reviewer=reviewer)
+            EffectRecord.objects.create(**_effect_fields(p, d))
 
 
 def _check_effects(case_sets) -> None:
