@@ -6,13 +6,6 @@ import pytest
 from django.test import Client
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hasher(settings):
-    # Django's default PBKDF2 costs about a second per user created; these tests are about
-    # the workplace, not password storage.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def reviewer_client(reviewer):
     client = Client()

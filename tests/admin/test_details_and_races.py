@@ -50,7 +50,6 @@ def test_approve_clicked_in_many_tabs_at_once_writes_one_effect(make_user, setti
     from decisionflow.workflow import review_begin
     from tests.conftest import load_fixture
 
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     case = case_import(data=load_fixture("t1042.json")).case
     review_begin(case=case)
     case.refresh_from_db()

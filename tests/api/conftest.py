@@ -10,12 +10,6 @@ import pytest
 DEMO_OP = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fbfc"
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hasher(settings):
-    """Users are made in almost every test here; PBKDF2 would cost ~0.5 s each for nothing."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def reviewer_token(reviewer):
     from api.services import token_create

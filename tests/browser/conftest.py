@@ -96,7 +96,6 @@ def demo(transactional_db, settings):
     settings.SESSION_COOKIE_SECURE = False
     settings.CSRF_COOKIE_SECURE = False
     settings.SECURE_SSL_REDIRECT = False
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     call_command("load_demo", stdout=open(os.devnull, "w"))
     case = Case.objects.get(case_id="T-1042")
     in_thread(review_begin, case=case)

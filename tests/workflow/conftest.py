@@ -16,12 +16,6 @@ import pytest
 from tests.conftest import ROOT
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hasher(settings):
-    # The shared user fixtures set passwords; the default hasher costs about a second each.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def child_database_url() -> str:
     from django.db import connection
 
