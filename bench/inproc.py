@@ -80,7 +80,6 @@ def main(argv=None) -> int:
     if not os.environ.get("DATABASE_URL"):
         parser.error("DATABASE_URL must name the benchmark database")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "decisionflow.settings")
-    os.environ.setdefault("DEBUG", "1")
     import django
 
     django.setup()

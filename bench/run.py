@@ -42,7 +42,11 @@ def log(msg: str) -> None:
 
 
 def env_for(database_url: str) -> dict:
-    env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1", PYTHONPATH=str(ROOT))
+    """Production-like settings (DEBUG off: no query log), on the benchmark's own database.
+    The secret is a throwaway: benchmark processes serve no one."""
+    env = dict(os.environ, DATABASE_URL=database_url, DEBUG="0", PYTHONPATH=str(ROOT),
+               SECRET_KEY=f"bench-only-{os.urandom(16).hex()}", SECURE_SSL_REDIRECT="0",
+               ALLOWED_HOSTS="localhost,127.0.0.1")
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return env
@@ -277,7 +281,12 @@ def main(argv=None) -> int:
     parser.add_argument("--db-prefix", default="decisionflow_bench")
     parser.add_argument("--fresh", action="store_true", help="reload the reconcile database even if it is intact")
     parser.add_argument("--skip", default="", help="comma-separated: postgres,sqlite,process,reconcile")
+    parser.add_argument("--render", metavar="JSON", help="only re-render the report from a --json file")
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        Path(args.out).write_text(report.render(saved["machine"], saved["results"]))
+        return 0
     skip = set(filter(None, args.skip.split(",")))
     sizes = SIZES[args.scale]
     started = time.perf_counter()
