@@ -49,7 +49,7 @@ def snapshot() -> dict:
 
 @pytest.fixture
 def world(db, reviewer, lead, make_user):
-    """T-1042 begun and waiting; T-1077-like case imported and never begun."""
+    """S-1 begun and waiting for a decision; S-2 imported and never begun (both copies of T-1042)."""
     from api.services import token_create, token_revoke
     from cases.services import case_import
     from decisionflow.workflow import review_begin
