@@ -12,7 +12,7 @@ ORDER = ["identity", "identity_fix", "identity_nonascii", "commit_postgresql", "
 # a re-run regenerates the whole document.
 FINDINGS = {
     "identity": (
-        "Profiled with cProfile/timeit: of ~20 µs per `operation_id` on a 4 KiB draft, SHA-256 itself is ~4 µs. "
+        "Profiled with cProfile/timeit: of 14-20 µs per `operation_id` on a 4 KiB draft, SHA-256 itself is ~4 µs. "
         "`normalize_newlines` runs two `str.replace` scans over the draft even when it has no CR (~4.5 µs), "
         "and `encode_fields` builds an f-string label per field and copies a bytearray (~5 µs). "
         "Recommended fix in `decisionflow/identity.py` (not a file this benchmark may change): skip the "
@@ -27,7 +27,7 @@ FINDINGS = {
     ),
     "commit_postgresql": (
         "Profiled (cProfile + the query log): `effect_commit` made 14 round trips to PostgreSQL against the "
-        "baseline's 4 (BEGIN, two INSERTs, COMMIT), and the ORM adds ~0.1 ms of Python per query. Fixed in "
+        "baseline's 4 (BEGIN, two INSERTs, COMMIT), and each ORM statement costs ~0.5 ms of Python. Fixed in "
         "effects/services.py (behaviour unchanged; tests/effects, tests/reviews and tests/workflow pass on "
         "both databases): the immutable proposal is read once instead of twice; a freshly inserted decision "
         "is not read back; and each write-once insert is one `INSERT ... ON CONFLICT (operation_id) DO "
@@ -49,12 +49,12 @@ FINDINGS = {
         "locks do not contend (every worker commits different cases)."
     ),
     "replay_postgresql": (
-        "The baseline's replay writes nothing, so its COMMIT needs no WAL flush. A replay through "
-        "`effect_commit` appends a CommitAttempt row (outcome `replay`) by design, so every replay is a "
-        "durable write with its own WAL flush: that row, not the conflict handling, is most of the gap. "
-        "Conflicts no longer cost a savepoint round trip or a failed statement (ON CONFLICT, see above); "
-        "the replay path is 8 round trips (it reads the existing decision back to compare it). Left as is: "
-        "the attempt log is a product guarantee (support leads browse every retry)."
+        "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush "
+        "(it is faster than a fresh raw commit). A replay through `effect_commit` is 8 statements through "
+        "the ORM (it reads the existing decision back to compare it, and locks the case) at ~0.5-0.75 ms "
+        "of Python each, which is most of the gap, and it appends a CommitAttempt row (outcome `replay`) by "
+        "design, so it is a durable write with its own WAL flush. Conflicts no longer cost a savepoint or a "
+        "failed statement (ON CONFLICT, see above). The attempt row is kept: support leads browse every retry."
     ),
     "resume_postgresql": (
         "Profiled (cProfile + the query log of one resume): 29 statements against `effect_commit`'s 7, and "
@@ -81,11 +81,12 @@ FINDINGS = {
     ),
     "reconcile_command": (
         "Profiled (cProfile, EXPLAIN): the server-side cursor that streams the rows was planned for the first rows (index-driven "
-        "nested loops, 35 s over 1M operations) instead of the whole result (hash joins and one sort, 11.6 s). "
+        "nested loops, 35 s over 1M operations, measured ad hoc) instead of the whole result (hash joins "
+        "and one sort, 11.6 s). "
         "Fixed in effects/services.py with `SET LOCAL cursor_tuple_fraction = 1.0` for that transaction "
         "(3x faster, same rows). What remains is Python per row, ~10-15 µs: a `ReconcileRow`, `as_dict`, "
-        "`json.dumps` and Django's `OutputWrapper.write` for each of the 1,000,000 lines, plus ~0.5 s of "
-        "process and Django start-up. Recommended (in the reconcile command, not a file this benchmark "
+        "`json.dumps` and Django's `OutputWrapper.write` for each of the 1,000,000 lines, plus ~1 s of "
+        "process and Django start-up (see 7). Recommended (in the reconcile command, not a file this benchmark "
         "owns): write the JSON lines to `sys.stdout` in batches (`writelines` per fetched chunk) rather than "
         "one `OutputWrapper.write` per row. Memory stays flat: the cursor holds one 2,000-row chunk."
     ),
