@@ -57,7 +57,9 @@ def reviewer_check(reviewer) -> None:
 
 
 def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail=""):
-    CommitAttempt.objects.create(
+    # Every call appends one row, through the one-statement insert (no ORM save machinery:
+    # this is on every commit's path).
+    fields = dict(
         operation_id=str(operation_id)[:200],
         case_id=case_id,
         approved=approved if isinstance(approved, bool) else None,
@@ -66,6 +68,10 @@ def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, det
         channel=channel,
         detail=detail[:2000],
     )
+    if connection.features.can_return_columns_from_insert:
+        _insert_row(CommitAttempt, fields)
+    else:  # SQLite < 3.35
+        CommitAttempt.objects.create(**fields)
 
 
 def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
@@ -94,16 +100,23 @@ def _insert_once(model, **fields):
     """
     if not connection.features.can_return_columns_from_insert:  # SQLite < 3.35
         return _insert_once_savepoint(model, **fields)
+    return _insert_row(model, fields, on_conflict="operation_id")
+
+
+def _insert_row(model, fields: dict, *, on_conflict: str | None = None):
+    """One INSERT ... RETURNING id for a new row of ``model`` (a write-once model: no save()
+    logic or signals to skip); with ``on_conflict``, a conflict on that unique column
+    inserts nothing and returns None."""
     obj = model(**fields)
     opts = model._meta
     columns = [f for f in opts.local_concrete_fields if not f.primary_key]
     qn = connection.ops.quote_name
     # pre_save fills auto_now_add timestamps on obj, exactly as Model.save() would.
     values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in columns]
+    conflict = f"ON CONFLICT ({qn(opts.get_field(on_conflict).column)}) DO NOTHING " if on_conflict else ""
     sql = (
         f"INSERT INTO {qn(opts.db_table)} ({', '.join(qn(f.column) for f in columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))}) "
-        f"ON CONFLICT ({qn(opts.get_field('operation_id').column)}) DO NOTHING RETURNING {qn(opts.pk.column)}"
+        f"VALUES ({', '.join(['%s'] * len(columns))}) {conflict}RETURNING {qn(opts.pk.column)}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
@@ -180,7 +193,8 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
     """
     # The whole (immutable) proposal, read once: the attempt row needs its case and the
     # commit reuses it instead of reading it again inside the transaction.
-    proposal = Proposal.objects.filter(operation_id=str(operation_id)).first()
+    # No ORDER BY: operation_id is unique, so the model's default ordering is only cost.
+    proposal = next(iter(Proposal.objects.filter(operation_id=str(operation_id)).order_by()[:1]), None)
     case_id = proposal.case_id if proposal is not None else None
     attempt = dict(operation_id=operation_id, case_id=case_id, approved=approved, reviewer=reviewer, channel=channel)
     try:
