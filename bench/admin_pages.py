@@ -45,7 +45,7 @@ def _measure(client, url: str, requests: int) -> dict:
     return {"url": url, "queries": count, "ms": summary(times), "bytes": len(response.content)}
 
 
-def bench_admin(*, cases: int, requests: int) -> dict:
+def bench_admin(*, requests: int) -> dict:
     """The case changelist (first and a deep page) and the review page of a paused case."""
     from django.contrib.auth import get_user_model
     from django.urls import NoReverseMatch, reverse

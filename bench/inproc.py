@@ -17,9 +17,9 @@ import traceback
 # Sizes: "full" for `make bench`; "smoke" proves the code still runs (tests/bench).
 SCALES = {
     "full": {"runs": 5, "identity_number": 5000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
-             "workflow_n": 20, "storage_n": 50, "admin_cases": 100_000, "admin_requests": 15},
+             "workflow_n": 20, "storage_n": 50, "admin_requests": 15},
     "smoke": {"runs": 1, "identity_number": 50, "commit_n": 2, "concurrent_per_worker": 1, "workers": 2,
-              "workflow_n": 1, "storage_n": 1, "admin_cases": 30, "admin_requests": 1},
+              "workflow_n": 1, "storage_n": 1, "admin_requests": 1},
 }
 
 
@@ -27,7 +27,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     """Run every in-process measure that applies to the configured database."""
     from django.db import connection
 
-    from . import measures
+    from . import admin_pages, measures
 
     vendor = connection.vendor
     pg = vendor == "postgresql"
@@ -43,8 +43,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     if pg:
         plan.append(("resume", lambda: [measures.bench_resume(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
         plan.append(("storage", lambda: [measures.bench_storage(n=scale["storage_n"], vendor=vendor)]))
-        plan.append(("admin", lambda: [__import__("bench.admin_pages", fromlist=["x"]).bench_admin(
-            cases=scale["admin_cases"], requests=scale["admin_requests"])]))
+        plan.append(("admin", lambda: [admin_pages.bench_admin(requests=scale["admin_requests"])]))
     if pg and only and "reconcile_service" in only:
         # Only on request: bench.run points it at the million-operation database.
         plan.append(("reconcile_service", lambda: [measures.bench_reconcile_service(runs=min(runs, 3))]))

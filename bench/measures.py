@@ -36,7 +36,7 @@ def add_pair(res: dict, subject_value: float, baseline_value: float) -> None:
 
 
 def paired(runs: int, baseline, subject):
-    """Yield (baseline_value, subject_value) per run, alternating which goes first."""
+    """Yield (subject_value, baseline_value) per run, alternating which goes first."""
     for i in range(runs):
         if i % 2 == 0:
             b = baseline(i)

@@ -25,7 +25,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import report
-from .stats import summary
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -43,7 +43,7 @@ def test_identity_fast_prototype_gives_the_protocol_identities(t1042_data):
         identity_fast.operation_id("c", "a", "\ud800", "e", "p")
 
 
-def test_in_process_benchmarks_run_once(settings):
+def test_in_process_benchmarks_run_once():
     """Commit, replay and begin on any database; on PostgreSQL also identity, 8-worker
     commit (2 workers here), resume, storage and the admin pages."""
     from django.db import connection
