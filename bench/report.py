@@ -297,8 +297,9 @@ def render(info: dict, results: list[dict]) -> str:
         "",
         "## How to read and re-run",
         "",
-        "- `make bench` runs `python -m bench.run`: about 10–15 minutes on a 2-core machine, most of it "
-        "loading the million operations (kept between runs while intact) and reading them back.",
+        "- `make bench` runs `python -m bench.run`: about 5 minutes on this 2-core machine when the "
+        "million-operation database is kept from an earlier run (it is, while intact: `--fresh` reloads "
+        "it), and up to ~15 minutes on a busy machine when it has to be loaded (~75-100 s for the load).",
         "- It uses its own databases: `decisionflow_bench` and `decisionflow_bench_reconcile` on the "
         "PostgreSQL server at `BENCH_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432`), and a "
         "temporary SQLite file. `--skip postgres,sqlite,process,reconcile` leaves parts out; "
