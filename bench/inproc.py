@@ -16,9 +16,9 @@ import traceback
 
 # Sizes: "full" for `make bench`; "smoke" proves the code still runs (tests/bench).
 SCALES = {
-    "full": {"runs": 5, "identity_number": 5000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
+    "full": {"runs": 5, "identity_runs": 9, "identity_number": 3000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
              "workflow_n": 20, "storage_n": 50, "admin_requests": 15},
-    "smoke": {"runs": 1, "identity_number": 50, "commit_n": 2, "concurrent_per_worker": 1, "workers": 2,
+    "smoke": {"runs": 1, "identity_runs": 1, "identity_number": 50, "commit_n": 2, "concurrent_per_worker": 1, "workers": 2,
               "workflow_n": 1, "storage_n": 1, "admin_requests": 1},
 }
 
@@ -34,7 +34,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     runs = scale["runs"]
     plan = []
     if pg:
-        plan.append(("identity", lambda: measures.bench_identity(runs=runs, number=scale["identity_number"])))
+        plan.append(("identity", lambda: measures.bench_identity(runs=scale["identity_runs"], number=scale["identity_number"])))
     plan.append(("commit", lambda: list(measures.bench_commit(runs=runs, n=scale["commit_n"], vendor=vendor))))
     if pg:
         plan.append(("concurrent", lambda: [measures.bench_commit_concurrent(

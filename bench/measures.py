@@ -75,7 +75,7 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
     case = template_case()
     content = prepared_content(case)
     ev, pol = content["evidence_id"], content["policy_id"]
-    out = []
+    entries = []
     variants = [
         ("identity", "1. identity: operation_id over a 4 KiB draft", identity.operation_id, False, ("≥", 0.8)),
         ("identity_fix", "1 (fix prototype). identity: bench/identity_fast.operation_id, same draft",
@@ -103,13 +103,20 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
             return timeit.timeit(lambda: fn(*args), number=number) / number
 
         subject(0), baseline(0)  # warm-up
-        for s_time, b_time in paired(runs, baseline, subject):
+        entries.append((res, baseline, subject))
+    # Every run measures all variants, each right next to its own baseline, so a burst of
+    # noise lands on one run of each rather than on every run of one variant.
+    for i in range(runs):
+        for res, baseline, subject in entries:
+            if i % 2 == 0:
+                b_time, s_time = baseline(i), subject(i)
+            else:
+                s_time, b_time = subject(i), baseline(i)
             # speed ratio: subject rate / baseline rate = baseline time / subject time
             res["subject_values"].append(s_time * 1e6)
             res["baseline_values"].append(b_time * 1e6)
             res["ratios"].append(b_time / s_time)
-        out.append(res)
-    return out
+    return [res for res, _, _ in entries]
 
 
 # --- raw baselines ----------------------------------------------------------------------
