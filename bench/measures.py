@@ -65,12 +65,10 @@ def realistic_draft(target_bytes: int = 4096, *, polish: bool = False) -> str:
 
 
 def bench_identity(*, runs: int, number: int) -> list[dict]:
-    """operation_id vs SHA-256 of the same framed bytes; also the fix prototype and a
-    draft with non-ASCII text, each against its own baseline in the same run."""
+    """operation_id vs SHA-256 of the same framed bytes; also a draft with non-ASCII
+    text, each against its own baseline in the same run."""
     from decisionflow import identity
     from reviews.services import prepared_content
-
-    from . import identity_fast
 
     case = template_case()
     content = prepared_content(case)
@@ -78,8 +76,6 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
     entries = []
     variants = [
         ("identity", "1. identity: operation_id over a 4 KiB draft", identity.operation_id, False, ("≥", 0.8)),
-        ("identity_fix", "1 (fix prototype). identity: bench/identity_fast.operation_id, same draft",
-         identity_fast.operation_id, False, ("≥", 0.8)),
         ("identity_nonascii", "1 (context). identity: a 4 KiB draft, one third Polish", identity.operation_id,
          True, None),
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .stats import summary
 
-ORDER = ["identity", "identity_fix", "identity_nonascii", "commit_postgresql", "orm_postgresql", "commit_concurrent", "replay_postgresql",
+ORDER = ["identity", "identity_nonascii", "commit_postgresql", "orm_postgresql", "commit_concurrent", "replay_postgresql",
          "resume_postgresql", "begin_postgresql", "process_start", "reconcile_command", "reconcile_service",
          "commit_sqlite", "orm_sqlite", "replay_sqlite", "begin_sqlite"]
 
@@ -12,18 +12,17 @@ ORDER = ["identity", "identity_fix", "identity_nonascii", "commit_postgresql", "
 # a re-run regenerates the whole document.
 FINDINGS = {
     "identity": (
-        "Profiled with cProfile/timeit: of 14-20 µs per `operation_id` on a 4 KiB draft, SHA-256 itself is ~4 µs. "
-        "`normalize_newlines` runs two `str.replace` scans over the draft even when it has no CR (~4.5 µs), "
-        "and `encode_fields` builds an f-string label per field and copies a bytearray (~5 µs). "
-        "Recommended fix in `decisionflow/identity.py` (not a file this benchmark may change): skip the "
-        "replaces when `'\\r' not in text`, format the error label only on error, and join the framed parts "
-        "once (`b''.join`). `bench/identity_fast.py` is that fix as a prototype; it gives the same identities "
-        "as the protocol vectors (tests/bench) and its ratio is shown as \"1 (fix prototype)\". Encoding a "
-        "non-ASCII draft to UTF-8 is a real cost (~3 µs per 4 KiB) that no framing change removes. "
-        "What stays out of reach: this CPU hashes the 4.3 KB in ~3.6 µs (SHA-NI), and framing six fields "
-        "in Python costs ~3 µs even in the prototype's form (it reaches {identity_fix}), so 0.8 would need "
-        "the framing in C. Larger drafts do not help (measured ad hoc: 0.24 at 64 KiB), because the "
-        "newline normalization and the UTF-8 encoding scale with the text just as the hash does."
+        "Profiled with cProfile/timeit: of ~14 µs per `operation_id` on a 4 KiB draft, SHA-256 itself was "
+        "~4 µs; `normalize_newlines` ran two `str.replace` scans over the draft even when it had no CR "
+        "(~4.5 µs), and `encode_fields` built an f-string label per field and grew a bytearray (~5 µs). "
+        "This benchmark proposed the fix as a prototype (same identities as the protocol vectors); it is "
+        "now in decisionflow/identity.py (commit 8ec0de5: no newline scans when there is no CR, the error "
+        "label only on error, one `b''.join`), which took the ratio from 0.26× to the figure above. What "
+        "stays out of reach: this CPU hashes the 4.3 KB in ~3.6 µs (SHA-NI), and framing six fields in "
+        "Python costs ~3 µs even in that form, so 0.8 would need the framing in C. Larger drafts do not "
+        "help (measured ad hoc: 0.24 at 64 KiB before the fix, 0.4 after), because the UTF-8 encoding "
+        "scales with the text just as the hash does, and a non-ASCII draft (1, context) pays ~3 µs more "
+        "per 4 KiB to encode."
     ),
     "commit_postgresql": (
         "Profiled (cProfile + the query log): `effect_commit` made 14 round trips to PostgreSQL against the "
@@ -292,7 +291,7 @@ def render(info: dict, results: list[dict]) -> str:
             s = summary(r["ratios"])
             ratios = {k: f"{summary(v['ratios'])['median']:.2f}×" for k, v in by_key.items() if v.get("ratios")}
             text = FINDINGS[key]
-            for name in ("orm_postgresql", "identity_fix", "reconcile_service"):
+            for name in ("orm_postgresql", "reconcile_service"):
                 text = text.replace("{" + name + "}", ratios.get(name, "(not measured)"))
             lines.append(f"- **{r['title']}** ({_met(r, s['median']).strip('*')}, {s['median']:.2f}×). {text}")
     lines += [
