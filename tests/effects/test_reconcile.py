@@ -88,3 +88,22 @@ def test_repair_writes_the_missing_effect_and_is_a_no_op_twice(four_cases):
     stale_row = ReconcileRow("T-1150", missing, "NoLocalEffectRecorded", 0)
     effects_repair(rows=[stale_row], dry_run=False)
     assert EffectRecord.objects.filter(operation_id=missing).count() == 1
+
+
+def test_reconcile_json_lines_match_json_dumps_for_awkward_case_ids(db, reviewer, capsys):
+    """The command formats JSON lines by hand for speed; they must be exactly json.dumps."""
+    import json
+
+    from django.core.management import call_command
+
+    from cases.services import case_import
+
+    ids = ['T-"quoted"', "T-ünï\\code", "T-tab\there", "T-1042"]
+    for case_id in ids:
+        case = case_import(data=dict(load_fixture("t1042.json"), case_id=case_id)).case
+        proposal_create(case=case)
+    call_command("reconcile", "--all", "--json")
+    lines = capsys.readouterr().out.splitlines()
+    expected = [json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")) for row in operations_reconcile()]
+    assert lines == expected and len(lines) == 4
+    assert {json.loads(line)["case"] for line in lines} == set(ids)
