@@ -29,6 +29,27 @@ def _fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+def database_url() -> str:
+    """A DATABASE_URL naming the database this test process is using right now.
+
+    Tests that start manage.py (or gunicorn) in a child process hand it this, so the child
+    reads and writes the same test database.
+    """
+    from urllib.parse import quote
+
+    from django.db import connection
+
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    auth = quote(s.get("USER") or "", safe="")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"], safe="")
+    host = s.get("HOST") or "127.0.0.1"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgres://{auth}{'@' if auth else ''}{host}{port}/{s['NAME']}"
+
+
 def load_fixture(name: str = "t1042.json") -> dict:
     import json
 

@@ -23,11 +23,10 @@ import subprocess
 import sys
 import time
 import uuid
-from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import ROOT, load_fixture
+from tests.conftest import ROOT, database_url, load_fixture
 
 ITERATIONS_ENV = "DECISIONFLOW_RELIABILITY_ITERATIONS"
 OUT_ENV = "DECISIONFLOW_RELIABILITY_OUT"
@@ -41,21 +40,6 @@ def vendor() -> str:
     from django.db import connection
 
     return connection.vendor
-
-
-def database_url() -> str:
-    """A DATABASE_URL naming the database this test process is using right now."""
-    from django.db import connection
-
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    auth = quote(s.get("USER") or "", safe="")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    host = s.get("HOST") or "127.0.0.1"
-    port = s.get("PORT") or 5432
-    return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
 
 
 def child_env(*, crash_at: str | None = None, inject: bool = True, **extra) -> dict:

@@ -9,31 +9,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from urllib.parse import quote
 
 import pytest
 
-from tests.conftest import ROOT
-
-
-def child_database_url() -> str:
-    from django.db import connection
-
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{s['NAME']}"
-    auth = quote(s.get("USER") or "", safe="")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    host = s.get("HOST") or "127.0.0.1"
-    port = f":{s['PORT']}" if s.get("PORT") else ""
-    return f"postgres://{auth}{'@' if auth else ''}{host}{port}/{s['NAME']}"
+from tests.conftest import ROOT, database_url
 
 
 def child_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DECISIONFLOW_CRASH_AT", "DECISIONFLOW_REVIEWER")}
     env.update(
-        DATABASE_URL=child_database_url(),
+        DATABASE_URL=database_url(),
         DEBUG="1",
         DECISIONFLOW_FAULT_INJECTION="1",
         PYTHONUNBUFFERED="1",
