@@ -50,6 +50,25 @@ def database_url() -> str:
     return f"postgres://{auth}{'@' if auth else ''}{host}{port}/{s['NAME']}"
 
 
+def snapshot() -> dict:
+    """What a refusal must leave alone: proposals, decisions, effects, pauses and pointers.
+
+    Commit attempts are left out on purpose: they are the audit log, and a refusal the
+    review core sees appends one.
+    """
+    from cases.models import Case
+    from effects.models import EffectRecord
+    from reviews.models import PendingReview, Proposal, ReviewDecision
+
+    return {
+        "proposals": Proposal.objects.count(),
+        "decisions": ReviewDecision.objects.count(),
+        "effects": EffectRecord.objects.count(),
+        "pending": sorted(PendingReview.objects.values_list("operation_id", "status")),
+        "pointers": sorted(Case.objects.values_list("case_id", "current_proposal_id")),
+    }
+
+
 def load_fixture(name: str = "t1042.json") -> dict:
     import json
 

@@ -1,5 +1,6 @@
-"""API fixtures: tokens for a reviewer and for a user without the review permission, and a
-snapshot of every table a refusal must leave alone."""
+"""API fixtures: tokens for a reviewer and for a user without the review permission.
+
+The snapshot of what a refusal must leave alone is ``tests.conftest.snapshot``."""
 
 from __future__ import annotations
 
@@ -57,21 +58,6 @@ def lead_api(client, lead_token):
 @pytest.fixture
 def anon_api(client):
     return Api(client)
-
-
-def snapshot() -> dict:
-    """Counts and pointers that a refusal must not change."""
-    from cases.models import Case
-    from effects.models import EffectRecord
-    from reviews.models import PendingReview, Proposal, ReviewDecision
-
-    return {
-        "decisions": ReviewDecision.objects.count(),
-        "effects": EffectRecord.objects.count(),
-        "proposals": Proposal.objects.count(),
-        "pending": sorted(PendingReview.objects.values_list("operation_id", "status")),
-        "pointers": sorted(Case.objects.values_list("case_id", "current_proposal_id")),
-    }
 
 
 def assert_error(response, status, code):

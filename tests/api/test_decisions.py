@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import DEMO_OP, assert_error, snapshot
+from .conftest import DEMO_OP, assert_error
+from tests.conftest import snapshot
 
 DECISION = "/api/cases/T-1042/decision"
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .conftest import DEMO_OP, assert_error, snapshot
+from .conftest import DEMO_OP, assert_error
+from tests.conftest import snapshot
 
 EDITS = "/api/cases/T-1042/edits"
 

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from .conftest import DEMO_OP, Api, assert_error, snapshot
+from .conftest import DEMO_OP, Api, assert_error
+from tests.conftest import snapshot
 
 DECISION = "/api/cases/T-1042/decision"
 EDITS = "/api/cases/T-1042/edits"

@@ -21,27 +21,12 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, snapshot
 
 from .conftest import case_data, command
 
 XSS_DRAFT = 'Hello <script>alert("draft")</script> and <img src=x onerror="alert(1)"> & "quotes".'
 XSS_QUOTE = '<script>alert("quote")</script>'
-
-
-def snapshot() -> dict:
-    """What a refusal must leave alone (commit attempts are the audit log: refusals append one)."""
-    from cases.models import Case
-    from effects.models import EffectRecord
-    from reviews.models import PendingReview, Proposal, ReviewDecision
-
-    return {
-        "proposals": Proposal.objects.count(),
-        "decisions": ReviewDecision.objects.count(),
-        "effects": EffectRecord.objects.count(),
-        "pending": sorted(PendingReview.objects.values_list("operation_id", "status")),
-        "pointers": sorted(Case.objects.values_list("case_id", "current_proposal_id")),
-    }
 
 
 # --- permissions -------------------------------------------------------------------------
