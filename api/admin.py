@@ -50,8 +50,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke selected API tokens", permissions=["revoke"])
     def revoke(self, request, queryset):
         revoked = sum(token_revoke(token=token) for token in queryset)
-        self.message_user(request, f"Revoked {revoked} token(s); {queryset.count() - revoked} were already revoked.",
-                          messages.SUCCESS)
+        self.message_user(
+            request, f"Revoked {revoked} token(s); {queryset.count() - revoked} were already revoked.", messages.SUCCESS
+        )
 
     def has_revoke_permission(self, request):
         return request.user.has_perm("api.change_apitoken")

@@ -37,8 +37,7 @@ logger = logging.getLogger(__name__)
 api = NinjaAPI(
     title="decisionflow API",
     version="1",
-    description="Approve, decline and edit proposals, and look up operations by their identity. "
-    "See docs/API.md.",
+    description="Approve, decline and edit proposals, and look up operations by their identity. See docs/API.md.",
     auth=AUTH,
     parser=StrictJsonParser(),
     urls_namespace="api",
@@ -58,8 +57,15 @@ STATUS = {
     errors.OutcomeUncertain: 500,
 }
 # Codes for the refusals that do not come from a service.
-HTTP_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-              405: "method_not_allowed", 413: "too_large", 429: "throttled"}
+HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    429: "throttled",
+}
 
 
 def error_body(code: str, message: str, **extra) -> dict:
@@ -83,11 +89,18 @@ def _app_error(request, exc: errors.DecisionflowError):
     message = exc.message
     if isinstance(exc, errors.OutcomeUncertain):
         op = exc.details.get("operation_id")
-        message += (f"; the commit may have happened: GET /api/operations/{op} to see what did, then retry "
-                    "(a retry is a replay, never a duplicate)")
-    return _reply(request, status, code, message,
-                  current_operation_id=getattr(exc, "current_operation_id", None),
-                  operation_id=exc.details.get("operation_id"))
+        message += (
+            f"; the commit may have happened: GET /api/operations/{op} to see what did, then retry "
+            "(a retry is a replay, never a duplicate)"
+        )
+    return _reply(
+        request,
+        status,
+        code,
+        message,
+        current_operation_id=getattr(exc, "current_operation_id", None),
+        operation_id=exc.details.get("operation_id"),
+    )
 
 
 @api.exception_handler(ValidationError)
@@ -158,11 +171,17 @@ def _errors(*statuses: int) -> dict:
 
 
 CaseId = Path(..., description="the case's external ID, e.g. T-1042", examples=["T-1042"], max_length=100)
-OperationIdPath = Path(..., pattern=OPERATION_ID_PATTERN, description="op-v1- and 64 lowercase hex digits",
-                       examples=[DEMO_OPERATION_ID])
+OperationIdPath = Path(
+    ..., pattern=OPERATION_ID_PATTERN, description="op-v1- and 64 lowercase hex digits", examples=[DEMO_OPERATION_ID]
+)
 
 
-@api.get("/cases/{case_id}", response={200: CaseOut, **_errors(400, 401, 403, 404)}, tags=["cases"], operation_id="case_detail")
+@api.get(
+    "/cases/{case_id}",
+    response={200: CaseOut, **_errors(400, 401, 403, 404)},
+    tags=["cases"],
+    operation_id="case_detail",
+)
 def case_detail(request, case_id: str = CaseId):
     """The case's current proposal, its pending review, and its reconcile state."""
     return selectors.case_data(selectors.case_get(case_id))
@@ -188,8 +207,12 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
         reviewer=request.auth,
         fault=services.fault_requested(request),
     )
-    return {"status": result.status, "replay": result.replay, "effect_count": result.effect_count,
-            "operation_id": result.operation_id}
+    return {
+        "status": result.status,
+        "replay": result.replay,
+        "effect_count": result.effect_count,
+        "operation_id": result.operation_id,
+    }
 
 
 @api.post(
@@ -218,8 +241,12 @@ def case_edit(request, payload: EditIn, case_id: str = CaseId):
     return Status(201 if revision.changed else 200, data)
 
 
-@api.get("/operations/{operation_id}", response={200: OperationOut, **_errors(400, 401, 403, 404)},
-         tags=["operations"], operation_id="operation_detail")
+@api.get(
+    "/operations/{operation_id}",
+    response={200: OperationOut, **_errors(400, 401, 403, 404)},
+    tags=["operations"],
+    operation_id="operation_detail",
+)
 def operation_detail(request, operation_id: str = OperationIdPath):
     """What happened to one operation: Pending, Committed, Declined or NoLocalEffectRecorded.
 

@@ -30,7 +30,9 @@ class ApiToken(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["token_hash"], name="api_token_unique_hash"),
             # A SHA-256 in lowercase hex, nothing else: a plaintext can never land here by mistake.
-            models.CheckConstraint(condition=models.Q(token_hash__regex=r"^[0-9a-f]{64}$"), name="api_token_hash_format"),
+            models.CheckConstraint(
+                condition=models.Q(token_hash__regex=r"^[0-9a-f]{64}$"), name="api_token_hash_format"
+            ),
         ]
 
     def __str__(self):

@@ -38,7 +38,9 @@ def _check_text(value, where="body"):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise BodyRefused(f"{where} contains a lone surrogate (a \\ud800-style escape); it is refused, not replaced") from None
+            raise BodyRefused(
+                f"{where} contains a lone surrogate (a \\ud800-style escape); it is refused, not replaced"
+            ) from None
     elif isinstance(value, dict):
         for key, item in value.items():
             _check_text(key, where)

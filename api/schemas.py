@@ -54,10 +54,14 @@ class EditIn(Strict):
     )
 
     expected_operation_id: OperationId
-    body: StrictStr = Field(default=None, min_length=1, pattern=r"\S",
-                            description="the new draft body; not blank", json_schema_extra={"default": None})
-    source_versions: dict[Annotated[StrictStr, Field(min_length=1, max_length=100)],
-                          Version] = Field(
+    body: StrictStr = Field(
+        default=None,
+        min_length=1,
+        pattern=r"\S",
+        description="the new draft body; not blank",
+        json_schema_extra={"default": None},
+    )
+    source_versions: dict[Annotated[StrictStr, Field(min_length=1, max_length=100)], Version] = Field(
         default=None, min_length=1, description='move cited sources to other versions, e.g. {"HOLD-7": 4}'
     )
 
@@ -72,11 +76,15 @@ class EditIn(Strict):
 
 
 class ErrorOut(Schema):
-    code: str = Field(description="stable, machine-readable: invalid_request, unauthorized, forbidden, not_found, "
-                                  "stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
-                                  "too_large, outcome_uncertain, internal_error")
+    code: str = Field(
+        description="stable, machine-readable: invalid_request, unauthorized, forbidden, not_found, "
+        "stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
+        "too_large, outcome_uncertain, internal_error"
+    )
     message: str
-    current_operation_id: str | None = Field(default=None, description="with stale_proposal: the case's current operation")
+    current_operation_id: str | None = Field(
+        default=None, description="with stale_proposal: the case's current operation"
+    )
     operation_id: str | None = Field(default=None, description="the operation the error is about, when there is one")
 
 
@@ -146,8 +154,10 @@ class OperationOut(Schema):
 class CaseOut(Schema):
     case_id: str
     subject: str
-    operation_id: str = Field(description="the operation a decision must name now: the current proposal's, or "
-                                          "before the review was begun, the one begin will prepare")
+    operation_id: str = Field(
+        description="the operation a decision must name now: the current proposal's, or "
+        "before the review was begun, the one begin will prepare"
+    )
     proposal: ProposalOut | None
     pending: PendingOut | None = Field(description="the paused review of the current proposal; null before it is begun")
     reconcile: OperationOut | None

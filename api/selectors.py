@@ -54,9 +54,7 @@ def operation_data(operation_id: str) -> dict:
     row = operation_reconcile(operation_id)
     if row is None:
         raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
-    decision = (
-        ReviewDecision.objects.select_related("reviewer").filter(operation_id=operation_id).first()
-    )
+    decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=operation_id).first()
     current = Case.objects.filter(case_id=row.case_id, current_proposal__operation_id=operation_id).exists()
     return {
         "operation_id": row.operation_id,
@@ -64,7 +62,9 @@ def operation_data(operation_id: str) -> dict:
         "state": row.state,
         "effect_count": row.effects,
         "current": current,
-        "decision": None if decision is None else {
+        "decision": None
+        if decision is None
+        else {
             "approved": decision.approved,
             "reviewer": decision.reviewer.get_username(),
             "decided_at": decision.decided_at,

@@ -96,9 +96,10 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
     Returns the commit result; ``ConflictingDecision`` is raised as an error here because
     over HTTP it is a refusal (409), not a success.
     """
-    if operation_id == decidable_operation_id(case) and not PendingReview.objects.filter(
-        operation_id=operation_id
-    ).exists():
+    if (
+        operation_id == decidable_operation_id(case)
+        and not PendingReview.objects.filter(operation_id=operation_id).exists()
+    ):
         workflow.review_begin(case=case, actor=reviewer)
     outcome = workflow.review_resume(
         case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel="api", fault=fault
@@ -110,15 +111,20 @@ def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault:
             what = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
         else:
             what = "the opposite decision is already recorded"
-        raise ConflictingDecision(f"conflicting decision: {operation_id} was {what}; no decision or effect was written",
-                                  operation_id=operation_id)
+        raise ConflictingDecision(
+            f"conflicting decision: {operation_id} was {what}; no decision or effect was written",
+            operation_id=operation_id,
+        )
     return result
 
 
 def edit_submit(*, case, expected_operation_id: str, body=None, source_versions=None, editor):
     """Revise the case's current proposal through the workflow; returns the RevisionResult."""
     revision, _begun = workflow.review_edit(
-        case=case, expected_operation_id=expected_operation_id, body=body,
-        source_versions=source_versions, editor=editor,
+        case=case,
+        expected_operation_id=expected_operation_id,
+        body=body,
+        source_versions=source_versions,
+        editor=editor,
     )
     return revision

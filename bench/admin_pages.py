@@ -57,7 +57,8 @@ def bench_admin(*, requests: int) -> dict:
 
     total = Case.objects.count()
     user, _ = get_user_model().objects.get_or_create(
-        username="bench-admin", defaults={"is_staff": True, "is_superuser": True})
+        username="bench-admin", defaults={"is_staff": True, "is_superuser": True}
+    )
     client = _client(user)
     pages = []
     changelist = reverse("admin:cases_case_changelist")
@@ -74,8 +75,10 @@ def bench_admin(*, requests: int) -> dict:
         review_begin(case=case)
     case.refresh_from_db()
     # The case's review URL redirects to its current proposal's review page: measure that.
-    for name, label, pk in (("admin:reviews_proposal_review", "review page (paused case)", case.current_proposal_id),
-                            ("admin:cases_case_history", "case history page", case.pk)):
+    for name, label, pk in (
+        ("admin:reviews_proposal_review", "review page (paused case)", case.current_proposal_id),
+        ("admin:cases_case_history", "case history page", case.pk),
+    ):
         try:
             if pk is None:
                 raise NoReverseMatch("the case has no proposal (workflow not available)")
@@ -95,5 +98,12 @@ def bench_admin(*, requests: int) -> dict:
         row["label"] = label
         row["goal"] = label not in context_only
         measured.append(row)
-    return {"key": "admin", "kind": "admin", "cases": total, "requests": requests, "pages": measured,
-            "missing": missing, "query_goal": QUERY_GOAL}
+    return {
+        "key": "admin",
+        "kind": "admin",
+        "cases": total,
+        "requests": requests,
+        "pages": measured,
+        "missing": missing,
+        "query_goal": QUERY_GOAL,
+    }

@@ -17,8 +17,7 @@ def expected_states(n: int) -> dict:
     counts = dict.fromkeys(MIX, 0)
     for g in range(1, n + 1):
         r = g % 100
-        state = ("NoLocalEffectRecorded" if r == 0 else "Committed" if r < 30 else
-                 "Declined" if r < 40 else "Pending")
+        state = "NoLocalEffectRecorded" if r == 0 else "Committed" if r < 30 else "Declined" if r < 40 else "Pending"
         counts[state] += 1
     return counts
 

@@ -79,7 +79,9 @@ def make_cases(n: int, *, prefix: str, proposals: bool):
         )
         SelectedPassage.objects.bulk_create(
             [
-                SelectedPassage(case=c, source_version_id=p.source_version_id, quotation=p.quotation, position=p.position)
+                SelectedPassage(
+                    case=c, source_version_id=p.source_version_id, quotation=p.quotation, position=p.position
+                )
                 for c in cases
                 for p in passages
             ],
@@ -87,8 +89,13 @@ def make_cases(n: int, *, prefix: str, proposals: bool):
         )
         Finding.objects.bulk_create(
             [
-                Finding(case=c, finding=f.finding, licensed_clause=f.licensed_clause,
-                        source_version_id=f.source_version_id, position=f.position)
+                Finding(
+                    case=c,
+                    finding=f.finding,
+                    licensed_clause=f.licensed_clause,
+                    source_version_id=f.source_version_id,
+                    position=f.position,
+                )
                 for c in cases
                 for f in findings
             ],
@@ -128,8 +135,11 @@ def raw_connect():
         import psycopg
 
         return psycopg.connect(
-            dbname=s["NAME"], user=s["USER"] or None, password=s["PASSWORD"] or None,
-            host=s["HOST"] or None, port=s["PORT"] or None,
+            dbname=s["NAME"],
+            user=s["USER"] or None,
+            password=s["PASSWORD"] or None,
+            host=s["HOST"] or None,
+            port=s["PORT"] or None,
         )
     import sqlite3
 

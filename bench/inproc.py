@@ -16,10 +16,28 @@ import traceback
 
 # Sizes: "full" for `make bench`; "smoke" proves the code still runs (tests/bench).
 SCALES = {
-    "full": {"runs": 5, "identity_runs": 9, "identity_number": 3000, "commit_n": 300, "concurrent_per_worker": 60, "workers": 8,
-             "workflow_n": 20, "storage_n": 50, "admin_requests": 15},
-    "smoke": {"runs": 1, "identity_runs": 1, "identity_number": 50, "commit_n": 2, "concurrent_per_worker": 1, "workers": 2,
-              "workflow_n": 1, "storage_n": 1, "admin_requests": 1},
+    "full": {
+        "runs": 5,
+        "identity_runs": 9,
+        "identity_number": 3000,
+        "commit_n": 300,
+        "concurrent_per_worker": 60,
+        "workers": 8,
+        "workflow_n": 20,
+        "storage_n": 50,
+        "admin_requests": 15,
+    },
+    "smoke": {
+        "runs": 1,
+        "identity_runs": 1,
+        "identity_number": 50,
+        "commit_n": 2,
+        "concurrent_per_worker": 1,
+        "workers": 2,
+        "workflow_n": 1,
+        "storage_n": 1,
+        "admin_requests": 1,
+    },
 }
 
 
@@ -34,11 +52,21 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     runs = scale["runs"]
     plan = []
     if pg:
-        plan.append(("identity", lambda: measures.bench_identity(runs=scale["identity_runs"], number=scale["identity_number"])))
+        plan.append(
+            ("identity", lambda: measures.bench_identity(runs=scale["identity_runs"], number=scale["identity_number"]))
+        )
     plan.append(("commit", lambda: list(measures.bench_commit(runs=runs, n=scale["commit_n"], vendor=vendor))))
     if pg:
-        plan.append(("concurrent", lambda: [measures.bench_commit_concurrent(
-            runs=runs, n_per_worker=scale["concurrent_per_worker"], workers=scale["workers"])]))
+        plan.append(
+            (
+                "concurrent",
+                lambda: [
+                    measures.bench_commit_concurrent(
+                        runs=runs, n_per_worker=scale["concurrent_per_worker"], workers=scale["workers"]
+                    )
+                ],
+            )
+        )
     plan.append(("begin", lambda: [measures.bench_begin(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
     if pg:
         plan.append(("resume", lambda: [measures.bench_resume(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
@@ -52,8 +80,15 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
         if only and name not in only:
             continue
         if name in ("begin", "resume", "storage") and not measures.workflow_available():
-            out.append({"key": f"{name}_{vendor}", "kind": "missing", "bench": name, "vendor": vendor,
-                        "error": "decisionflow.workflow (review_begin/review_resume) is not available yet"})
+            out.append(
+                {
+                    "key": f"{name}_{vendor}",
+                    "kind": "missing",
+                    "bench": name,
+                    "vendor": vendor,
+                    "error": "decisionflow.workflow (review_begin/review_resume) is not available yet",
+                }
+            )
             log(f"bench {name} ({vendor}): skipped, the workflow is not available")
             continue
         t = time.perf_counter()
@@ -63,8 +98,15 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
                 res.setdefault("vendor", vendor)
                 out.append(res)
         except Exception:
-            out.append({"key": f"{name}_{vendor}", "kind": "error", "bench": name, "vendor": vendor,
-                        "error": traceback.format_exc(limit=8)})
+            out.append(
+                {
+                    "key": f"{name}_{vendor}",
+                    "kind": "error",
+                    "bench": name,
+                    "vendor": vendor,
+                    "error": traceback.format_exc(limit=8),
+                }
+            )
             log(f"bench {name} ({vendor}): FAILED\n{traceback.format_exc(limit=8)}")
         log(f"bench {name} ({vendor}) done in {time.perf_counter() - t:.1f} s")
     return out
@@ -82,8 +124,11 @@ def main(argv=None) -> int:
     import django
 
     django.setup()
-    results = run_suite(scale=SCALES[args.scale], only=set(filter(None, args.only.split(","))) or None,
-                        log=lambda m: print(m, file=sys.stderr, flush=True))
+    results = run_suite(
+        scale=SCALES[args.scale],
+        only=set(filter(None, args.only.split(","))) or None,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=1)
     return 0

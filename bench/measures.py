@@ -23,8 +23,20 @@ from .data import bench_reviewer, make_cases, raw_connect, run_token, template_c
 def result(key, title, *, subject, baseline, kind, unit, goal=None, note="", **extra) -> dict:
     """``kind`` is "speed" (ratio = subject rate / baseline rate) or "cost" (ratio = subject
     time / baseline time); ``goal`` is ("≥", 0.5) or ("≤", 4.0) against that ratio."""
-    return {"key": key, "title": title, "subject": subject, "baseline": baseline, "kind": kind, "unit": unit,
-            "goal": goal, "note": note, "subject_values": [], "baseline_values": [], "ratios": [], **extra}
+    return {
+        "key": key,
+        "title": title,
+        "subject": subject,
+        "baseline": baseline,
+        "kind": kind,
+        "unit": unit,
+        "goal": goal,
+        "note": note,
+        "subject_values": [],
+        "baseline_values": [],
+        "ratios": [],
+        **extra,
+    }
 
 
 def add_pair(res: dict, subject_value: float, baseline_value: float) -> None:
@@ -55,10 +67,17 @@ def realistic_draft(target_bytes: int = 4096, *, polish: bool = False) -> str:
     (English, as the demo cases are) extended with more of the same; ``polish`` extends it
     with a Polish paragraph instead, so that a third of it is non-ASCII."""
     text = template_case().draft
-    extra = ("\n\nProszę zebrać eksport diagnostyczny z każdej bramy, która się restartuje: "
-             "System > Wsparcie > Eksport diagnostyczny, zaznacz dzienniki awarii.") if polish else (
-        "\n\nIf a gateway keeps rebooting before you can collect the export, note the time of each "
-        "reboot and the number of VPN tunnels it carries, and attach that list to this case.")
+    extra = (
+        (
+            "\n\nProszę zebrać eksport diagnostyczny z każdej bramy, która się restartuje: "
+            "System > Wsparcie > Eksport diagnostyczny, zaznacz dzienniki awarii."
+        )
+        if polish
+        else (
+            "\n\nIf a gateway keeps rebooting before you can collect the export, note the time of each "
+            "reboot and the number of VPN tunnels it carries, and attach that list to this case."
+        )
+    )
     while len(text.encode()) < target_bytes:
         text += extra
     return text.encode()[:target_bytes].decode("utf-8", "ignore")
@@ -76,8 +95,13 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
     entries = []
     variants = [
         ("identity", "1. identity: operation_id over a 4 KiB draft", identity.operation_id, False, ("≥", 0.8)),
-        ("identity_nonascii", "1 (context). identity: a 4 KiB draft, one third Polish", identity.operation_id,
-         True, None),
+        (
+            "identity_nonascii",
+            "1 (context). identity: a 4 KiB draft, one third Polish",
+            identity.operation_id,
+            True,
+            None,
+        ),
     ]
     for key, title, fn, polish, goal in variants:
         body = realistic_draft(polish=polish)
@@ -86,10 +110,15 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
         if fn(*args) != identity.operation_id(*args):
             raise AssertionError(f"{key}: the implementation disagrees with decisionflow.identity")
         res = result(
-            key, title,
+            key,
+            title,
             subject=f"`{fn.__module__}.operation_id` (normalize, UTF-8, frame, SHA-256, hex)",
             baseline="`hashlib.sha256(framed).hexdigest()` over the same framed bytes",
-            kind="speed", unit="µs/op", goal=goal, draft_bytes=len(body.encode()), framed_bytes=len(framed),
+            kind="speed",
+            unit="µs/op",
+            goal=goal,
+            draft_bytes=len(body.encode()),
+            framed_bytes=len(framed),
         )
 
         def baseline(_, framed=framed):
@@ -125,11 +154,20 @@ def _raw_rows(cases, reviewer_id) -> list[tuple]:
     proposals = Proposal.objects.filter(case__in=cases).order_by("id")
     rows = []
     for p in proposals:
-        rows.append((
-            p.operation_id, p.pk, p.case_id, p.action, p.body, p.evidence_id,
-            json.dumps({x["source_id"]: x["version"] for x in p.passages}),
-            p.policy_id, json.dumps(p.policy_snapshot), reviewer_id,
-        ))
+        rows.append(
+            (
+                p.operation_id,
+                p.pk,
+                p.case_id,
+                p.action,
+                p.body,
+                p.evidence_id,
+                json.dumps({x["source_id"]: x["version"] for x in p.passages}),
+                p.policy_id,
+                json.dumps(p.policy_snapshot),
+                reviewer_id,
+            )
+        )
     return rows
 
 
@@ -147,8 +185,10 @@ def _raw_sql(vendor: str) -> dict:
     ph = "%s" if vendor == "postgresql" else "?"
     js = "::jsonb" if vendor == "postgresql" else ""
     decision_cols = "operation_id, proposal_id, approved, reviewer_id, decided_at"
-    effect_cols = ("operation_id, decision_id, case_id, proposal_id, action, body, evidence_id, source_versions, "
-                   "policy_id, policy_snapshot, reviewer_id, recorded_at")
+    effect_cols = (
+        "operation_id, decision_id, case_id, proposal_id, action, body, evidence_id, source_versions, "
+        "policy_id, policy_snapshot, reviewer_id, recorded_at"
+    )
     effect_vals = f"{ph}, {{decision}}, {ph}, {ph}, {ph}, {ph}, {ph}, {ph}{js}, {ph}, {ph}{js}, {ph}, {ph}"
     return {
         "decision": f"INSERT INTO {d} ({decision_cols}) VALUES ({ph}, {ph}, TRUE, {ph}, {ph}) RETURNING id",
@@ -177,13 +217,16 @@ def raw_commit_loop(conn, vendor: str, rows: list[tuple], *, replay: bool) -> No
             cur.execute("BEGIN IMMEDIATE")
         if replay:
             cur.execute(sql["decision_replay"], (op, proposal_id, reviewer_id, now))
-            cur.execute(sql["effect_replay"], (op, op, case_id, proposal_id, action, body, ev, sv, pol, snap,
-                                               reviewer_id, now))
+            cur.execute(
+                sql["effect_replay"], (op, op, case_id, proposal_id, action, body, ev, sv, pol, snap, reviewer_id, now)
+            )
         else:
             cur.execute(sql["decision"], (op, proposal_id, reviewer_id, now))
             decision_id = cur.fetchone()[0]
-            cur.execute(sql["effect"], (op, decision_id, case_id, proposal_id, action, body, ev, sv, pol, snap,
-                                        reviewer_id, now))
+            cur.execute(
+                sql["effect"],
+                (op, decision_id, case_id, proposal_id, action, body, ev, sv, pol, snap, reviewer_id, now),
+            )
         if vendor == "postgresql":
             conn.commit()
         else:
@@ -220,22 +263,34 @@ def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict, dict]:
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
     raw = "raw psycopg" if vendor == "postgresql" else "raw sqlite3"
     commit = result(
-        f"commit_{vendor}", f"{'2' if vendor == 'postgresql' else '10'}. commit: fresh approvals/s, one connection, {db}",
+        f"commit_{vendor}",
+        f"{'2' if vendor == 'postgresql' else '10'}. commit: fresh approvals/s, one connection, {db}",
         subject="`effect_commit` (decision + effect + attempt, one durable transaction)",
         baseline=f"{raw}: INSERT decision RETURNING id, INSERT effect, one transaction",
-        kind="speed", unit="ops/s", goal=("≥", 0.5) if vendor == "postgresql" else None, n=n,
+        kind="speed",
+        unit="ops/s",
+        goal=("≥", 0.5) if vendor == "postgresql" else None,
+        n=n,
     )
     replay = result(
-        f"replay_{vendor}", f"{'4' if vendor == 'postgresql' else '10'}. replays/s (the same approval again), {db}",
+        f"replay_{vendor}",
+        f"{'4' if vendor == 'postgresql' else '10'}. replays/s (the same approval again), {db}",
         subject="`effect_commit` of an approval already committed (reports replay, writes an attempt)",
         baseline=f"{raw}: the same two inserts, both conflicting (ON CONFLICT DO NOTHING), one transaction",
-        kind="speed", unit="ops/s", goal=("≥", 0.5) if vendor == "postgresql" else None, n=n,
+        kind="speed",
+        unit="ops/s",
+        goal=("≥", 0.5) if vendor == "postgresql" else None,
+        n=n,
     )
     orm = result(
-        f"orm_{vendor}", f"{'2' if vendor == 'postgresql' else '10'} (context). the Django ORM floor, {db}",
+        f"orm_{vendor}",
+        f"{'2' if vendor == 'postgresql' else '10'} (context). the Django ORM floor, {db}",
         subject="the same two rows with `objects.create` in one `transaction.atomic()` (no lookup, lock or attempt)",
         baseline=f"{raw}: INSERT decision RETURNING id, INSERT effect, one transaction",
-        kind="speed", unit="ops/s", goal=None, n=n,
+        kind="speed",
+        unit="ops/s",
+        goal=None,
+        n=n,
     )
     orm_sets = [make_cases(n, prefix=f"{token}-o{i}", proposals=True) for i in range(runs)]
     conn = raw_connect()
@@ -261,7 +316,7 @@ def bench_commit(*, runs: int, n: int, vendor: str) -> tuple[dict, dict, dict]:
         for i in range(runs):
             # Three-way interleave: raw, ORM and effect_commit, rotating which goes first.
             fns = [("b", b), ("o", o), ("s", s)]
-            fns = fns[i % 3:] + fns[:i % 3]
+            fns = fns[i % 3 :] + fns[: i % 3]
             got = {k: fn(i) for k, fn in fns}
             add_pair(commit, got["s"], got["b"])
             add_pair(orm, got["o"], got["b"])
@@ -367,10 +422,15 @@ def bench_commit_concurrent(*, runs: int, n_per_worker: int, workers: int = 8) -
     reviewer = bench_reviewer()
     token = run_token()
     res = result(
-        "commit_concurrent", f"3. commit with {workers} concurrent workers, each its own connection, PostgreSQL",
+        "commit_concurrent",
+        f"3. commit with {workers} concurrent workers, each its own connection, PostgreSQL",
         subject=f"`effect_commit` in {workers} processes",
         baseline=f"raw psycopg two-insert transactions in {workers} processes",
-        kind="speed", unit="ops/s", goal=("≥", 0.5), n=n_per_worker * workers, workers=workers,
+        kind="speed",
+        unit="ops/s",
+        goal=("≥", 0.5),
+        n=n_per_worker * workers,
+        workers=workers,
     )
     total = n_per_worker * workers
     subject_sets = [make_cases(total, prefix=f"{token}-cs{i}", proposals=True) for i in range(runs)]
@@ -414,10 +474,14 @@ def bench_begin(*, runs: int, n: int, vendor: str) -> dict:
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
     token = run_token()
     res = result(
-        f"begin_{vendor}", f"{'6' if vendor == 'postgresql' else '10'}. begin in-process, {db}",
+        f"begin_{vendor}",
+        f"{'6' if vendor == 'postgresql' else '10'}. begin in-process, {db}",
         subject="`workflow.review_begin` (proposal, run to the human step, checkpoints, pending review)",
         baseline="`proposal_create` on a fresh case",
-        kind="cost", unit="ms/op", goal=("≤", 4.0) if vendor == "postgresql" else None, n=n,
+        kind="cost",
+        unit="ms/op",
+        goal=("≤", 4.0) if vendor == "postgresql" else None,
+        n=n,
     )
     subject_sets = [make_cases(n, prefix=f"{token}-gs{i}", proposals=False) for i in range(runs)]
     baseline_sets = [make_cases(n, prefix=f"{token}-gb{i}", proposals=False) for i in range(runs)]
@@ -458,10 +522,14 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
     token = run_token()
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
     res = result(
-        f"resume_{vendor}", f"5. workflow: resume + approve in-process, {db}",
+        f"resume_{vendor}",
+        f"5. workflow: resume + approve in-process, {db}",
         subject="`workflow.review_resume(approved=True)`: load checkpoint, re-emitted request, commit step",
         baseline="the bare `effect_commit` on a fresh approval",
-        kind="cost", unit="ms/op", goal=("≤", 4.0), n=n,
+        kind="cost",
+        unit="ms/op",
+        goal=("≤", 4.0),
+        n=n,
     )
     subject_sets = []
     for i in range(runs):
@@ -469,8 +537,7 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
         subject_sets.append([(c, _begin_result_op(review_begin(case=c), c)) for c in cases])
     baseline_sets = [make_cases(n, prefix=f"{token}-rb{i}", proposals=True) for i in range(runs)]
     for c in make_cases(min(2, n), prefix=f"{token}-rw", proposals=False):
-        review_resume(case=c, operation_id=_begin_result_op(review_begin(case=c), c), approved=True,
-                      reviewer=reviewer)
+        review_resume(case=c, operation_id=_begin_result_op(review_begin(case=c), c), approved=True, reviewer=reviewer)
     _commit_loop(_ops(make_cases(min(2, n), prefix=f"{token}-rx", proposals=True)), reviewer, expect_replay=False)
 
     def b(i):
@@ -494,9 +561,15 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
 # --- storage per case -------------------------------------------------------------------
 
 STORAGE_TABLES = [
-    ("cases", "case"), ("cases", "selectedpassage"), ("cases", "finding"),
-    ("reviews", "proposal"), ("reviews", "reviewdecision"), ("reviews", "pendingreview"),
-    ("reviews", "workflowcheckpoint"), ("effects", "effectrecord"), ("effects", "commitattempt"),
+    ("cases", "case"),
+    ("cases", "selectedpassage"),
+    ("cases", "finding"),
+    ("reviews", "proposal"),
+    ("reviews", "reviewdecision"),
+    ("reviews", "pendingreview"),
+    ("reviews", "workflowcheckpoint"),
+    ("effects", "effectrecord"),
+    ("effects", "commitattempt"),
 ]
 
 
@@ -511,8 +584,10 @@ def _table_stats() -> dict:
         for app, model in STORAGE_TABLES:
             table = apps.get_model(app, model)._meta.db_table
             if connection.vendor == "postgresql":
-                cur.execute(f"SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0), "
-                            f"pg_total_relation_size('{table}') FROM {table} t")
+                cur.execute(
+                    f"SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0), "
+                    f"pg_total_relation_size('{table}') FROM {table} t"
+                )
                 rows, data, disk = cur.fetchone()
             else:
                 cols = [c.column for c in apps.get_model(app, model)._meta.concrete_fields]
@@ -537,24 +612,32 @@ def bench_storage(*, n: int, vendor: str) -> dict:
     ck_table = WorkflowCheckpoint._meta.db_table
     ck_rows = paused[ck_table]["rows"] - before[ck_table]["rows"]
     ck_data = paused[ck_table]["data"] - before[ck_table]["data"]
-    payload = sum(len(p.encode()) for p in WorkflowCheckpoint.objects.values_list("payload", flat=True).order_by("-id")[:ck_rows])
+    payload = sum(
+        len(p.encode()) for p in WorkflowCheckpoint.objects.values_list("payload", flat=True).order_by("-id")[:ck_rows]
+    )
     for c, op in begun:
         review_resume(case=c, operation_id=op, approved=True, reviewer=reviewer)
     after = _table_stats()
     per_table = {
-        t: {k: ((after[t][k] - before[t][k]) / n if after[t][k] is not None else None) for k in ("rows", "data", "disk")}
+        t: {
+            k: ((after[t][k] - before[t][k]) / n if after[t][k] is not None else None) for k in ("rows", "data", "disk")
+        }
         for t in after
     }
     return {
-        "key": f"storage_{vendor}", "kind": "storage", "vendor": vendor, "n": n,
+        "key": f"storage_{vendor}",
+        "kind": "storage",
+        "vendor": vendor,
+        "n": n,
         "checkpoint_rows_per_paused_case": ck_rows / n,
         "checkpoint_row_bytes_per_paused_case": ck_data / n,
         "checkpoint_payload_bytes_per_paused_case": payload / n,
         "per_table": per_table,
         "rows_per_finished_case": sum(v["rows"] for v in per_table.values()),
         "data_bytes_per_finished_case": sum(v["data"] for v in per_table.values()),
-        "disk_bytes_per_finished_case": (sum(v["disk"] for v in per_table.values())
-                                         if vendor == "postgresql" else None),
+        "disk_bytes_per_finished_case": (
+            sum(v["disk"] for v in per_table.values()) if vendor == "postgresql" else None
+        ),
     }
 
 
@@ -568,15 +651,19 @@ def bench_reconcile_service(*, runs: int) -> dict:
     from effects.services import operations_reconcile
 
     res = result(
-        "reconcile_service", "8 (service level). operations_reconcile over all operations, in-process",
+        "reconcile_service",
+        "8 (service level). operations_reconcile over all operations, in-process",
         subject="iterate `operations_reconcile()` (one ReconcileRow per operation)",
         baseline="raw psycopg, the same left/anti-join, server-side cursor, rows discarded",
-        kind="cost", unit="s", goal=("≤", 1.5),
+        kind="cost",
+        unit="s",
+        goal=("≤", 1.5),
     )
     sql = reconcile_sql()
     conn = raw_connect()
     count = {"rows": 0}
     try:
+
         def b(_):
             t = time.perf_counter()
             # The raw floor gets the best plan too (see operations_reconcile).

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from .stats import summary
 
-ORDER = ["identity", "identity_nonascii", "commit_postgresql", "orm_postgresql", "commit_concurrent", "replay_postgresql",
-         "resume_postgresql", "begin_postgresql", "process_start", "reconcile_command", "reconcile_service",
-         "commit_sqlite", "orm_sqlite", "replay_sqlite", "begin_sqlite"]
+ORDER = [
+    "identity",
+    "identity_nonascii",
+    "commit_postgresql",
+    "orm_postgresql",
+    "commit_concurrent",
+    "replay_postgresql",
+    "resume_postgresql",
+    "begin_postgresql",
+    "process_start",
+    "reconcile_command",
+    "reconcile_service",
+    "commit_sqlite",
+    "orm_sqlite",
+    "replay_sqlite",
+    "begin_sqlite",
+]
 
 # What profiling found, per measure; printed under "Findings". Kept next to the renderer so
 # a re-run regenerates the whole document.
@@ -36,7 +50,7 @@ FINDINGS = {
         "a known operation?), the case row lock that orders a commit against a concurrent edit (is it still "
         "current?), and the append-only CommitAttempt row (every click is history) - 3 round trips and one "
         "more row than the raw floor - and, above all, the ORM's Python per statement on this CPU: the "
-        "\"ORM floor\" row (the same two inserts through `objects.create`, nothing else) reaches only "
+        '"ORM floor" row (the same two inserts through `objects.create`, nothing else) reaches only '
         "{orm_postgresql} of raw here, against ~0.65 on the machine the goals came from. Measured ad hoc: "
         "a lookup by a unique key costs 0.19 ms raw, 0.75 ms through `.get()` and 1.2 ms through "
         "`.first()`. So the 0.5 goal is out of reach of any ORM-based commit on this machine. Recommended "
@@ -66,7 +80,7 @@ FINDINGS = {
         "benchmark owns): hand the already-authenticated reviewer object to the commit step, and mark the "
         "pending review completed inside the commit transaction. Checkpoint saves one transaction each is "
         "the engine's contract (it calls `save` once per superstep), so batching them would need a "
-        "write-behind store and weaken \"a saved checkpoint is durable\"; that cost is kept on purpose."
+        'write-behind store and weaken "a saved checkpoint is durable"; that cost is kept on purpose.'
     ),
     "begin_postgresql": (
         "Begin = `proposal_create` plus one engine run to the human step, three checkpoints written as JSON "
@@ -182,7 +196,8 @@ def render(info: dict, results: list[dict]) -> str:
         lines.append(
             f"| 8 (memory). reconcile peak RSS | `reconcile --all --json` over {rec['operations']:,} operations | "
             f"— | **{rss['median']:.0f} MB** | {rss['min']:.0f}–{rss['max']:.0f} MB | ≤ 150 MB | "
-            f"{'**yes**' if rss['max'] <= 150 else '**no**'} | | |")
+            f"{'**yes**' if rss['max'] <= 150 else '**no**'} | | |"
+        )
     adm = by_key.get("admin")
     if adm and adm.get("kind") == "admin":
         goal_pages = [p for p in adm["pages"] if p.get("goal", True) and "queries" in p]
@@ -192,7 +207,8 @@ def render(info: dict, results: list[dict]) -> str:
             lines.append(
                 f"| 9. admin, {adm['cases']:,} cases | queries per page (changelist, review page) | — | "
                 f"**{worst} queries** at most | | ≤ {adm['query_goal']} | {'**yes**' if worst <= adm['query_goal'] else '**no**'} "
-                f"| p50: {p50s} | |")
+                f"| p50: {p50s} | |"
+            )
     lines.append("")
     problems = [r for r in results if r.get("kind") in ("error", "missing")]
     if problems:
@@ -263,8 +279,10 @@ def render(info: dict, results: list[dict]) -> str:
                 lines.append(f"| {p['label']} (`{p['url']}`) | — | — | {p['error']} | | |")
                 continue
             ok = ("**yes**" if p["queries"] <= adm["query_goal"] else "**no**") if p.get("goal", True) else "context"
-            lines.append(f"| {p['label']} (`{p['url']}`) | {p['queries']} | {ok} | {p['ms']['median']:.1f} ms | "
-                         f"{p['ms']['min']:.1f}–{p['ms']['max']:.1f} ms | {p['bytes']:,} |")
+            lines.append(
+                f"| {p['label']} (`{p['url']}`) | {p['queries']} | {ok} | {p['ms']['median']:.1f} ms | "
+                f"{p['ms']['min']:.1f}–{p['ms']['max']:.1f} ms | {p['bytes']:,} |"
+            )
         lines += [
             "",
             "Findings (EXPLAIN ANALYZE of the slowest query of each page): the query count is constant (6 on "
@@ -276,8 +294,8 @@ def render(info: dict, results: list[dict]) -> str:
             "page computes the status subqueries for every skipped row (OFFSET). (3) The search combines "
             "`=case_id` with `subject` (icontains) in one OR, which forces a sequential scan. (4) Two "
             "COUNT(*) queries run per page (filtered and full count). Recommended, none in a file this "
-            "benchmark may change: `OPTIONS: {\"options\": \"-c jit=off\"}` for PostgreSQL in settings.py "
-            "(or `jit = off` on the server); an index `Index(F(\"created_at\").desc(), \"case_id\")` on Case "
+            'benchmark may change: `OPTIONS: {"options": "-c jit=off"}` for PostgreSQL in settings.py '
+            '(or `jit = off` on the server); an index `Index(F("created_at").desc(), "case_id")` on Case '
             "(a migration in cases/); `show_full_result_count = False`; and searching the subject only "
             "when the query does not look like a case ID.",
         ]
@@ -308,7 +326,7 @@ def render(info: dict, results: list[dict]) -> str:
         "temporary SQLite file. `--skip postgres,sqlite,process,reconcile` leaves parts out; "
         "`--json FILE` keeps the raw numbers.",
         "- Speed ratios are the measure's rate divided by the baseline's; cost ratios are the measure's "
-        "time divided by the baseline's. \"runs: min–max\" is the range of the per-run ratios.",
+        'time divided by the baseline\'s. "runs: min–max" is the range of the per-run ratios.',
         "",
     ]
     return "\n".join(lines)

@@ -30,8 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 SIZES = {
-    "full": {"runs": 5, "process_runs": 7, "reconcile_runs": 3, "reconcile_ops": 1_000_000,
-             "admin_cases": 100_000},
+    "full": {"runs": 5, "process_runs": 7, "reconcile_runs": 3, "reconcile_ops": 1_000_000, "admin_cases": 100_000},
     "smoke": {"runs": 1, "process_runs": 1, "reconcile_runs": 1, "reconcile_ops": 300, "admin_cases": 30},
 }
 
@@ -43,17 +42,22 @@ def log(msg: str) -> None:
 def env_for(database_url: str) -> dict:
     """Production-like settings (DEBUG off: no query log), on the benchmark's own database.
     The secret is a throwaway: benchmark processes serve no one."""
-    env = dict(os.environ, DATABASE_URL=database_url, DEBUG="0", PYTHONPATH=str(ROOT),
-               SECRET_KEY=f"bench-only-{os.urandom(16).hex()}", SECURE_SSL_REDIRECT="0",
-               ALLOWED_HOSTS="localhost,127.0.0.1")
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        DEBUG="0",
+        PYTHONPATH=str(ROOT),
+        SECRET_KEY=f"bench-only-{os.urandom(16).hex()}",
+        SECURE_SSL_REDIRECT="0",
+        ALLOWED_HOSTS="localhost,127.0.0.1",
+    )
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return env
 
 
 def migrate(database_url: str) -> None:
-    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env_for(database_url),
-                   check=True)
+    subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env_for(database_url), check=True)
 
 
 def pg_url(base: str, name: str) -> str:
@@ -102,10 +106,20 @@ def wall(cmd: list[str], env: dict) -> float:
 
 def bench_process_start(database_url: str, runs: int, *, warm: bool = True) -> dict:
     env = env_for(database_url)
-    res = {"key": "process_start", "title": "7. process start: `manage.py resume --help` wall time",
-           "subject": "`python manage.py resume --help`", "baseline": "`python -c pass`", "kind": "cost",
-           "unit": "ms", "goal": None, "note": "report only", "subject_values": [], "baseline_values": [],
-           "ratios": [], "vendor": "any"}
+    res = {
+        "key": "process_start",
+        "title": "7. process start: `manage.py resume --help` wall time",
+        "subject": "`python manage.py resume --help`",
+        "baseline": "`python -c pass`",
+        "kind": "cost",
+        "unit": "ms",
+        "goal": None,
+        "note": "report only",
+        "subject_values": [],
+        "baseline_values": [],
+        "ratios": [],
+        "vendor": "any",
+    }
     if warm:
         wall([PY, "manage.py", "resume", "--help"], env)  # warm the page cache and .pyc files
     for i in range(runs):
@@ -136,8 +150,14 @@ def _reconcile_db_ready(url: str, n: int) -> bool:
     except Exception:
         return False
     exp = expected_states(n)
-    plan = subprocess.run([PY, "manage.py", "showmigrations", "--plan"], cwd=ROOT, env=env_for(url),
-                          capture_output=True, text=True, check=True).stdout
+    plan = subprocess.run(
+        [PY, "manage.py", "showmigrations", "--plan"],
+        cwd=ROOT,
+        env=env_for(url),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     unapplied = plan.count("[ ]")
     return cases == n and effects == exp["Committed"] and unapplied == 0 and applied > 0
 
@@ -185,12 +205,24 @@ def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
 
     exp = expected_states(n)
     sql = RECONCILE_SQL
-    res = {"key": "reconcile_command", "title": f"8. reconcile: {n:,} operations, `reconcile --all --json > /dev/null`",
-           "subject": "`python manage.py reconcile --all --json > /dev/null` (process start included)",
-           "baseline": "the same left/anti-join SQL, raw, streamed to the client with COPY ... TO STDOUT (psycopg)",
-           "kind": "cost", "unit": "s", "goal": ("≤", 1.5), "note": "", "subject_values": [],
-           "baseline_values": [], "ratios": [], "vendor": "postgresql", "operations": n, "rss_kib": [],
-           "expected": exp, "anti_join_s": []}
+    res = {
+        "key": "reconcile_command",
+        "title": f"8. reconcile: {n:,} operations, `reconcile --all --json > /dev/null`",
+        "subject": "`python manage.py reconcile --all --json > /dev/null` (process start included)",
+        "baseline": "the same left/anti-join SQL, raw, streamed to the client with COPY ... TO STDOUT (psycopg)",
+        "kind": "cost",
+        "unit": "s",
+        "goal": ("≤", 1.5),
+        "note": "",
+        "subject_values": [],
+        "baseline_values": [],
+        "ratios": [],
+        "vendor": "postgresql",
+        "operations": n,
+        "rss_kib": [],
+        "expected": exp,
+        "anti_join_s": [],
+    }
     env = env_for(url)
     cmd = [PY, "manage.py", "reconcile", "--all", "--json"]
 
@@ -257,14 +289,25 @@ def machine(base: str) -> dict:
     try:
         with pg_admin(base) as conn:
             pg = conn.execute("SHOW server_version").fetchone()[0]
-            settings = {k: conn.execute(f"SHOW {k}").fetchone()[0]
-                        for k in ("shared_buffers", "work_mem", "synchronous_commit", "fsync")}
+            settings = {
+                k: conn.execute(f"SHOW {k}").fetchone()[0]
+                for k in ("shared_buffers", "work_mem", "synchronous_commit", "fsync")
+            }
     except Exception as exc:
         pg, settings = f"unavailable ({exc})", {}
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory": mem, "os": platform.platform(),
-            "python": platform.python_version(), "django": django.get_version(), "psycopg": psycopg.__version__,
-            "postgresql": pg, "pg_settings": settings, "sqlite": sqlite3.sqlite_version,
-            "load_before": os.getloadavg()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory": mem,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "psycopg": psycopg.__version__,
+        "postgresql": pg,
+        "pg_settings": settings,
+        "sqlite": sqlite3.sqlite_version,
+        "load_before": os.getloadavg(),
+    }
 
 
 # --- main -------------------------------------------------------------------------------
@@ -275,8 +318,11 @@ def main(argv=None) -> int:
     parser.add_argument("--scale", choices=sorted(SIZES), default="full")
     parser.add_argument("--out", default=str(ROOT / "docs" / "PERFORMANCE.md"))
     parser.add_argument("--json", help="also write the raw results here")
-    parser.add_argument("--postgres", default=os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432"),
-                        help="server URL without a database name")
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432"),
+        help="server URL without a database name",
+    )
     parser.add_argument("--db-prefix", default="decisionflow_bench")
     parser.add_argument("--fresh", action="store_true", help="reload the reconcile database even if it is intact")
     parser.add_argument("--skip", default="", help="comma-separated: postgres,sqlite,process,reconcile")
@@ -298,8 +344,14 @@ def main(argv=None) -> int:
             # Without a server the SQLite and process figures are still worth having.
             log(f"no PostgreSQL at {args.postgres} ({exc}); measuring without it")
             skip |= {"postgres", "reconcile"}
-            results.append({"key": "postgres", "kind": "missing", "bench": "postgres",
-                            "error": f"no PostgreSQL server answered at {args.postgres}: benchmarks 1-6, 8 and 9 not run"})
+            results.append(
+                {
+                    "key": "postgres",
+                    "kind": "missing",
+                    "bench": "postgres",
+                    "error": f"no PostgreSQL server answered at {args.postgres}: benchmarks 1-6, 8 and 9 not run",
+                }
+            )
 
     if "postgres" not in skip:
         name = args.db_prefix
@@ -329,13 +381,20 @@ def main(argv=None) -> int:
 
     if "reconcile" not in skip:
         try:
-            results += bench_reconcile(args.postgres, sizes, fresh=args.fresh,
-                                       name=f"{args.db_prefix}_reconcile", scale=args.scale)
+            results += bench_reconcile(
+                args.postgres, sizes, fresh=args.fresh, name=f"{args.db_prefix}_reconcile", scale=args.scale
+            )
         except Exception as exc:
             import traceback
 
-            results.append({"key": "reconcile_command", "kind": "error", "bench": "reconcile",
-                            "error": traceback.format_exc(limit=6)})
+            results.append(
+                {
+                    "key": "reconcile_command",
+                    "kind": "error",
+                    "bench": "reconcile",
+                    "error": traceback.format_exc(limit=6),
+                }
+            )
             log(f"reconcile FAILED: {exc}")
 
     info["load_after"] = os.getloadavg()

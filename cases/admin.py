@@ -54,9 +54,11 @@ class ReviewerFilter(admin.SimpleListFilter):
     parameter_name = "reviewer"
 
     def lookups(self, request, model_admin):
-        users = get_user_model().objects.filter(
-            Exists(ReviewDecision.objects.filter(reviewer_id=OuterRef("pk")))
-        ).order_by("username")
+        users = (
+            get_user_model()
+            .objects.filter(Exists(ReviewDecision.objects.filter(reviewer_id=OuterRef("pk"))))
+            .order_by("username")
+        )
         return [(str(u.pk), u.get_username()) for u in users]
 
     def queryset(self, request, queryset):
@@ -75,13 +77,23 @@ class CaseAdmin(ViewOnlyAdmin):
     search_fields = ("=case_id", "subject")
     list_per_page = 100
     actions = ["approve_selected", "decline_selected"]
-    fields = ("case_id", "subject", "customer_message_pre", "action", "policy", "draft_pre", "current_operation",
-              "created_at")
+    fields = (
+        "case_id",
+        "subject",
+        "customer_message_pre",
+        "action",
+        "policy",
+        "draft_pre",
+        "current_operation",
+        "created_at",
+    )
     readonly_fields = ("customer_message_pre", "draft_pre", "current_operation")
 
     def get_queryset(self, request):
-        return selectors.cases_with_status(super().get_queryset(request)).select_related("policy").defer(
-            "draft", "customer_message", "import_digest"
+        return (
+            selectors.cases_with_status(super().get_queryset(request))
+            .select_related("policy")
+            .defer("draft", "customer_message", "import_digest")
         )
 
     # --- columns -----------------------------------------------------------------------
@@ -90,14 +102,18 @@ class CaseAdmin(ViewOnlyAdmin):
     def case_link(self, obj):
         return format_html(
             '<a href="{}" class="df-case-link">{}</a><br><a href="{}" class="df-small">history</a>',
-            reverse("admin:cases_case_review", args=[obj.pk]), obj.case_id,
+            reverse("admin:cases_case_review", args=[obj.pk]),
+            obj.case_id,
             reverse("admin:cases_case_history", args=[obj.pk]),
         )
 
     @admin.display(description="status", ordering="review_status")
     def status(self, obj):
-        return format_html('<span class="df-status df-status-{}">{}</span>', obj.review_status,
-                           selectors.STATUS_LABELS[obj.review_status])
+        return format_html(
+            '<span class="df-status df-status-{}">{}</span>',
+            obj.review_status,
+            selectors.STATUS_LABELS[obj.review_status],
+        )
 
     @admin.display(description="current operation")
     def current_operation(self, obj):
@@ -163,8 +179,9 @@ class CaseAdmin(ViewOnlyAdmin):
         case.refresh_from_db(fields=["current_proposal"])
         self.message_user(
             request,
-            format_html("Review begun for {}: {} is waiting for your decision.", case.case_id,
-                        op_html(begun.operation_id)),
+            format_html(
+                "Review begun for {}: {} is waiting for your decision.", case.case_id, op_html(begun.operation_id)
+            ),
             messages.SUCCESS,
         )
         return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
@@ -175,9 +192,9 @@ class CaseAdmin(ViewOnlyAdmin):
             raise PermissionDenied
         case = get_object_or_404(Case.objects.select_related("policy"), pk=pk)
         history = selectors.case_history(case)
-        status = selectors.cases_with_status(Case.objects.filter(pk=case.pk)).values_list(
-            "review_status", flat=True
-        ).first()
+        status = (
+            selectors.cases_with_status(Case.objects.filter(pk=case.pk)).values_list("review_status", flat=True).first()
+        )
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -222,20 +239,25 @@ class CaseAdmin(ViewOnlyAdmin):
         if request.POST.get("post") == "yes":
             return self._act(request, cases, approved=approved)
         bodies = dict(
-            Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id])
-            .values_list("pk", "body")
+            Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
+                "pk", "body"
+            )
         )
         rows = []
         for case in cases:
             body = bodies.get(case.current_proposal_id, "")
-            rows.append({
-                "case": case,
-                "operation_id": case.current_operation_id,
-                "short_operation_id": identity.short(case.current_operation_id) if case.current_operation_id else None,
-                "first_line": body.split("\n", 1)[0] if body else "",
-                "status_label": selectors.STATUS_LABELS[case.review_status],
-                "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
-            })
+            rows.append(
+                {
+                    "case": case,
+                    "operation_id": case.current_operation_id,
+                    "short_operation_id": identity.short(case.current_operation_id)
+                    if case.current_operation_id
+                    else None,
+                    "first_line": body.split("\n", 1)[0] if body else "",
+                    "status_label": selectors.STATUS_LABELS[case.review_status],
+                    "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
+                }
+            )
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -255,8 +277,11 @@ class CaseAdmin(ViewOnlyAdmin):
             prefix = f"{case.case_id}: "
             if not operation_id:
                 skipped += 1
-                self.message_user(request, f"{prefix}skipped: no operation identity was shown for it "
-                                           "(no review begun), nothing was written.", messages.WARNING)
+                self.message_user(
+                    request,
+                    f"{prefix}skipped: no operation identity was shown for it (no review begun), nothing was written.",
+                    messages.WARNING,
+                )
                 continue
             outcome = proposal_decide(case=case, operation_id=operation_id, approved=approved, reviewer=request.user)
             if outcome.kind in ("committed", "declined", "replay"):
@@ -266,8 +291,11 @@ class CaseAdmin(ViewOnlyAdmin):
             for level, text in outcome_message(outcome, prefix=prefix):
                 self.message_user(request, text, level)
         verb = "approve" if approved else "decline"
-        self.message_user(request, f"{verb} selected: {done} done, {skipped} skipped or refused.",
-                          messages.SUCCESS if not skipped else messages.WARNING)
+        self.message_user(
+            request,
+            f"{verb} selected: {done} done, {skipped} skipped or refused.",
+            messages.SUCCESS if not skipped else messages.WARNING,
+        )
         return None
 
 

@@ -15,9 +15,7 @@ class Policy(models.Model):
 
     class Meta:
         verbose_name_plural = "policies"
-        constraints = [
-            models.UniqueConstraint(fields=["policy_id", "label"], name="policy_unique_identity_label")
-        ]
+        constraints = [models.UniqueConstraint(fields=["policy_id", "label"], name="policy_unique_identity_label")]
 
     def __str__(self):
         return f"{self.name} {self.label}"
@@ -43,9 +41,7 @@ class SourceVersion(models.Model):
 
     class Meta:
         ordering = ["source__source_id", "version"]
-        constraints = [
-            models.UniqueConstraint(fields=["source", "version"], name="source_version_unique")
-        ]
+        constraints = [models.UniqueConstraint(fields=["source", "version"], name="source_version_unique")]
 
     def __str__(self):
         return f"{self.source.source_id} v{self.version}"
@@ -92,9 +88,7 @@ class SelectedPassage(models.Model):
 
     class Meta:
         ordering = ["case", "position"]
-        constraints = [
-            models.UniqueConstraint(fields=["case", "source_version"], name="passage_unique_version")
-        ]
+        constraints = [models.UniqueConstraint(fields=["case", "source_version"], name="passage_unique_version")]
 
 
 class Finding(models.Model):

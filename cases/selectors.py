@@ -101,15 +101,15 @@ def case_history(case: Case) -> CaseHistory:
     A fixed number of queries whatever the history's length: one per table.
     """
     events: list[HistoryEvent] = []
-    proposals = list(
-        Proposal.objects.filter(case=case).select_related("author", "parent").order_by("created_at", "id")
-    )
+    proposals = list(Proposal.objects.filter(case=case).select_related("author", "parent").order_by("created_at", "id"))
     for proposal in proposals:
         events.append(
             HistoryEvent(proposal.created_at, "proposal", proposal, proposal_diff(proposal), evidence_moves(proposal))
         )
-    for review in PendingReview.objects.filter(case=case).select_related("proposal").defer(
-        "proposal__body", "proposal__passages", "proposal__findings", "proposal__policy_snapshot"
+    for review in (
+        PendingReview.objects.filter(case=case)
+        .select_related("proposal")
+        .defer("proposal__body", "proposal__passages", "proposal__findings", "proposal__policy_snapshot")
     ):
         events.append(HistoryEvent(review.created_at, "pending_review", review))
     for attempt in CommitAttempt.objects.filter(case=case).select_related("reviewer"):

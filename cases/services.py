@@ -15,8 +15,17 @@ from decisionflow.errors import InvalidInput
 from .models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
 
 _REQUIRED = {
-    "": ["case_id", "subject", "customer_message", "action", "sources", "selected_evidence",
-         "findings", "policy", "draft"],
+    "": [
+        "case_id",
+        "subject",
+        "customer_message",
+        "action",
+        "sources",
+        "selected_evidence",
+        "findings",
+        "policy",
+        "draft",
+    ],
     "sources[]": ["source_id", "title", "versions"],
     "versions[]": ["version", "text"],
     "selected_evidence[]": ["source_id", "version", "quotation"],
@@ -120,8 +129,10 @@ def validate_case_data(data: Any) -> None:
     for i, passage in enumerate(_check_list(data["selected_evidence"], "selected_evidence")):
         field = f"selected_evidence[{i}]"
         _check_keys(passage, "selected_evidence[]", field)
-        key = (_check_text(passage["source_id"], f"{field}.source_id"),
-               _check_version(passage["version"], f"{field}.version"))
+        key = (
+            _check_text(passage["source_id"], f"{field}.source_id"),
+            _check_version(passage["version"], f"{field}.version"),
+        )
         if key not in texts:
             _fail(f"{field}.version", f"{key[0]} version {key[1]} does not exist in sources")
         if key in selected:
@@ -135,8 +146,10 @@ def validate_case_data(data: Any) -> None:
         field = f"findings[{i}]"
         _check_keys(finding, "findings[]", field)
         _check_text(finding["finding"], f"{field}.finding")
-        key = (_check_text(finding["source_id"], f"{field}.source_id"),
-               _check_version(finding["version"], f"{field}.version"))
+        key = (
+            _check_text(finding["source_id"], f"{field}.source_id"),
+            _check_version(finding["version"], f"{field}.version"),
+        )
         if key not in selected:
             _fail(f"{field}.source_id", f"cites {key[0]} version {key[1]}, which is not among the selected evidence")
         clause = _check_text(finding["licensed_clause"], f"{field}.licensed_clause")
@@ -183,13 +196,9 @@ def case_import(*, data: dict) -> ImportResult:
 
         versions: dict[tuple[str, int], SourceVersion] = {}
         for src in data["sources"]:
-            source, created = Source.objects.get_or_create(
-                source_id=src["source_id"], defaults={"title": src["title"]}
-            )
+            source, created = Source.objects.get_or_create(source_id=src["source_id"], defaults={"title": src["title"]})
             if not created and source.title != src["title"]:
-                raise InvalidInput(
-                    f"sources: {src['source_id']} already exists with another title", field="sources"
-                )
+                raise InvalidInput(f"sources: {src['source_id']} already exists with another title", field="sources")
             for ver in src["versions"]:
                 sv, created = SourceVersion.objects.get_or_create(
                     source=source, version=ver["version"], defaults={"text": ver["text"]}

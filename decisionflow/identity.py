@@ -121,9 +121,7 @@ def typed_value(value: object) -> str:
         return f"int:{value}"
     if isinstance(value, str):
         return f"str:{value}"
-    raise TypeError(
-        f"policy value {value!r} has type {type(value).__name__}; only int, str and bool are allowed"
-    )
+    raise TypeError(f"policy value {value!r} has type {type(value).__name__}; only int, str and bool are allowed")
 
 
 def policy_id(name: str, parameters: Mapping[str, object]) -> str:

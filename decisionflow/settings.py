@@ -88,9 +88,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         )
     }
     # Writers queue for the lock instead of failing at once with "database is locked".
-    DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 30, "transaction_mode": "IMMEDIATE"}
-    )
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

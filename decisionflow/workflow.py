@@ -314,7 +314,9 @@ def _begin_locked(case: Case, actor) -> BeginResult:
         # checkpoint is gone or refused (the refused row stays, as evidence): this run
         # replaces where it waits. A decision already made stays made: the review core
         # turns a second approval into a replay.
-        PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=PendingReview.Status.PENDING, **fields)
+        PendingReview.objects.filter(pk=existing.pending_review.pk).update(
+            status=PendingReview.Status.PENDING, **fields
+        )
         existing.pending_review.refresh_from_db()
         return BeginResult(status_name(state), operation_id, len(storage.saved), existing.pending_review, True)
     try:
@@ -462,7 +464,9 @@ def resume_with(*, case, operation_id, approved, reviewer, channel, fault, write
         if pending is None:
             older = Proposal.objects.filter(case=case, operation_id=str(operation_id)).exists()
             case.refresh_from_db(fields=["current_proposal"])
-            current = Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            current = (
+                Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            )
             if older and current != operation_id:
                 raise StaleProposal(
                     f"stale: {identity.short(str(operation_id))} is not the current proposal of case "

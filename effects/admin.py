@@ -16,8 +16,20 @@ class EffectRecordAdmin(ViewOnlyAdmin):
     list_filter = ("action", "recorded_at")
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
-    fields = ("operation_id", "case", "action", "reviewer", "recorded_at", "body_pre", "evidence_id",
-              "source_versions", "policy_id", "policy_snapshot", "decision", "proposal")
+    fields = (
+        "operation_id",
+        "case",
+        "action",
+        "reviewer",
+        "recorded_at",
+        "body_pre",
+        "evidence_id",
+        "source_versions",
+        "policy_id",
+        "policy_snapshot",
+        "decision",
+        "proposal",
+    )
     readonly_fields = ("body_pre",)
 
     def get_queryset(self, request):

@@ -17,9 +17,7 @@ class EffectRecord(AppendOnlyModel):
     """
 
     operation_id = models.CharField(max_length=80)
-    decision = models.OneToOneField(
-        "reviews.ReviewDecision", on_delete=models.PROTECT, related_name="effect"
-    )
+    decision = models.OneToOneField("reviews.ReviewDecision", on_delete=models.PROTECT, related_name="effect")
     case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="effects")
     proposal = models.ForeignKey("reviews.Proposal", on_delete=models.PROTECT, related_name="+")
     action = models.CharField(max_length=100)

@@ -152,7 +152,9 @@ def _commit(*, operation_id: str, approved: bool, reviewer, channel: str, propos
         # so "is this still the current proposal?" cannot change before we write.
         case = Case.objects.select_for_update().only("id", "case_id", "current_proposal_id").get(pk=proposal.case_id)
         if case.current_proposal_id != proposal.pk:
-            current = Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            current = (
+                Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            )
             raise StaleProposal(
                 f"stale: {identity.short(operation_id)} is not the current proposal of case "
                 f"{case.case_id}; the current one is {identity.short(current or '')}",
@@ -166,15 +168,22 @@ def _commit(*, operation_id: str, approved: bool, reviewer, channel: str, propos
         # Only a decision that was already there needs reading back (one round trip less
         # on the common path; see docs/PERFORMANCE.md).
         decision = new_decision or ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
-        attempt = dict(operation_id=operation_id, case_id=case.pk, approved=approved, reviewer=reviewer, channel=channel)
+        attempt = dict(
+            operation_id=operation_id, case_id=case.pk, approved=approved, reviewer=reviewer, channel=channel
+        )
         if decision.approved != approved:
-            _attempt(**attempt, outcome=CommitAttempt.Outcome.CONFLICT,
-                     detail=f"already {'approved' if decision.approved else 'declined'} by "
-                            f"{decision.reviewer.get_username()}")
+            _attempt(
+                **attempt,
+                outcome=CommitAttempt.Outcome.CONFLICT,
+                detail=f"already {'approved' if decision.approved else 'declined'} by "
+                f"{decision.reviewer.get_username()}",
+            )
             effects = EffectRecord.objects.filter(operation_id=operation_id).count()
             return CommitResult(CONFLICTING, False, effects, operation_id, decision)
         if not approved:
-            _attempt(**attempt, outcome=CommitAttempt.Outcome.DECLINED if new_decision else CommitAttempt.Outcome.REPLAY)
+            _attempt(
+                **attempt, outcome=CommitAttempt.Outcome.DECLINED if new_decision else CommitAttempt.Outcome.REPLAY
+            )
             return CommitResult(DECLINED, not new_decision, 0, operation_id, decision)
         crash_point("commit-after-decision")
         new_effect = _insert_once(EffectRecord, **_effect_fields(proposal, decision))
@@ -205,8 +214,9 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
         if not identity.is_operation_id(operation_id):
             raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
         reviewer_check(reviewer)
-        result = _commit(operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel,
-                         proposal=proposal)
+        result = _commit(
+            operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, proposal=proposal
+        )
     except DecisionflowError as exc:
         outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
         _attempt(**attempt, outcome=outcome, detail=exc.message)
@@ -292,11 +302,7 @@ def operations_reconcile(
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:
     """One operation by its key, whether or not it is still current (None if unknown)."""
-    row = (
-        Proposal.objects.filter(operation_id=operation_id)
-        .values_list("case__case_id", "operation_id")
-        .first()
-    )
+    row = Proposal.objects.filter(operation_id=operation_id).values_list("case__case_id", "operation_id").first()
     if row is None:
         return None
     decision = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", flat=True).first()
@@ -321,8 +327,14 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
         with transaction.atomic():
             decision = ReviewDecision.objects.select_related("proposal", "reviewer").get(operation_id=row.operation_id)
             if _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision)):
-                _attempt(operation_id=row.operation_id, case_id=decision.proposal.case_id, approved=True,
-                         reviewer=decision.reviewer, outcome=CommitAttempt.Outcome.COMMITTED, channel="repair",
-                         detail="reconcile --repair wrote the missing effect")
+                _attempt(
+                    operation_id=row.operation_id,
+                    case_id=decision.proposal.case_id,
+                    approved=True,
+                    reviewer=decision.reviewer,
+                    outcome=CommitAttempt.Outcome.COMMITTED,
+                    channel="repair",
+                    detail="reconcile --repair wrote the missing effect",
+                )
         crash_point("repair-midway")
     return repaired

@@ -76,8 +76,9 @@ def create_database(admin_url: str, name: str) -> str:
 def manage(database_url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1")
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def django_setup(database_url: str) -> None:
@@ -128,11 +129,25 @@ def make_reviewers(count: int) -> list[str]:
 
 
 class Servers:
-    def __init__(self, database_url: str, ports: list[int], workers: int, threads: int, log_dir: Path,
-                 extra_env: dict | None = None):
+    def __init__(
+        self,
+        database_url: str,
+        ports: list[int],
+        workers: int,
+        threads: int,
+        log_dir: Path,
+        extra_env: dict | None = None,
+    ):
         self.procs = []
-        env = dict(os.environ, DATABASE_URL=database_url, DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50),
-                   ALLOWED_HOSTS=HOST, SECURE_SSL_REDIRECT="0", LOG_LEVEL="WARNING")
+        env = dict(
+            os.environ,
+            DATABASE_URL=database_url,
+            DEBUG="0",
+            SECRET_KEY=secrets.token_urlsafe(50),
+            ALLOWED_HOSTS=HOST,
+            SECURE_SSL_REDIRECT="0",
+            LOG_LEVEL="WARNING",
+        )
         env.pop("DECISIONFLOW_FAULT_INJECTION", None)
         env.pop("DECISIONFLOW_CRASH_AT", None)
         env.update(extra_env or {})  # the crash tests start a host with a crash point armed
@@ -140,10 +155,29 @@ class Servers:
         for port in ports:
             log = open(log_dir / f"gunicorn-{port}.log", "w")  # noqa: SIM115 - closed in stop()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "decisionflow.wsgi:application", "--bind", f"{HOST}:{port}",
-                 "--workers", str(workers), "--threads", str(threads), "--worker-class", "gthread",
-                 "--timeout", "120", "--graceful-timeout", "10"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "decisionflow.wsgi:application",
+                    "--bind",
+                    f"{HOST}:{port}",
+                    "--workers",
+                    str(workers),
+                    "--threads",
+                    str(threads),
+                    "--worker-class",
+                    "gthread",
+                    "--timeout",
+                    "120",
+                    "--graceful-timeout",
+                    "10",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             self.procs.append((port, proc, log))
 
@@ -245,6 +279,7 @@ class Client:
         self.tally.answer(what, status, payload, time.monotonic() - started)
         return status, payload
 
+
 def expect(tally, what, status, body, wanted_status, wanted_code=None) -> bool:
     ok = status == wanted_status and (wanted_code is None or body.get("code") == wanted_code)
     if ok and status == 409:
@@ -270,16 +305,23 @@ def scenario_approve(here, there, tally, case_id):
     answers = [None, None]
 
     def send(i, client):
-        answers[i] = client.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True},
-                                 what="approve (racing duplicate)")
+        answers[i] = client.call(
+            "POST",
+            f"/api/cases/{case_id}/decision",
+            {"operation_id": op, "approved": True},
+            what="approve (racing duplicate)",
+        )
 
     racers = [threading.Thread(target=send, args=(i, c)) for i, c in enumerate((here, there))]
     for t in racers:
         t.start()
     for t in racers:
         t.join(180)
-    answers.append(here.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True},
-                             what="approve (duplicate)"))
+    answers.append(
+        here.call(
+            "POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True}, what="approve (duplicate)"
+        )
+    )
     for answer in answers:
         if answer is None or answer[0] is None:
             with tally.lock:
@@ -297,16 +339,18 @@ def scenario_decline(here, there, tally, case_id):
     if not expect(tally, "get case", status, case, 200):
         return
     op = case["operation_id"]
-    status, body = here.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": False},
-                             what="decline")
+    status, body = here.call(
+        "POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": False}, what="decline"
+    )
     if status is None:
         with tally.lock:
             tally.uncertain.add(op)
         return
     if expect(tally, "decline", status, body, 200) and body.get("status") == "Declined":
         decided(tally, op, body, "Declined")
-    status, body = there.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True},
-                              what="approve after decline")
+    status, body = there.call(
+        "POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True}, what="approve after decline"
+    )
     expect(tally, "approve after decline", status, body, 409, "conflicting_decision")
 
 
@@ -320,14 +364,16 @@ def scenario_stale(here, there, tally, case_id, rng):
     if not expect(tally, "edit", status, body, 201):
         return
     new = body["proposal"]["operation_id"]
-    status, body = there.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": old, "approved": True},
-                              what="stale approval")
+    status, body = there.call(
+        "POST", f"/api/cases/{case_id}/decision", {"operation_id": old, "approved": True}, what="stale approval"
+    )
     if expect(tally, "stale approval", status, body, 409, "stale_proposal") and body.get("current_operation_id") != new:
         tally.unexpected_answer("stale approval names the wrong current operation", status, body)
     status, body = there.call("POST", f"/api/cases/{case_id}/edits", edit, what="stale edit")
     expect(tally, "stale edit", status, body, 409, "stale_proposal")
-    status, body = there.call("POST", f"/api/cases/{case_id}/decision", {"operation_id": new, "approved": True},
-                              what="approve after edit")
+    status, body = there.call(
+        "POST", f"/api/cases/{case_id}/decision", {"operation_id": new, "approved": True}, what="approve after edit"
+    )
     if status is None:
         with tally.lock:
             tally.uncertain.add(new)
@@ -438,9 +484,11 @@ def main(argv=None) -> int:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--database-url", help="An existing, migrated PostgreSQL database.")
     target.add_argument("--create-database", metavar="NAME", help="Drop, create and migrate this database first.")
-    parser.add_argument("--admin-url", default=os.environ.get("TEST_POSTGRES_URL",
-                                                              "postgres://postgres@127.0.0.1:5432/postgres"),
-                        help="With --create-database: a URL of the server to create it on.")
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+        help="With --create-database: a URL of the server to create it on.",
+    )
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--clients", type=int, default=8, help="Client threads, split across the two hosts.")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per host.")
@@ -470,14 +518,21 @@ def main(argv=None) -> int:
         ports[1] = free_port()
     servers = Servers(database_url, ports, args.workers, args.threads, Path(args.log_dir))
     tally = Tally()
-    summary = {"seconds": args.seconds, "clients": args.clients, "hosts": [f"{HOST}:{p}" for p in ports],
-               "workers_per_host": args.workers, "threads_per_worker": args.threads}
+    summary = {
+        "seconds": args.seconds,
+        "clients": args.clients,
+        "hosts": [f"{HOST}:{p}" for p in ports],
+        "workers_per_host": args.workers,
+        "threads_per_worker": args.threads,
+    }
     try:
         servers.wait_ready()
         started = time.monotonic()
         deadline = started + args.seconds
-        clients = [threading.Thread(target=client_loop, args=(i, ports, tokens, tally, deadline, args.seed))
-                   for i in range(args.clients)]
+        clients = [
+            threading.Thread(target=client_loop, args=(i, ports, tokens, tally, deadline, args.seed))
+            for i in range(args.clients)
+        ]
         for t in clients:
             t.start()
         for t in clients:

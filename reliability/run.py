@@ -39,46 +39,55 @@ LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 
 POINTS = {
-    "begin-after-proposal": ("`begin`", "after the proposal is written, before the pending review",
-                             "decisionflow/workflow.py `_prepare_sync`", "Pending, no pending review"),
-    "begin-during-checkpoint-save": ("`begin`", "while the pause checkpoint is being saved (row inserted, "
-                                     "not committed)", "decisionflow/checkpoints.py `_save_sync`",
-                                     "Pending, no pending review"),
-    "commit-before-decision": ("`resume`", "before the decision insert", "effects/services.py `_commit`",
-                               "Pending"),
-    "commit-after-decision": ("`resume`", "inside the commit transaction, after the decision, before the effect",
-                              "effects/services.py `_commit`", "Pending (the transaction rolled back)"),
-    "commit-after-transaction": ("`resume`", "after the commit transaction, before the receipt",
-                                 "effects/services.py `effect_commit`",
-                                 "Committed with 1 effect (Declined for a decline)"),
-    "repair-midway": ("`reconcile --repair`", "after the first of 4 repairs",
-                      "effects/services.py `effects_repair`",
-                      "1 Committed, 3 NoLocalEffectRecorded (exit 1)"),
+    "begin-after-proposal": (
+        "`begin`",
+        "after the proposal is written, before the pending review",
+        "decisionflow/workflow.py `_prepare_sync`",
+        "Pending, no pending review",
+    ),
+    "begin-during-checkpoint-save": (
+        "`begin`",
+        "while the pause checkpoint is being saved (row inserted, not committed)",
+        "decisionflow/checkpoints.py `_save_sync`",
+        "Pending, no pending review",
+    ),
+    "commit-before-decision": ("`resume`", "before the decision insert", "effects/services.py `_commit`", "Pending"),
+    "commit-after-decision": (
+        "`resume`",
+        "inside the commit transaction, after the decision, before the effect",
+        "effects/services.py `_commit`",
+        "Pending (the transaction rolled back)",
+    ),
+    "commit-after-transaction": (
+        "`resume`",
+        "after the commit transaction, before the receipt",
+        "effects/services.py `effect_commit`",
+        "Committed with 1 effect (Declined for a decline)",
+    ),
+    "repair-midway": (
+        "`reconcile --repair`",
+        "after the first of 4 repairs",
+        "effects/services.py `effects_repair`",
+        "1 Committed, 3 NoLocalEffectRecorded (exit 1)",
+    ),
 }
 
 SECURITY = {
-    "test_admin_routes_change_nothing_without_the_review_permission":
-        "5 identities (anonymous, support lead, staff without groups, inactive reviewer, a reviewer's browser "
-        "sending a CSRF-less cross-site POST) x 7 admin routes (decide, edit, begin, both bulk actions, the add "
-        "pages of decisions and effects): 403 or the login page, nothing written",
-    "test_api_routes_change_nothing_without_the_review_permission":
-        "6 credentials (none, support lead, staff, inactive user, revoked token, forged token) x 4 API writes: "
-        "401/403 JSON, nothing written",
-    "test_api_session_post_without_csrf_changes_nothing":
-        "a logged-in reviewer's session POSTing to the API without the CSRF token: 403, nothing written",
-    "test_commands_and_services_refuse_a_user_without_the_permission":
-        "`resume` and `edit` naming a lead or a staff user, and `effect_commit` called directly: refused",
-    "test_html_in_a_draft_or_quotation_is_escaped_on_every_page":
-        "`<script>`, `<img onerror>` and `<b onmouseover>` in the draft, subject, source title and quotation: "
-        "never raw on 9 admin pages for a reviewer and a lead, shown escaped on the pages that show them; the "
-        "API answers JSON with nosniff (the browser suite, tests/browser, checks the same in Chromium)",
-    "test_check_deploy_is_clean_with_production_settings":
-        "`manage.py check --deploy --fail-level WARNING` with DEBUG=0, a SECRET_KEY and ALLOWED_HOSTS: no "
-        "issues; secure session and CSRF cookies, SSL redirect, HSTS one year, nosniff, X-Frame-Options DENY",
-    "test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled":
-        "a checkpoint row carrying agent-framework's `__pickled__` encoding of an object whose unpickling "
-        "writes a file, with a matching digest: load and `resume` refuse it (exit 5) and the file never "
-        "appears; the control (plain `pickle.loads`) does write it",
+    "test_admin_routes_change_nothing_without_the_review_permission": "5 identities (anonymous, support lead, staff without groups, inactive reviewer, a reviewer's browser "
+    "sending a CSRF-less cross-site POST) x 7 admin routes (decide, edit, begin, both bulk actions, the add "
+    "pages of decisions and effects): 403 or the login page, nothing written",
+    "test_api_routes_change_nothing_without_the_review_permission": "6 credentials (none, support lead, staff, inactive user, revoked token, forged token) x 4 API writes: "
+    "401/403 JSON, nothing written",
+    "test_api_session_post_without_csrf_changes_nothing": "a logged-in reviewer's session POSTing to the API without the CSRF token: 403, nothing written",
+    "test_commands_and_services_refuse_a_user_without_the_permission": "`resume` and `edit` naming a lead or a staff user, and `effect_commit` called directly: refused",
+    "test_html_in_a_draft_or_quotation_is_escaped_on_every_page": "`<script>`, `<img onerror>` and `<b onmouseover>` in the draft, subject, source title and quotation: "
+    "never raw on 9 admin pages for a reviewer and a lead, shown escaped on the pages that show them; the "
+    "API answers JSON with nosniff (the browser suite, tests/browser, checks the same in Chromium)",
+    "test_check_deploy_is_clean_with_production_settings": "`manage.py check --deploy --fail-level WARNING` with DEBUG=0, a SECRET_KEY and ALLOWED_HOSTS: no "
+    "issues; secure session and CSRF cookies, SSL redirect, HSTS one year, nosniff, X-Frame-Options DENY",
+    "test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled": "a checkpoint row carrying agent-framework's `__pickled__` encoding of an object whose unpickling "
+    "writes a file, with a matching digest: load and `resume` refuse it (exit 5) and the file never "
+    "appears; the control (plain `pickle.loads`) does write it",
 }
 
 
@@ -107,21 +116,42 @@ def pytest_step(database: str, iterations: int) -> dict:
     out = OUT / database
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    env.update(DEBUG="1", DECISIONFLOW_RELIABILITY_ITERATIONS=str(iterations),
-               DECISIONFLOW_RELIABILITY_OUT=str(out))
+    env.update(DEBUG="1", DECISIONFLOW_RELIABILITY_ITERATIONS=str(iterations), DECISIONFLOW_RELIABILITY_OUT=str(out))
     if database == "postgresql":
         env["DATABASE_URL"] = PG
-    argv = [sys.executable, "-m", "pytest", "tests/reliability", "-q", "-p", "no:cacheprovider",
-            f"--junitxml={out / 'junit.xml'}"]
-    return run(f"tests/reliability on {database}, {iterations} iterations per crash point", argv, env,
-               out / "pytest.log")
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/reliability",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'junit.xml'}",
+    ]
+    return run(
+        f"tests/reliability on {database}, {iterations} iterations per crash point", argv, env, out / "pytest.log"
+    )
 
 
 def load_step() -> dict:
     env = dict(os.environ, DEBUG="1")
-    argv = [sys.executable, "reliability/load.py", "--create-database", "decisionflow_load", "--admin-url", PG,
-            "--seconds", LOAD_SECONDS, "--clients", LOAD_CLIENTS, "--json", str(OUT / "load.json"),
-            "--log-dir", str(OUT / "load-logs")]
+    argv = [
+        sys.executable,
+        "reliability/load.py",
+        "--create-database",
+        "decisionflow_load",
+        "--admin-url",
+        PG,
+        "--seconds",
+        LOAD_SECONDS,
+        "--clients",
+        LOAD_CLIENTS,
+        "--json",
+        str(OUT / "load.json"),
+        "--log-dir",
+        str(OUT / "load-logs"),
+    ]
     return run(f"load: two gunicorn hosts, one PostgreSQL, {LOAD_SECONDS} s", argv, env, OUT / "load.log")
 
 
@@ -147,8 +177,14 @@ def junit(database: str) -> list[dict]:
                 outcome = "FAILED"
             elif child.tag == "skipped" and outcome == "passed":
                 outcome = "skipped"
-        cases.append({"name": case.get("name"), "file": case.get("classname", "").rsplit(".", 1)[-1],
-                      "seconds": float(case.get("time") or 0), "outcome": outcome})
+        cases.append(
+            {
+                "name": case.get("name"),
+                "file": case.get("classname", "").rsplit(".", 1)[-1],
+                "seconds": float(case.get("time") or 0),
+                "outcome": outcome,
+            }
+        )
     return cases
 
 
@@ -181,26 +217,42 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "## Steps",
         "",
     ]
-    lines += md_table(["step", "result", "seconds", "log"],
-                      [[s["step"], s.get("note") or ("passed" if s["exit"] == 0 else f"FAILED (exit {s['exit']})"),
-                        s["seconds"], f"`{s['log']}`"] for s in steps])
+    lines += md_table(
+        ["step", "result", "seconds", "log"],
+        [
+            [
+                s["step"],
+                s.get("note") or ("passed" if s["exit"] == 0 else f"FAILED (exit {s['exit']})"),
+                s["seconds"],
+                f"`{s['log']}`",
+            ]
+            for s in steps
+        ],
+    )
 
     # crashes
-    lines += ["", "## Crashes: SIGKILL at every step", "",
-              "For each crash point and each iteration, on a fresh case: run the real command in a new process "
-              "with `DECISIONFLOW_FAULT_INJECTION=1 DECISIONFLOW_CRASH_AT=<point>` and require that it died of "
-              "SIGKILL (exit -9); run `reconcile` and require that it reports exactly what the decision and "
-              "effect tables hold, and the state the point implies; retry the same command; then require one "
-              "decision, at most one effect, and an effect for every approval. Every other `resume` iteration "
-              "declines at the points a decline passes through. `reconcile --repair` is killed after the first "
-              "of 4 approved operations that have no effect (built directly in the tables), then rerun. "
-              "The rows marked *(HTTP, host killed)* do the same over the API with two gunicorn hosts on one "
-              "database: host A has the crash point armed, so its worker is SIGKILLed mid-request and the "
-              "client gets no answer at all; the client asks host B (`GET /api/operations/OP`), reconcile must "
-              "agree, and the client retries the approval on host B.",
-              "", "Test: `tests/reliability/test_crashes.py`.", ""]
-    lines += md_table(["point", "command", "killed", "where", "reconcile must say"],
-                      [[f"`{p}`", *v] for p, v in POINTS.items()])
+    lines += [
+        "",
+        "## Crashes: SIGKILL at every step",
+        "",
+        "For each crash point and each iteration, on a fresh case: run the real command in a new process "
+        "with `DECISIONFLOW_FAULT_INJECTION=1 DECISIONFLOW_CRASH_AT=<point>` and require that it died of "
+        "SIGKILL (exit -9); run `reconcile` and require that it reports exactly what the decision and "
+        "effect tables hold, and the state the point implies; retry the same command; then require one "
+        "decision, at most one effect, and an effect for every approval. Every other `resume` iteration "
+        "declines at the points a decline passes through. `reconcile --repair` is killed after the first "
+        "of 4 approved operations that have no effect (built directly in the tables), then rerun. "
+        "The rows marked *(HTTP, host killed)* do the same over the API with two gunicorn hosts on one "
+        "database: host A has the crash point armed, so its worker is SIGKILLed mid-request and the "
+        "client gets no answer at all; the client asks host B (`GET /api/operations/OP`), reconcile must "
+        "agree, and the client retries the approval on host B.",
+        "",
+        "Test: `tests/reliability/test_crashes.py`.",
+        "",
+    ]
+    lines += md_table(
+        ["point", "command", "killed", "where", "reconcile must say"], [[f"`{p}`", *v] for p, v in POINTS.items()]
+    )
     for db in dbs:
         rows = [f for f in figures(db) if f["family"] == "crash"]
         if not rows:
@@ -210,14 +262,45 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         table = []
         for f in sorted(rows, key=lambda f: list(POINTS).index(f["point"]) if f["point"] in POINTS else 99):
             extra = f" ({f['operations_repaired']} operations repaired)" if "operations_repaired" in f else ""
-            table.append([f"`{f['point']}`", f"{f['iterations']}{extra}", f["crashes"], f["reconcile_truthful"],
-                          f"{f['approvals']}/{f['declines']}", f["duplicates"], f["lost_approvals"], f["seconds"]])
+            table.append(
+                [
+                    f"`{f['point']}`",
+                    f"{f['iterations']}{extra}",
+                    f["crashes"],
+                    f["reconcile_truthful"],
+                    f"{f['approvals']}/{f['declines']}",
+                    f["duplicates"],
+                    f["lost_approvals"],
+                    f["seconds"],
+                ]
+            )
             for k in ("iterations", "crashes", "reconcile_truthful", "duplicates", "lost_approvals"):
                 total[k] += f[k]
-        table.append(["**total**", total["iterations"], total["crashes"], total["reconcile_truthful"], "",
-                      f"**{total['duplicates']}**", f"**{total['lost_approvals']}**", ""])
-        lines += md_table(["point", "iterations", "crashes (exit -9)", "reconcile truthful", "approvals/declines",
-                           "duplicates", "lost approvals", "seconds"], table)
+        table.append(
+            [
+                "**total**",
+                total["iterations"],
+                total["crashes"],
+                total["reconcile_truthful"],
+                "",
+                f"**{total['duplicates']}**",
+                f"**{total['lost_approvals']}**",
+                "",
+            ]
+        )
+        lines += md_table(
+            [
+                "point",
+                "iterations",
+                "crashes (exit -9)",
+                "reconcile truthful",
+                "approvals/declines",
+                "duplicates",
+                "lost approvals",
+                "seconds",
+            ],
+            table,
+        )
 
     # load
     lines += ["", "## Load: two hosts, one PostgreSQL", ""]
@@ -242,52 +325,80 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             "",
         ]
         statuses = ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))
-        lines += md_table(["figure", "value"], [
-            ["rounds (approve / decline / stale)", " / ".join(str(s["scenarios"].get(k, 0))
-                                                            for k in ("approve", "decline", "stale"))],
-            ["requests", s["requests"]],
-            ["requests per second", s["requests_per_second"]],
-            ["latency p50 / p95", f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"],
-            ["answers by status", statuses],
-            ["errors (non-2xx)", s["errors"]],
-            ["of which the expected 409s", ", ".join(f"{k}: {v}" for k, v in sorted(s["expected_409"].items()))],
-            ["unexpected errors", s["unexpected_errors"]],
-            ["requests lost in transport", s["transport_errors"]],
-            ["operations told Committed / Declined", f"{s['operations_told_committed']} / "
-                                                     f"{s['operations_told_declined']}"],
-            ["effects", s["effects"]],
-            ["duplicates (second effect or decision per case, or two `replay: false` answers)",
-             f"**{s['duplicates']}**"],
-            ["reconcile --all: operations and states", f"{s['reconcile_operations']}: " + ", ".join(
-                f"{k} {v}" for k, v in sorted(s["reconcile_states"].items()))],
-            ["operations where reconcile disagrees with the clients", f"**{s['disagreements']}**"],
-            ["result", "passed" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
-        ])
+        lines += md_table(
+            ["figure", "value"],
+            [
+                [
+                    "rounds (approve / decline / stale)",
+                    " / ".join(str(s["scenarios"].get(k, 0)) for k in ("approve", "decline", "stale")),
+                ],
+                ["requests", s["requests"]],
+                ["requests per second", s["requests_per_second"]],
+                ["latency p50 / p95", f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"],
+                ["answers by status", statuses],
+                ["errors (non-2xx)", s["errors"]],
+                ["of which the expected 409s", ", ".join(f"{k}: {v}" for k, v in sorted(s["expected_409"].items()))],
+                ["unexpected errors", s["unexpected_errors"]],
+                ["requests lost in transport", s["transport_errors"]],
+                [
+                    "operations told Committed / Declined",
+                    f"{s['operations_told_committed']} / {s['operations_told_declined']}",
+                ],
+                ["effects", s["effects"]],
+                [
+                    "duplicates (second effect or decision per case, or two `replay: false` answers)",
+                    f"**{s['duplicates']}**",
+                ],
+                [
+                    "reconcile --all: operations and states",
+                    f"{s['reconcile_operations']}: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(s["reconcile_states"].items())),
+                ],
+                ["operations where reconcile disagrees with the clients", f"**{s['disagreements']}**"],
+                ["result", "passed" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
+            ],
+        )
     else:
         lines += ["Not run (no PostgreSQL answered, or the step failed before writing its summary)."]
     for db in dbs:
         quick = [f for f in figures(db) if f["family"] == "load"]
         for f in quick:
-            lines += ["", f"The quick version in `make test` (tests/reliability/test_load.py, {f['seconds']} s, on "
-                          f"the test database) also ran here: {f['requests']} requests, {f['errors']} errors (all "
-                          f"expected 409s), {f['effects']} effects, {f['duplicates']} duplicates."]
+            lines += [
+                "",
+                f"The quick version in `make test` (tests/reliability/test_load.py, {f['seconds']} s, on "
+                f"the test database) also ran here: {f['requests']} requests, {f['errors']} errors (all "
+                f"expected 409s), {f['effects']} effects, {f['duplicates']} duplicates.",
+            ]
 
     # bad input
-    lines += ["", "## Bad input", "",
-              "One table per entry point. Every row feeds one malformed, hostile or stale input and requires a "
-              "clear error (a non-zero exit code with a message; an admin error message or form error; a JSON "
-              "4xx with a code) and that nothing was written: proposal, decision, effect and pending-review "
-              "rows and every case's current-proposal pointer are compared before and after each row. "
-              "Test: `tests/reliability/test_bad_input.py`.", ""]
+    lines += [
+        "",
+        "## Bad input",
+        "",
+        "One table per entry point. Every row feeds one malformed, hostile or stale input and requires a "
+        "clear error (a non-zero exit code with a message; an admin error message or form error; a JSON "
+        "4xx with a code) and that nothing was written: proposal, decision, effect and pending-review "
+        "rows and every case's current-proposal pointer are compared before and after each row. "
+        "Test: `tests/reliability/test_bad_input.py`.",
+        "",
+    ]
     for db in dbs:
         rows = [f for f in figures(db) if f["family"] == "bad-input"]
         if not rows:
             continue
         lines += [f"### {db}", ""]
-        lines += md_table(["entry point", "inputs", "refused clearly", "wrote something"],
-                          [[f["entry"], f["inputs"], f["refused_clearly"], f["wrote_something"]] for f in rows]
-                          + [["**total**", sum(f["inputs"] for f in rows), sum(f["refused_clearly"] for f in rows),
-                              f"**{sum(f['wrote_something'] for f in rows)}**"]])
+        lines += md_table(
+            ["entry point", "inputs", "refused clearly", "wrote something"],
+            [[f["entry"], f["inputs"], f["refused_clearly"], f["wrote_something"]] for f in rows]
+            + [
+                [
+                    "**total**",
+                    sum(f["inputs"] for f in rows),
+                    sum(f["refused_clearly"] for f in rows),
+                    f"**{sum(f['wrote_something'] for f in rows)}**",
+                ]
+            ],
+        )
         lines += [""]
     if dbs:
         rows = [f for f in figures(dbs[0]) if f["family"] == "bad-input"]
@@ -317,8 +428,10 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         failed = sum(c["outcome"] == "FAILED" for c in cases)
         skipped = sum(c["outcome"] == "skipped" for c in cases)
         lines += [f"**{db}**: {passed} passed, {failed} failed, {skipped} skipped.", ""]
-        lines += md_table(["test", "result", "seconds"],
-                          [[f"{c['file']}::{c['name']}", c["outcome"], f"{c['seconds']:.1f}"] for c in cases])
+        lines += md_table(
+            ["test", "result", "seconds"],
+            [[f"{c['file']}::{c['name']}", c["outcome"], f"{c['seconds']:.1f}"] for c in cases],
+        )
         lines += [""]
 
     lines += [
@@ -332,7 +445,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "browsers' public list is not appropriate by default, so it stays an explicit setting and the "
         "warning is silenced only while it is off (decisionflow/settings.py).",
         "- A killed `reconcile --repair` holds the reconcile lock until PostgreSQL notices the dropped "
-        "connection (milliseconds); a run started in that window exits 1 with \"locked by another process\", "
+        'connection (milliseconds); a run started in that window exits 1 with "locked by another process", '
         "as designed. The harness retries, as cron's next run would.",
         "",
         "## How to rerun",
@@ -364,11 +477,25 @@ def main() -> int:
         steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
         steps.append(load_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
-        steps.append({"step": "PostgreSQL", "exit": 1, "seconds": 0, "log": "-",
-                      "note": f"FAILED: no PostgreSQL answers at {PG}"})
+        steps.append(
+            {
+                "step": "PostgreSQL",
+                "exit": 1,
+                "seconds": 0,
+                "log": "-",
+                "note": f"FAILED: no PostgreSQL answers at {PG}",
+            }
+        )
     else:
-        steps.append({"step": "PostgreSQL runs and load", "exit": 0, "seconds": 0, "log": "-",
-                      "note": f"SKIPPED: no PostgreSQL answers at {PG}"})
+        steps.append(
+            {
+                "step": "PostgreSQL runs and load",
+                "exit": 0,
+                "seconds": 0,
+                "log": "-",
+                "note": f"SKIPPED: no PostgreSQL answers at {PG}",
+            }
+        )
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(report(steps, started, time.monotonic() - t0))
     failed = [s for s in steps if s["exit"] != 0]

@@ -72,10 +72,19 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
     if outcome.kind == workplace.REPLAY:
         decision = result.decision
         verb = "approved" if decision.approved else "declined"
-        return [(messages.INFO, format_html(
-            "{}already {} by {} at {}, no new record ({})",
-            prefix, verb, decision.reviewer.get_username(), when(decision.decided_at), op,
-        ))]
+        return [
+            (
+                messages.INFO,
+                format_html(
+                    "{}already {} by {} at {}, no new record ({})",
+                    prefix,
+                    verb,
+                    decision.reviewer.get_username(),
+                    when(decision.decided_at),
+                    op,
+                ),
+            )
+        ]
     if outcome.kind == workplace.CONFLICT:
         decision = getattr(result, "decision", None)
         if decision is not None:
@@ -83,36 +92,54 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
             asked = "approval" if outcome.approved else "decline"
             text = format_html(
                 "{}conflict: {} was already {} by {} at {}; your {} was refused and nothing was written.",
-                prefix, op, done, decision.reviewer.get_username(), when(decision.decided_at), asked,
+                prefix,
+                op,
+                done,
+                decision.reviewer.get_username(),
+                when(decision.decided_at),
+                asked,
             )
         else:
             text = format_html("{}conflict: {} Nothing was written.", prefix, error.message if error else "")
         return [(messages.ERROR, text)]
     if outcome.kind == workplace.STALE:
         current = outcome.current_operation_id or getattr(error, "current_operation_id", None)
-        return [(messages.ERROR, format_html(
-            "{}stale: you reviewed {}, but the case's current proposal is now {}. Nothing was written; "
-            "open the current proposal and review it.",
-            prefix, op, current_proposal_link(current),
-        ))]
+        return [
+            (
+                messages.ERROR,
+                format_html(
+                    "{}stale: you reviewed {}, but the case's current proposal is now {}. Nothing was written; "
+                    "open the current proposal and review it.",
+                    prefix,
+                    op,
+                    current_proposal_link(current),
+                ),
+            )
+        ]
     if outcome.kind == workplace.UNCERTAIN:
         row = outcome.reconciled
         if outcome.reconcile_error:
             state = format_html(
                 "the effect store could not be read either ({}); run `manage.py reconcile` for op {} "
-                "before trying again", outcome.reconcile_error, op,
+                "before trying again",
+                outcome.reconcile_error,
+                op,
             )
         elif row is not None:
-            state = format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state,
-                                row.effects)
+            state = format_html(
+                "reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects
+            )
         else:
             state = format_html("reconciled from the effect store: op {} is unknown", op)
         return [
-            (messages.WARNING, format_html(
-                "{}outcome uncertain: reconciling ({})", prefix, error.message if error else "no receipt"
-            )),
-            (messages.INFO if row is not None and row.state in ("Committed", "Declined") else messages.WARNING,
-             format_html("{}{}", prefix, state)),
+            (
+                messages.WARNING,
+                format_html("{}outcome uncertain: reconciling ({})", prefix, error.message if error else "no receipt"),
+            ),
+            (
+                messages.INFO if row is not None and row.state in ("Committed", "Declined") else messages.WARNING,
+                format_html("{}{}", prefix, state),
+            ),
         ]
     # refused: permission, workflow version, not found, invalid input
     return [(messages.ERROR, format_html("{}refused: {} Nothing was written.", prefix, error.message if error else ""))]
@@ -132,8 +159,10 @@ def mark_sentences(body: str, sentences: list[str]):
         if start < pos:  # overlapping match: already inside a mark
             continue
         out.append(escape(body[pos:start]))
-        out.append(f'<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
-                   f"{escape(body[start:end])}</mark>")
+        out.append(
+            f'<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
+            f"{escape(body[start:end])}</mark>"
+        )
         pos = end
     out.append(escape(body[pos:]))
     return mark_safe("".join(out))
@@ -193,14 +222,14 @@ class ProposalAdmin(ViewOnlyAdmin):
     def review_view(self, request, pk):
         if not self.has_view_permission(request):
             raise PermissionDenied
-        proposal = get_object_or_404(
-            Proposal.objects.select_related("case", "parent", "author"), pk=pk
-        )
+        proposal = get_object_or_404(Proposal.objects.select_related("case", "parent", "author"), pk=pk)
         case = proposal.case
         is_current = case.current_proposal_id == proposal.pk
         current_op = None
         if not is_current and case.current_proposal_id:
-            current_op = Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            current_op = (
+                Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            )
         decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=proposal.operation_id).first()
         effect = EffectRecord.objects.filter(operation_id=proposal.operation_id).only("id", "recorded_at").first()
         pending = PendingReview.objects.filter(operation_id=proposal.operation_id).first()
@@ -298,23 +327,36 @@ class ProposalAdmin(ViewOnlyAdmin):
                         editor=request.user,
                     )
                 except StaleProposal as exc:
-                    self.message_user(request, format_html(
-                        "stale: this edit started from {}, but the case's current proposal is now {}. "
-                        "Nothing was written; open the current proposal and edit that one.",
-                        identity.short(expected), current_proposal_link(exc.current_operation_id),
-                    ), messages.ERROR)
+                    self.message_user(
+                        request,
+                        format_html(
+                            "stale: this edit started from {}, but the case's current proposal is now {}. "
+                            "Nothing was written; open the current proposal and edit that one.",
+                            identity.short(expected),
+                            current_proposal_link(exc.current_operation_id),
+                        ),
+                        messages.ERROR,
+                    )
                 except DecisionflowError as exc:
                     # review_edit commits the revision before it begins the new review; if
                     # begin failed, the new proposal exists and is current: say so.
                     case.refresh_from_db(fields=["current_proposal"])
-                    moved = case.current_proposal_id not in (None, proposal.pk) and Proposal.objects.filter(
-                        pk=case.current_proposal_id, parent_id=proposal.pk, author_id=request.user.pk
-                    ).exists()
+                    moved = (
+                        case.current_proposal_id not in (None, proposal.pk)
+                        and Proposal.objects.filter(
+                            pk=case.current_proposal_id, parent_id=proposal.pk, author_id=request.user.pk
+                        ).exists()
+                    )
                     if moved and not isinstance(exc, (PermissionRefused, InvalidInput)):
-                        self.message_user(request, format_html(
-                            "Saved as a new proposal, but beginning its review failed: {}. "
-                            "The first Approve or Decline on it begins the review again.", exc.message,
-                        ), messages.WARNING)
+                        self.message_user(
+                            request,
+                            format_html(
+                                "Saved as a new proposal, but beginning its review failed: {}. "
+                                "The first Approve or Decline on it begins the review again.",
+                                exc.message,
+                            ),
+                            messages.WARNING,
+                        )
                         return HttpResponseRedirect(review_url(case.current_proposal_id))
                     self.message_user(request, f"refused: {exc.message} Nothing was written.", messages.ERROR)
                 else:
@@ -327,10 +369,16 @@ class ProposalAdmin(ViewOnlyAdmin):
                             messages.INFO,
                         )
                     else:
-                        self.message_user(request, format_html(
-                            "Saved as a new proposal {} ({}), replacing {}; its review has begun.",
-                            op_html(new.operation_id), new.get_origin_display(), identity.short(expected),
-                        ), messages.SUCCESS)
+                        self.message_user(
+                            request,
+                            format_html(
+                                "Saved as a new proposal {} ({}), replacing {}; its review has begun.",
+                                op_html(new.operation_id),
+                                new.get_origin_display(),
+                                identity.short(expected),
+                            ),
+                            messages.SUCCESS,
+                        )
                     return HttpResponseRedirect(review_url(new.pk))
         else:
             form = ProposalEditForm(
@@ -387,8 +435,16 @@ class WorkflowCheckpointAdmin(ViewOnlyAdmin):
     list_filter = ("workflow_name", "created_at")
     search_fields = ("=checkpoint_id",)
     list_per_page = 100
-    fields = ("checkpoint_id", "workflow_name", "graph_signature_hash", "previous_checkpoint_id",
-              "iteration_count", "digest", "created_at", "payload_pre")
+    fields = (
+        "checkpoint_id",
+        "workflow_name",
+        "graph_signature_hash",
+        "previous_checkpoint_id",
+        "iteration_count",
+        "digest",
+        "created_at",
+        "payload_pre",
+    )
     readonly_fields = ("payload_pre",)
 
     def get_queryset(self, request):

@@ -19,10 +19,7 @@ _VIEW = [
 
 def ensure_review_groups(Group, Permission):
     """Create or complete the groups; takes model classes so a migration can pass its own."""
-    view = [
-        Permission.objects.get(content_type__app_label=app, codename=f"view_{model}")
-        for app, model in _VIEW
-    ]
+    view = [Permission.objects.get(content_type__app_label=app, codename=f"view_{model}") for app, model in _VIEW]
     review = Permission.objects.get(content_type__app_label="reviews", codename="review_proposal")
     reviewers, _ = Group.objects.get_or_create(name=REVIEWERS)
     reviewers.permissions.add(*view, review)

@@ -36,9 +36,7 @@ class Proposal(AppendOnlyModel):
     policy_id = models.CharField(max_length=80)
     operation_id = models.CharField(max_length=80)
     origin = models.CharField(max_length=20, choices=Origin.choices)
-    parent = models.ForeignKey(
-        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="children"
-    )
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="children")
     author = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )

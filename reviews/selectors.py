@@ -39,12 +39,12 @@ def evidence_moves(proposal: Proposal) -> list[dict]:
     for p in proposal.passages:
         old = before.get((p["source_id"], p["quotation"]))
         if old is not None and old != p["version"]:
-            moves.append({"source_id": p["source_id"], "from": old, "to": p["version"],
-                          "quotation_identical": True})
+            moves.append({"source_id": p["source_id"], "from": old, "to": p["version"], "quotation_identical": True})
     old_sources = {p["source_id"]: p for p in proposal.parent.passages}
     for p in proposal.passages:
         o = old_sources.get(p["source_id"])
         if o is not None and (p["source_id"], p["quotation"]) not in before and o["version"] != p["version"]:
-            moves.append({"source_id": p["source_id"], "from": o["version"], "to": p["version"],
-                          "quotation_identical": False})
+            moves.append(
+                {"source_id": p["source_id"], "from": o["version"], "to": p["version"], "quotation_identical": False}
+            )
     return moves

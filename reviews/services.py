@@ -56,13 +56,16 @@ def _content(case: Case, *, body: str, passages: list[dict], findings: list[dict
 
 def prepared_content(case: Case) -> dict:
     passages = [
-        {"source_id": p.source_version.source.source_id, "version": p.source_version.version,
-         "quotation": p.quotation}
+        {"source_id": p.source_version.source.source_id, "version": p.source_version.version, "quotation": p.quotation}
         for p in case.passages.select_related("source_version__source")
     ]
     findings = [
-        {"finding": f.finding, "licensed_clause": f.licensed_clause,
-         "source_id": f.source_version.source.source_id, "version": f.source_version.version}
+        {
+            "finding": f.finding,
+            "licensed_clause": f.licensed_clause,
+            "source_id": f.source_version.source.source_id,
+            "version": f.source_version.version,
+        }
         for f in case.findings.select_related("source_version__source")
     ]
     policy = {"name": case.policy.name, "label": case.policy.label, "parameters": case.policy.parameters}

@@ -61,8 +61,9 @@ def _uncertain(base: dict, error: DecisionflowError, begun: bool) -> DecideOutco
         row = operation_reconcile(base["operation_id"])
     except Exception as exc:  # noqa: BLE001 - the database itself may be what failed
         log.exception("reconciling %s after a failed decision also failed", base["operation_id"])
-        return DecideOutcome(UNCERTAIN, **base, error=error, begun=begun,
-                             reconcile_error=f"{type(exc).__name__}: {exc}")
+        return DecideOutcome(
+            UNCERTAIN, **base, error=error, begun=begun, reconcile_error=f"{type(exc).__name__}: {exc}"
+        )
     return DecideOutcome(UNCERTAIN, **base, error=error, reconciled=row, begun=begun)
 
 

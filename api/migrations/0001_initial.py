@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,21 +14,36 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text="What the token is for, e.g. 'retry loop on host X'.", max_length=100)),
-                ('token_hash', models.CharField(editable=False, max_length=64)),
-                ('prefix', models.CharField(editable=False, max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(help_text="What the token is for, e.g. 'retry loop on host X'.", max_length=100),
+                ),
+                ("token_hash", models.CharField(editable=False, max_length=64)),
+                ("prefix", models.CharField(editable=False, max_length=16)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
-                'ordering': ['-created_at', '-id'],
-                'constraints': [models.UniqueConstraint(fields=('token_hash',), name='api_token_unique_hash'), models.CheckConstraint(condition=models.Q(('token_hash__regex', '^[0-9a-f]{64}$')), name='api_token_hash_format')],
+                "verbose_name": "API token",
+                "ordering": ["-created_at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("token_hash",), name="api_token_unique_hash"),
+                    models.CheckConstraint(
+                        condition=models.Q(("token_hash__regex", "^[0-9a-f]{64}$")), name="api_token_hash_format"
+                    ),
+                ],
             },
         ),
     ]

@@ -4,85 +4,83 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Case',
+            name="Case",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('case_id', models.CharField(max_length=100, unique=True, verbose_name='case ID')),
-                ('subject', models.CharField(max_length=500)),
-                ('customer_message', models.TextField()),
-                ('action', models.CharField(default='record_support_review', max_length=100)),
-                ('draft', models.TextField(help_text='The prepared draft as imported (canonical LF line endings).')),
-                ('import_digest', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("case_id", models.CharField(max_length=100, unique=True, verbose_name="case ID")),
+                ("subject", models.CharField(max_length=500)),
+                ("customer_message", models.TextField()),
+                ("action", models.CharField(default="record_support_review", max_length=100)),
+                ("draft", models.TextField(help_text="The prepared draft as imported (canonical LF line endings).")),
+                ("import_digest", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['-created_at', 'case_id'],
+                "ordering": ["-created_at", "case_id"],
             },
         ),
         migrations.CreateModel(
-            name='Finding',
+            name="Finding",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('finding', models.TextField()),
-                ('licensed_clause', models.TextField()),
-                ('position', models.PositiveIntegerField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("finding", models.TextField()),
+                ("licensed_clause", models.TextField()),
+                ("position", models.PositiveIntegerField()),
             ],
             options={
-                'ordering': ['case', 'position'],
+                "ordering": ["case", "position"],
             },
         ),
         migrations.CreateModel(
-            name='Policy',
+            name="Policy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('label', models.CharField(help_text='Display only; not part of the identity.', max_length=100)),
-                ('parameters', models.JSONField(default=dict)),
-                ('policy_id', models.CharField(db_index=True, max_length=80)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=200)),
+                ("label", models.CharField(help_text="Display only; not part of the identity.", max_length=100)),
+                ("parameters", models.JSONField(default=dict)),
+                ("policy_id", models.CharField(db_index=True, max_length=80)),
             ],
             options={
-                'verbose_name_plural': 'policies',
+                "verbose_name_plural": "policies",
             },
         ),
         migrations.CreateModel(
-            name='SelectedPassage',
+            name="SelectedPassage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('quotation', models.TextField()),
-                ('position', models.PositiveIntegerField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("quotation", models.TextField()),
+                ("position", models.PositiveIntegerField()),
             ],
             options={
-                'ordering': ['case', 'position'],
+                "ordering": ["case", "position"],
             },
         ),
         migrations.CreateModel(
-            name='Source',
+            name="Source",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('source_id', models.CharField(max_length=100, unique=True)),
-                ('title', models.CharField(max_length=500)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("source_id", models.CharField(max_length=100, unique=True)),
+                ("title", models.CharField(max_length=500)),
             ],
             options={
-                'ordering': ['source_id'],
+                "ordering": ["source_id"],
             },
         ),
         migrations.CreateModel(
-            name='SourceVersion',
+            name="SourceVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('version', models.PositiveIntegerField()),
-                ('text', models.TextField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("version", models.PositiveIntegerField()),
+                ("text", models.TextField()),
             ],
             options={
-                'ordering': ['source__source_id', 'version'],
+                "ordering": ["source__source_id", "version"],
             },
         ),
     ]

@@ -5,60 +5,77 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cases', '0001_initial'),
-        ('reviews', '0001_initial'),
+        ("cases", "0001_initial"),
+        ("reviews", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='case',
-            name='current_proposal',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='reviews.proposal'),
+            model_name="case",
+            name="current_proposal",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="reviews.proposal",
+            ),
         ),
         migrations.AddField(
-            model_name='finding',
-            name='case',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='findings', to='cases.case'),
+            model_name="finding",
+            name="case",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="findings", to="cases.case"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='policy',
-            constraint=models.UniqueConstraint(fields=('policy_id', 'label'), name='policy_unique_identity_label'),
+            model_name="policy",
+            constraint=models.UniqueConstraint(fields=("policy_id", "label"), name="policy_unique_identity_label"),
         ),
         migrations.AddField(
-            model_name='case',
-            name='policy',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='cases', to='cases.policy'),
+            model_name="case",
+            name="policy",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="cases", to="cases.policy"
+            ),
         ),
         migrations.AddField(
-            model_name='selectedpassage',
-            name='case',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='passages', to='cases.case'),
+            model_name="selectedpassage",
+            name="case",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="passages", to="cases.case"
+            ),
         ),
         migrations.AddField(
-            model_name='sourceversion',
-            name='source',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='versions', to='cases.source'),
+            model_name="sourceversion",
+            name="source",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="versions", to="cases.source"
+            ),
         ),
         migrations.AddField(
-            model_name='selectedpassage',
-            name='source_version',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='cases.sourceversion'),
+            model_name="selectedpassage",
+            name="source_version",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="+", to="cases.sourceversion"
+            ),
         ),
         migrations.AddField(
-            model_name='finding',
-            name='source_version',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='cases.sourceversion'),
+            model_name="finding",
+            name="source_version",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name="+", to="cases.sourceversion"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='sourceversion',
-            constraint=models.UniqueConstraint(fields=('source', 'version'), name='source_version_unique'),
+            model_name="sourceversion",
+            constraint=models.UniqueConstraint(fields=("source", "version"), name="source_version_unique"),
         ),
         migrations.AddConstraint(
-            model_name='selectedpassage',
-            constraint=models.UniqueConstraint(fields=('case', 'source_version'), name='passage_unique_version'),
+            model_name="selectedpassage",
+            constraint=models.UniqueConstraint(fields=("case", "source_version"), name="passage_unique_version"),
         ),
     ]

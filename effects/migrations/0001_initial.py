@@ -6,53 +6,104 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cases', '0002_initial'),
-        ('reviews', '0001_initial'),
+        ("cases", "0002_initial"),
+        ("reviews", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='CommitAttempt',
+            name="CommitAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('operation_id', models.CharField(db_index=True, max_length=200)),
-                ('approved', models.BooleanField(null=True)),
-                ('outcome', models.CharField(choices=[('committed', 'Committed'), ('replay', 'Replay'), ('declined', 'Declined'), ('conflict', 'Conflicting decision'), ('stale', 'Stale'), ('refused', 'Refused'), ('failed', 'Failed')], max_length=20)),
-                ('channel', models.CharField(default='service', max_length=20)),
-                ('detail', models.TextField(blank=True)),
-                ('attempted_at', models.DateTimeField(auto_now_add=True)),
-                ('case', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='commit_attempts', to='cases.case')),
-                ('reviewer', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("operation_id", models.CharField(db_index=True, max_length=200)),
+                ("approved", models.BooleanField(null=True)),
+                (
+                    "outcome",
+                    models.CharField(
+                        choices=[
+                            ("committed", "Committed"),
+                            ("replay", "Replay"),
+                            ("declined", "Declined"),
+                            ("conflict", "Conflicting decision"),
+                            ("stale", "Stale"),
+                            ("refused", "Refused"),
+                            ("failed", "Failed"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("channel", models.CharField(default="service", max_length=20)),
+                ("detail", models.TextField(blank=True)),
+                ("attempted_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "case",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="commit_attempts",
+                        to="cases.case",
+                    ),
+                ),
+                (
+                    "reviewer",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-attempted_at', '-id'],
+                "ordering": ["-attempted_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='EffectRecord',
+            name="EffectRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('operation_id', models.CharField(max_length=80)),
-                ('action', models.CharField(max_length=100)),
-                ('body', models.TextField()),
-                ('evidence_id', models.CharField(max_length=80)),
-                ('source_versions', models.JSONField()),
-                ('policy_id', models.CharField(max_length=80)),
-                ('policy_snapshot', models.JSONField()),
-                ('recorded_at', models.DateTimeField(auto_now_add=True)),
-                ('case', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='effects', to='cases.case')),
-                ('decision', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='effect', to='reviews.reviewdecision')),
-                ('proposal', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='reviews.proposal')),
-                ('reviewer', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("operation_id", models.CharField(max_length=80)),
+                ("action", models.CharField(max_length=100)),
+                ("body", models.TextField()),
+                ("evidence_id", models.CharField(max_length=80)),
+                ("source_versions", models.JSONField()),
+                ("policy_id", models.CharField(max_length=80)),
+                ("policy_snapshot", models.JSONField()),
+                ("recorded_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "case",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="effects", to="cases.case"
+                    ),
+                ),
+                (
+                    "decision",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="effect", to="reviews.reviewdecision"
+                    ),
+                ),
+                (
+                    "proposal",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="reviews.proposal"
+                    ),
+                ),
+                (
+                    "reviewer",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-recorded_at', '-id'],
-                'constraints': [models.UniqueConstraint(fields=('operation_id',), name='effect_unique_operation')],
+                "ordering": ["-recorded_at", "-id"],
+                "constraints": [models.UniqueConstraint(fields=("operation_id",), name="effect_unique_operation")],
             },
         ),
     ]

@@ -6,108 +6,178 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cases', '0001_initial'),
+        ("cases", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Proposal',
+            name="Proposal",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('action', models.CharField(max_length=100)),
-                ('body', models.TextField()),
-                ('passages', models.JSONField()),
-                ('findings', models.JSONField()),
-                ('policy_snapshot', models.JSONField()),
-                ('evidence_id', models.CharField(max_length=80)),
-                ('policy_id', models.CharField(max_length=80)),
-                ('operation_id', models.CharField(max_length=80)),
-                ('origin', models.CharField(choices=[('prepared', 'Prepared'), ('human_edit', 'Human edit'), ('evidence_change', 'Evidence change')], max_length=20)),
-                ('unchecked_sentences', models.JSONField(blank=True, default=list)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('author', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('case', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='proposals', to='cases.case')),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='children', to='reviews.proposal')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("action", models.CharField(max_length=100)),
+                ("body", models.TextField()),
+                ("passages", models.JSONField()),
+                ("findings", models.JSONField()),
+                ("policy_snapshot", models.JSONField()),
+                ("evidence_id", models.CharField(max_length=80)),
+                ("policy_id", models.CharField(max_length=80)),
+                ("operation_id", models.CharField(max_length=80)),
+                (
+                    "origin",
+                    models.CharField(
+                        choices=[
+                            ("prepared", "Prepared"),
+                            ("human_edit", "Human edit"),
+                            ("evidence_change", "Evidence change"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("unchecked_sentences", models.JSONField(blank=True, default=list)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "author",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "case",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="proposals", to="cases.case"
+                    ),
+                ),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="children",
+                        to="reviews.proposal",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'permissions': [('review_proposal', 'Can approve, decline and edit proposals')],
+                "ordering": ["-created_at", "-id"],
+                "permissions": [("review_proposal", "Can approve, decline and edit proposals")],
             },
         ),
         migrations.CreateModel(
-            name='PendingReview',
+            name="PendingReview",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('operation_id', models.CharField(max_length=80)),
-                ('workflow_session_id', models.CharField(max_length=100)),
-                ('checkpoint_id', models.CharField(max_length=100)),
-                ('workflow_version', models.CharField(max_length=40)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('completed', 'Completed'), ('superseded', 'Superseded')], default='pending', max_length=20)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('case', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='pending_reviews', to='cases.case')),
-                ('proposal', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='pending_reviews', to='reviews.proposal')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("operation_id", models.CharField(max_length=80)),
+                ("workflow_session_id", models.CharField(max_length=100)),
+                ("checkpoint_id", models.CharField(max_length=100)),
+                ("workflow_version", models.CharField(max_length=40)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("completed", "Completed"), ("superseded", "Superseded")],
+                        default="pending",
+                        max_length=20,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "case",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="pending_reviews", to="cases.case"
+                    ),
+                ),
+                (
+                    "proposal",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="pending_reviews",
+                        to="reviews.proposal",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='ReviewDecision',
+            name="ReviewDecision",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('operation_id', models.CharField(max_length=80)),
-                ('approved', models.BooleanField()),
-                ('decided_at', models.DateTimeField(auto_now_add=True)),
-                ('proposal', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='decisions', to='reviews.proposal')),
-                ('reviewer', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("operation_id", models.CharField(max_length=80)),
+                ("approved", models.BooleanField()),
+                ("decided_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "proposal",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="decisions", to="reviews.proposal"
+                    ),
+                ),
+                (
+                    "reviewer",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-decided_at', '-id'],
+                "ordering": ["-decided_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='WorkflowCheckpoint',
+            name="WorkflowCheckpoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('checkpoint_id', models.CharField(max_length=100)),
-                ('workflow_name', models.CharField(max_length=200)),
-                ('graph_signature_hash', models.CharField(max_length=128)),
-                ('previous_checkpoint_id', models.CharField(blank=True, max_length=100, null=True)),
-                ('iteration_count', models.IntegerField(default=0)),
-                ('payload', models.TextField()),
-                ('digest', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("checkpoint_id", models.CharField(max_length=100)),
+                ("workflow_name", models.CharField(max_length=200)),
+                ("graph_signature_hash", models.CharField(max_length=128)),
+                ("previous_checkpoint_id", models.CharField(blank=True, max_length=100, null=True)),
+                ("iteration_count", models.IntegerField(default=0)),
+                ("payload", models.TextField()),
+                ("digest", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['workflow_name', 'created_at'], name='checkpoint_by_workflow')],
-                'constraints': [models.UniqueConstraint(fields=('checkpoint_id',), name='checkpoint_unique_id')],
+                "ordering": ["-created_at", "-id"],
+                "indexes": [models.Index(fields=["workflow_name", "created_at"], name="checkpoint_by_workflow")],
+                "constraints": [models.UniqueConstraint(fields=("checkpoint_id",), name="checkpoint_unique_id")],
             },
         ),
         migrations.AddConstraint(
-            model_name='proposal',
-            constraint=models.UniqueConstraint(fields=('operation_id',), name='proposal_unique_operation'),
+            model_name="proposal",
+            constraint=models.UniqueConstraint(fields=("operation_id",), name="proposal_unique_operation"),
         ),
         migrations.AddConstraint(
-            model_name='proposal',
-            constraint=models.CheckConstraint(condition=models.Q(('operation_id__startswith', 'op-v1-')), name='proposal_operation_id_format'),
+            model_name="proposal",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("operation_id__startswith", "op-v1-")), name="proposal_operation_id_format"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='proposal',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('origin', 'prepared'), ('parent__isnull', True)), models.Q(models.Q(('origin', 'prepared'), _negated=True), ('parent__isnull', False)), _connector='OR'), name='proposal_parent_matches_origin'),
+            model_name="proposal",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("origin", "prepared"), ("parent__isnull", True)),
+                    models.Q(models.Q(("origin", "prepared"), _negated=True), ("parent__isnull", False)),
+                    _connector="OR",
+                ),
+                name="proposal_parent_matches_origin",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='pendingreview',
-            constraint=models.UniqueConstraint(fields=('operation_id',), name='pending_review_unique_operation'),
+            model_name="pendingreview",
+            constraint=models.UniqueConstraint(fields=("operation_id",), name="pending_review_unique_operation"),
         ),
         migrations.AddConstraint(
-            model_name='reviewdecision',
-            constraint=models.UniqueConstraint(fields=('operation_id',), name='decision_unique_operation'),
+            model_name="reviewdecision",
+            constraint=models.UniqueConstraint(fields=("operation_id",), name="decision_unique_operation"),
         ),
     ]

@@ -22,13 +22,25 @@ from .conftest import counts, messages_of
 pytestmark = pytest.mark.django_db
 
 CHANGELISTS = [
-    "cases_case", "cases_source", "cases_sourceversion", "cases_policy",
-    "reviews_proposal", "reviews_reviewdecision", "reviews_pendingreview", "reviews_workflowcheckpoint",
-    "effects_effectrecord", "effects_commitattempt",
+    "cases_case",
+    "cases_source",
+    "cases_sourceversion",
+    "cases_policy",
+    "reviews_proposal",
+    "reviews_reviewdecision",
+    "reviews_pendingreview",
+    "reviews_workflowcheckpoint",
+    "effects_effectrecord",
+    "effects_commitattempt",
 ]
 # Filters and a search on the cases list cost the same as the plain list.
-CASE_QUERIES = ["?status=committed", "?status=pending_review", "?q=T-5001", "?reviewer={reviewer}",
-                "?created_at__gte=2000-01-01+00%3A00%3A00%2B00%3A00"]
+CASE_QUERIES = [
+    "?status=committed",
+    "?status=pending_review",
+    "?q=T-5001",
+    "?reviewer={reviewer}",
+    "?created_at__gte=2000-01-01+00%3A00%3A00%2B00%3A00",
+]
 
 
 def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
@@ -47,17 +59,31 @@ def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
         proposal_create(case=template)
     base = template.proposals.get()
     cases = Case.objects.bulk_create(
-        Case(case_id=f"T-{5000 + i}", subject=f"Reboots #{i}", customer_message=template.customer_message,
-             action=template.action, policy=template.policy, draft=template.draft, import_digest=str(i))
+        Case(
+            case_id=f"T-{5000 + i}",
+            subject=f"Reboots #{i}",
+            customer_message=template.customer_message,
+            action=template.action,
+            policy=template.policy,
+            draft=template.draft,
+            import_digest=str(i),
+        )
         for i in range(start, start + n)
     )
     cases = list(Case.objects.filter(case_id__in=[c.case_id for c in cases]).order_by("id"))
     proposals = Proposal.objects.bulk_create(
-        Proposal(case=c, action=base.action, body=base.body, passages=base.passages, findings=base.findings,
-                 policy_snapshot=base.policy_snapshot, evidence_id=base.evidence_id, policy_id=base.policy_id,
-                 operation_id=identity.operation_id(c.case_id, base.action, base.body, base.evidence_id,
-                                                    base.policy_id),
-                 origin="prepared")
+        Proposal(
+            case=c,
+            action=base.action,
+            body=base.body,
+            passages=base.passages,
+            findings=base.findings,
+            policy_snapshot=base.policy_snapshot,
+            evidence_id=base.evidence_id,
+            policy_id=base.policy_id,
+            operation_id=identity.operation_id(c.case_id, base.action, base.body, base.evidence_id, base.policy_id),
+            origin="prepared",
+        )
         for c in cases
     )
     proposals = {p.case_id: p for p in Proposal.objects.filter(case__in=cases)}
@@ -65,14 +91,24 @@ def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
         c.current_proposal = proposals[c.pk]
     Case.objects.bulk_update(cases, ["current_proposal"])
     PendingReview.objects.bulk_create(
-        PendingReview(case=c, proposal=proposals[c.pk], operation_id=proposals[c.pk].operation_id,
-                      workflow_session_id=f"ws-{c.case_id}", checkpoint_id=f"ck-{c.case_id}",
-                      workflow_version="review-v1")
+        PendingReview(
+            case=c,
+            proposal=proposals[c.pk],
+            operation_id=proposals[c.pk].operation_id,
+            workflow_session_id=f"ws-{c.case_id}",
+            checkpoint_id=f"ck-{c.case_id}",
+            workflow_version="review-v1",
+        )
         for c in cases
     )
     WorkflowCheckpoint.objects.bulk_create(
-        WorkflowCheckpoint(checkpoint_id=f"ck-{c.case_id}", workflow_name="decisionflow-review",
-                           graph_signature_hash="0" * 64, payload="{}" * 500, digest="0" * 64)
+        WorkflowCheckpoint(
+            checkpoint_id=f"ck-{c.case_id}",
+            workflow_name="decisionflow-review",
+            graph_signature_hash="0" * 64,
+            payload="{}" * 500,
+            digest="0" * 64,
+        )
         for c in cases
     )
     sources = Source.objects.bulk_create(Source(source_id=f"SRC-{c.case_id}", title="Source") for c in cases)
@@ -81,27 +117,44 @@ def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
         for src in Source.objects.filter(source_id__in=[s.source_id for s in sources])
     )
     Policy.objects.bulk_create(
-        Policy(name="support-reply", label=f"v-{c.case_id}", parameters={"allowance_units": 9},
-               policy_id=template.policy.policy_id)
+        Policy(
+            name="support-reply",
+            label=f"v-{c.case_id}",
+            parameters={"allowance_units": 9},
+            policy_id=template.policy.policy_id,
+        )
         for c in cases
     )
     kinds = {c.pk: 1 if all_approved else int(c.case_id[2:]) % 4 for c in cases}
     ReviewDecision.objects.bulk_create(
-        ReviewDecision(operation_id=proposals[c.pk].operation_id, proposal=proposals[c.pk],
-                       approved=kinds[c.pk] != 2, reviewer=reviewer)
-        for c in cases if kinds[c.pk]
+        ReviewDecision(
+            operation_id=proposals[c.pk].operation_id,
+            proposal=proposals[c.pk],
+            approved=kinds[c.pk] != 2,
+            reviewer=reviewer,
+        )
+        for c in cases
+        if kinds[c.pk]
     )
     decisions = {d.proposal_id: d for d in ReviewDecision.objects.filter(proposal__case__in=cases)}
     # kind 1: committed; kind 2: declined; kind 3: approved without its effect
     # (reconcile's NoLocalEffectRecorded); kind 0: pending.
     EffectRecord.objects.bulk_create(
         EffectRecord(**_effect_fields(proposals[c.pk], decisions[proposals[c.pk].pk]))
-        for c in cases if kinds[c.pk] == 1
+        for c in cases
+        if kinds[c.pk] == 1
     )
     CommitAttempt.objects.bulk_create(
-        CommitAttempt(operation_id=proposals[c.pk].operation_id, case=c, approved=kinds[c.pk] != 2,
-                      reviewer=reviewer, outcome="declined" if kinds[c.pk] == 2 else "committed", channel="admin")
-        for c in cases if kinds[c.pk] in (1, 2)
+        CommitAttempt(
+            operation_id=proposals[c.pk].operation_id,
+            case=c,
+            approved=kinds[c.pk] != 2,
+            reviewer=reviewer,
+            outcome="declined" if kinds[c.pk] == 2 else "committed",
+            channel="admin",
+        )
+        for c in cases
+        if kinds[c.pk] in (1, 2)
     )
 
 
@@ -122,14 +175,26 @@ def test_case_status_is_computed_in_one_query(reviewer, case):
     }
     # The same answer as reconcile, which reads the effect store.
     states = {row.case_id: row.state for row in operations_reconcile()}
-    assert states == {"T-4999": "Pending", "T-5000": "Pending", "T-5001": "Committed", "T-5002": "Declined",
-                      "T-5003": "NoLocalEffectRecorded"}
+    assert states == {
+        "T-4999": "Pending",
+        "T-5000": "Pending",
+        "T-5001": "Committed",
+        "T-5002": "Declined",
+        "T-5003": "NoLocalEffectRecorded",
+    }
 
 
 def test_failed_last_attempt_needs_attention(reviewer, case):
     proposal = proposal_create(case=case)
-    CommitAttempt.objects.create(operation_id=proposal.operation_id, case=case, approved=True, reviewer=reviewer,
-                                 outcome=CommitAttempt.Outcome.FAILED, channel="admin", detail="RuntimeError")
+    CommitAttempt.objects.create(
+        operation_id=proposal.operation_id,
+        case=case,
+        approved=True,
+        reviewer=reviewer,
+        outcome=CommitAttempt.Outcome.FAILED,
+        channel="admin",
+        detail="RuntimeError",
+    )
     assert cases_with_status().get(pk=case.pk).review_status == "needs_attention"
 
 
@@ -186,11 +251,14 @@ def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client
     short_history = len(ctx.captured_queries)
     current = case.current_proposal
     for n in range(3):
-        revision, _ = review_edit(case=case, expected_operation_id=current.operation_id,
-                                  body=current.body + f"\nLine {n}.", editor=reviewer)
+        revision, _ = review_edit(
+            case=case, expected_operation_id=current.operation_id, body=current.body + f"\nLine {n}.", editor=reviewer
+        )
         current = revision.proposal
-    reviewer_client.post(reverse("admin:reviews_proposal_decide", args=[current.pk]),
-                         {"operation_id": current.operation_id, "decision": "approve"})
+    reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[current.pk]),
+        {"operation_id": current.operation_id, "decision": "approve"},
+    )
     with CaptureQueriesContext(connection) as ctx:
         lead_client.get(url)
     assert len(ctx.captured_queries) == short_history
@@ -219,11 +287,19 @@ def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewe
     assert counts() == before  # the confirmation page writes nothing
 
     # Meanwhile someone edits T-1150: its row is now stale and must be skipped.
-    data = {"action": "approve_selected", "_selected_action": selected, "post": "yes",
-            f"operation_id_{case.pk}": case.current_proposal.operation_id,
-            f"operation_id_{other.pk}": other.current_proposal.operation_id}
-    review_edit(case=other, expected_operation_id=other.current_proposal.operation_id,
-                body=other.current_proposal.body + "\nEdited.", editor=reviewer)
+    data = {
+        "action": "approve_selected",
+        "_selected_action": selected,
+        "post": "yes",
+        f"operation_id_{case.pk}": case.current_proposal.operation_id,
+        f"operation_id_{other.pk}": other.current_proposal.operation_id,
+    }
+    review_edit(
+        case=other,
+        expected_operation_id=other.current_proposal.operation_id,
+        body=other.current_proposal.body + "\nEdited.",
+        editor=reviewer,
+    )
     done = reviewer_client.post(url, data, follow=True)
     text = " ".join(messages_of(done))
     assert "T-1042: Committed:" in text
@@ -236,8 +312,12 @@ def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewe
 
 def test_decline_selected_declines_and_replays(reviewer_client, begun, case):
     url = reverse("admin:cases_case_changelist")
-    data = {"action": "decline_selected", "_selected_action": [case.pk], "post": "yes",
-            f"operation_id_{case.pk}": case.current_proposal.operation_id}
+    data = {
+        "action": "decline_selected",
+        "_selected_action": [case.pk],
+        "post": "yes",
+        f"operation_id_{case.pk}": case.current_proposal.operation_id,
+    }
     first = " ".join(messages_of(reviewer_client.post(url, data, follow=True)))
     assert "T-1042: Declined:" in first
     second = " ".join(messages_of(reviewer_client.post(url, data, follow=True)))
@@ -249,12 +329,18 @@ def test_history_for_support_leads(lead_client, reviewer_client, reviewer, begun
     from decisionflow.workflow import review_edit
 
     old = case.current_proposal
-    revision, _ = review_edit(case=case, expected_operation_id=old.operation_id,
-                              body=old.body + "\nWe will call you <today>.", editor=reviewer)
+    revision, _ = review_edit(
+        case=case,
+        expected_operation_id=old.operation_id,
+        body=old.body + "\nWe will call you <today>.",
+        editor=reviewer,
+    )
     new = revision.proposal
     decide = reverse("admin:reviews_proposal_decide", args=[new.pk])
-    reviewer_client.post(reverse("admin:reviews_proposal_decide", args=[old.pk]),
-                         {"operation_id": old.operation_id, "decision": "approve"})  # stale
+    reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[old.pk]),
+        {"operation_id": old.operation_id, "decision": "approve"},
+    )  # stale
     reviewer_client.post(decide, {"operation_id": new.operation_id, "decision": "approve"})  # committed
     reviewer_client.post(decide, {"operation_id": new.operation_id, "decision": "approve"})  # replay
     reviewer_client.post(decide, {"operation_id": new.operation_id, "decision": "decline"})  # conflict

@@ -16,19 +16,26 @@ from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 @pytest.mark.django_db
 def test_detail_pages_render_read_only_for_a_lead(lead_client, reviewer_client, begun, case):
     proposal = case.current_proposal
-    reviewer_client.post(reverse("admin:reviews_proposal_decide", args=[proposal.pk]),
-                         {"operation_id": proposal.operation_id, "decision": "approve"})
+    reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[proposal.pk]),
+        {"operation_id": proposal.operation_id, "decision": "approve"},
+    )
     effect = EffectRecord.objects.get()
     pages = {
-        reverse("admin:cases_case_change", args=[case.pk]): ["Thank you for the details.",
-                                                             reverse("admin:cases_case_history", args=[case.pk])],
+        reverse("admin:cases_case_change", args=[case.pk]): [
+            "Thank you for the details.",
+            reverse("admin:cases_case_history", args=[case.pk]),
+        ],
         reverse("admin:effects_effectrecord_change", args=[effect.pk]): [
-            proposal.operation_id, "System &gt; Support &gt; Diagnostic export"],
+            proposal.operation_id,
+            "System &gt; Support &gt; Diagnostic export",
+        ],
         reverse("admin:effects_commitattempt_change", args=[CommitAttempt.objects.get().pk]): ["admin"],
         reverse("admin:reviews_reviewdecision_change", args=[ReviewDecision.objects.get().pk]): ["reviewer"],
         reverse("admin:reviews_pendingreview_change", args=[PendingReview.objects.get().pk]): ["review-v1"],
         reverse("admin:reviews_workflowcheckpoint_change", args=[WorkflowCheckpoint.objects.first().pk]): [
-            "Payload (JSON)"],
+            "Payload (JSON)"
+        ],
     }
     for url, expected in pages.items():
         response = lead_client.get(url)
@@ -64,7 +71,9 @@ def test_approve_clicked_in_many_tabs_at_once_writes_one_effect(make_user, setti
             client = Client()
             client.force_login(user)
             barrier.wait()
-            statuses.append(client.post(url, {"operation_id": proposal.operation_id, "decision": "approve"}).status_code)
+            statuses.append(
+                client.post(url, {"operation_id": proposal.operation_id, "decision": "approve"}).status_code
+            )
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:

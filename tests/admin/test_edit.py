@@ -73,7 +73,9 @@ def test_stale_edit_is_refused_with_a_link_and_writes_nothing(reviewer_client, r
     from decisionflow.workflow import review_edit
 
     old = case.current_proposal
-    first, _ = review_edit(case=case, expected_operation_id=old.operation_id, body=old.body + "\nFirst.", editor=reviewer)
+    first, _ = review_edit(
+        case=case, expected_operation_id=old.operation_id, body=old.body + "\nFirst.", editor=reviewer
+    )
     before = counts()
     response = reviewer_client.post(edit_url(old), form_data(old, body=old.body + "\nSecond."))
     assert response.status_code == 200  # the form comes back with the editor's text kept
@@ -95,16 +97,24 @@ def test_evidence_only_change_with_identical_quotation(reviewer_client, begun, c
     assert 'id="df-moves"' in html and "version 2" in html and "version 4" in html
     assert "identical: the visible text did not change, the cited version did" in html
     # The old tab is refused as stale.
-    stale = reviewer_client.post(reverse("admin:reviews_proposal_decide", args=[old.pk]),
-                                 {"operation_id": old.operation_id, "decision": "approve"}, follow=True)
+    stale = reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[old.pk]),
+        {"operation_id": old.operation_id, "decision": "approve"},
+        follow=True,
+    )
     assert "stale:" in " ".join(messages_of(stale))
 
 
 def test_edit_of_a_decided_proposal_is_refused(reviewer_client, begun, case):
     old = case.current_proposal
-    reviewer_client.post(reverse("admin:reviews_proposal_decide", args=[old.pk]),
-                         {"operation_id": old.operation_id, "decision": "decline"})
-    assert 'id="df-edit"' not in reviewer_client.get(reverse("admin:reviews_proposal_review", args=[old.pk])).content.decode()
+    reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[old.pk]),
+        {"operation_id": old.operation_id, "decision": "decline"},
+    )
+    assert (
+        'id="df-edit"'
+        not in reviewer_client.get(reverse("admin:reviews_proposal_review", args=[old.pk])).content.decode()
+    )
     before = counts()
     response = reviewer_client.post(edit_url(old), form_data(old, body=old.body + "\nMore."))
     assert "already decided" in " ".join(messages_of(response))

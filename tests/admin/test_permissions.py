@@ -15,17 +15,32 @@ def state_changing_requests(case, proposal):
     """Every state-changing view of the workplace, as a forged POST would hit it."""
     op = proposal.operation_id
     return [
-        ("decide approve", reverse("admin:reviews_proposal_decide", args=[proposal.pk]),
-         {"operation_id": op, "decision": "approve"}),
-        ("decide decline", reverse("admin:reviews_proposal_decide", args=[proposal.pk]),
-         {"operation_id": op, "decision": "decline"}),
-        ("edit", reverse("admin:reviews_proposal_edit", args=[proposal.pk]),
-         {"expected_operation_id": op, "body": proposal.body + "\nForged.", "source_0": "2", "source_1": "3"}),
+        (
+            "decide approve",
+            reverse("admin:reviews_proposal_decide", args=[proposal.pk]),
+            {"operation_id": op, "decision": "approve"},
+        ),
+        (
+            "decide decline",
+            reverse("admin:reviews_proposal_decide", args=[proposal.pk]),
+            {"operation_id": op, "decision": "decline"},
+        ),
+        (
+            "edit",
+            reverse("admin:reviews_proposal_edit", args=[proposal.pk]),
+            {"expected_operation_id": op, "body": proposal.body + "\nForged.", "source_0": "2", "source_1": "3"},
+        ),
         ("begin", reverse("admin:cases_case_begin", args=[case.pk]), {}),
-        ("approve selected", reverse("admin:cases_case_changelist"),
-         {"action": "approve_selected", "_selected_action": [case.pk], "post": "yes", f"operation_id_{case.pk}": op}),
-        ("decline selected (confirmation)", reverse("admin:cases_case_changelist"),
-         {"action": "decline_selected", "_selected_action": [case.pk]}),
+        (
+            "approve selected",
+            reverse("admin:cases_case_changelist"),
+            {"action": "approve_selected", "_selected_action": [case.pk], "post": "yes", f"operation_id_{case.pk}": op},
+        ),
+        (
+            "decline selected (confirmation)",
+            reverse("admin:cases_case_changelist"),
+            {"action": "decline_selected", "_selected_action": [case.pk]},
+        ),
     ]
 
 
@@ -74,8 +89,10 @@ def test_staff_without_view_permission_cannot_read(make_user, begun, case):
 
 
 def test_anonymous_is_sent_to_login(client, begun, case):
-    response = client.post(reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
-                           {"operation_id": case.current_proposal.operation_id, "decision": "approve"})
+    response = client.post(
+        reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
+        {"operation_id": case.current_proposal.operation_id, "decision": "approve"},
+    )
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
     assert counts()["decisions"] == 0
 
@@ -84,8 +101,10 @@ def test_csrf_stays_on(reviewer, begun, case):
     client = Client(enforce_csrf_checks=True)
     client.force_login(reviewer)
     before = counts()
-    response = client.post(reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
-                           {"operation_id": case.current_proposal.operation_id, "decision": "approve"})
+    response = client.post(
+        reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
+        {"operation_id": case.current_proposal.operation_id, "decision": "approve"},
+    )
     assert response.status_code == 403
     assert counts() == before
 
@@ -96,8 +115,10 @@ def test_view_only_admins_refuse_add_change_delete(admin_client, begun, case, re
     from effects.models import CommitAttempt, EffectRecord
     from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 
-    reviewer_client.post(reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
-                         {"operation_id": case.current_proposal.operation_id, "decision": "approve"})
+    reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
+        {"operation_id": case.current_proposal.operation_id, "decision": "approve"},
+    )
     for model in (ReviewDecision, EffectRecord, CommitAttempt, PendingReview, WorkflowCheckpoint, Proposal):
         model_admin = admin.site._registry[model]
         assert model_admin.actions is None
@@ -106,8 +127,12 @@ def test_view_only_admins_refuse_add_change_delete(admin_client, begun, case, re
         assert obj is not None, opts.model_name
         # Even a superuser gets no add, change or delete.
         assert admin_client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_add")).status_code == 403
-        assert admin_client.post(reverse(f"admin:{opts.app_label}_{opts.model_name}_delete", args=[obj.pk]),
-                                 {"post": "yes"}).status_code == 403
+        assert (
+            admin_client.post(
+                reverse(f"admin:{opts.app_label}_{opts.model_name}_delete", args=[obj.pk]), {"post": "yes"}
+            ).status_code
+            == 403
+        )
         page = admin_client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
         assert page.status_code == 200
         assert 'name="action"' not in page.content.decode()

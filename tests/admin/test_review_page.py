@@ -52,8 +52,16 @@ def test_review_page_shows_exactly_what_is_approved(reviewer_client, begun, case
     # Findings with their licensed clauses; the policy with name, label and every parameter.
     assert "The reboot loop is a known issue of firmware 4.2.0 under engineering hold HOLD-7." in html
     assert "Known issue: GW-300 units on firmware 4.2.0 with more than 40 VPN tunnels" in html
-    for text in ("support-reply", "v3", "int:9", "str:forbidden", "bool:true", "allowance_units",
-                 "rollback_advice", "requires_human_review"):
+    for text in (
+        "support-reply",
+        "v3",
+        "int:9",
+        "str:forbidden",
+        "bool:true",
+        "allowance_units",
+        "rollback_advice",
+        "requires_human_review",
+    ):
         assert text in html
     assert "Prepared" in html
     # The buttons post the identity shown.
@@ -75,7 +83,7 @@ def test_approve_shows_receipt_then_replay_with_one_effect(reviewer_client, revi
     first = decide(reviewer_client, proposal, "approve")
     assert first.status_code == 200
     text = " ".join(messages_of(first))
-    assert 'Committed' in text and 'receipt={"Status":"Committed","Replay":false,"EffectCount":1}' in text
+    assert "Committed" in text and 'receipt={"Status":"Committed","Replay":false,"EffectCount":1}' in text
     effect = EffectRecord.objects.get(operation_id=proposal.operation_id)
     assert reverse("admin:effects_effectrecord_change", args=[effect.pk]) in text
     assert ReviewDecision.objects.get().reviewer == reviewer
@@ -97,7 +105,7 @@ def test_approve_shows_receipt_then_replay_with_one_effect(reviewer_client, revi
 def test_decline_then_approve_is_a_conflict_and_writes_nothing(reviewer_client, begun, case):
     proposal = case.current_proposal
     declined = decide(reviewer_client, proposal, "decline")
-    assert 'Declined' in " ".join(messages_of(declined))
+    assert "Declined" in " ".join(messages_of(declined))
     assert EffectRecord.objects.count() == 0
     before = counts()
     conflict = decide(reviewer_client, proposal, "approve")
@@ -112,8 +120,12 @@ def test_stale_approve_names_the_current_proposal_and_writes_nothing(reviewer_cl
     from decisionflow.workflow import review_edit
 
     old = case.current_proposal
-    revision, _ = review_edit(case=case, expected_operation_id=old.operation_id,
-                              body=old.body + "\n\nP.S. A fix is planned for 4.2.1.", editor=reviewer)
+    revision, _ = review_edit(
+        case=case,
+        expected_operation_id=old.operation_id,
+        body=old.body + "\n\nP.S. A fix is planned for 4.2.1.",
+        editor=reviewer,
+    )
     new = revision.proposal
     before = counts()
     response = decide(reviewer_client, old, "approve")
@@ -144,7 +156,8 @@ def test_missing_decision_is_not_consent(reviewer_client, begun, case):
     before = counts()
     response = reviewer_client.post(
         reverse("admin:reviews_proposal_decide", args=[case.current_proposal.pk]),
-        {"operation_id": case.current_proposal.operation_id}, follow=True,
+        {"operation_id": case.current_proposal.operation_id},
+        follow=True,
     )
     assert "an omitted decision is not consent" in " ".join(messages_of(response))
     assert counts() == before

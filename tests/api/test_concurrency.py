@@ -24,7 +24,9 @@ def _post(url, token, payload, barrier, results, index):
 
     try:
         request = urllib.request.Request(
-            url, data=json.dumps(payload).encode(), method="POST",
+            url,
+            data=json.dumps(payload).encode(),
+            method="POST",
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
         barrier.wait(timeout=30)
@@ -57,8 +59,9 @@ def _assert_one_effect(results):
 
     assert all(status == 200 for status, _ in results), results
     bodies = [body for _, body in results]
-    assert all(b["status"] == "Committed" and b["effect_count"] == 1 and b["operation_id"] == DEMO_OP
-               for b in bodies), bodies
+    assert all(
+        b["status"] == "Committed" and b["effect_count"] == 1 and b["operation_id"] == DEMO_OP for b in bodies
+    ), bodies
     assert sorted(b["replay"] for b in bodies) == [False] + [True] * (THREADS - 1)
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
     assert ReviewDecision.objects.filter(operation_id=DEMO_OP).count() == 1

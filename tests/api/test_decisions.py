@@ -74,8 +74,9 @@ def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer)
     from decisionflow.workflow import review_begin, review_edit
 
     review_begin(case=proposal.case, actor=reviewer)
-    revision, _ = review_edit(case=proposal.case, expected_operation_id=DEMO_OP,
-                              body=proposal.body + "\nOne more line.", editor=reviewer)
+    revision, _ = review_edit(
+        case=proposal.case, expected_operation_id=DEMO_OP, body=proposal.body + "\nOne more line.", editor=reviewer
+    )
     new_op = revision.proposal.operation_id
     before = snapshot()
 
@@ -84,7 +85,11 @@ def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer)
         assert body["current_operation_id"] == new_op
     assert snapshot() == before
     assert api.get(f"/api/operations/{DEMO_OP}").json() | {"decision": None} == {
-        "operation_id": DEMO_OP, "case_id": "T-1042", "state": "Pending", "effect_count": 0, "current": False,
+        "operation_id": DEMO_OP,
+        "case_id": "T-1042",
+        "state": "Pending",
+        "effect_count": 0,
+        "current": False,
         "decision": None,
     }
     # The current operation is decided normally.
@@ -99,15 +104,15 @@ def test_operation_of_another_case_is_not_found(api, proposal, make_user):
 
     case_import(data=load_fixture("t1077.json"))
     before = snapshot()
-    assert_error(api.post("/api/cases/T-1077/decision", {"operation_id": DEMO_OP, "approved": True}),
-                 404, "not_found")
+    assert_error(api.post("/api/cases/T-1077/decision", {"operation_id": DEMO_OP, "approved": True}), 404, "not_found")
     assert snapshot() == before
 
 
 def test_fault_header_is_ignored_without_fault_injection(api, proposal, settings):
     settings.DECISIONFLOW_FAULT_INJECTION = False
-    response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True},
-                        headers={"X-Decisionflow-Fault": "lose-receipt"})
+    response = api.post(
+        DECISION, {"operation_id": DEMO_OP, "approved": True}, headers={"X-Decisionflow-Fault": "lose-receipt"}
+    )
     assert response.status_code == 200
     assert response.json()["replay"] is False
 
@@ -115,8 +120,13 @@ def test_fault_header_is_ignored_without_fault_injection(api, proposal, settings
 def test_unknown_fault_is_refused_with_fault_injection(api, proposal, settings):
     settings.DECISIONFLOW_FAULT_INJECTION = True
     before = snapshot()
-    assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True},
-                          headers={"X-Decisionflow-Fault": "crash-everything"}), 400, "invalid_request")
+    assert_error(
+        api.post(
+            DECISION, {"operation_id": DEMO_OP, "approved": True}, headers={"X-Decisionflow-Fault": "crash-everything"}
+        ),
+        400,
+        "invalid_request",
+    )
     assert snapshot() == before
 
 
@@ -125,8 +135,9 @@ def test_lost_receipt_sequence_over_http(api, proposal, settings):
     from effects.models import EffectRecord
 
     settings.DECISIONFLOW_FAULT_INJECTION = True
-    lost = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True},
-                    headers={"X-Decisionflow-Fault": "lose-receipt"})
+    lost = api.post(
+        DECISION, {"operation_id": DEMO_OP, "approved": True}, headers={"X-Decisionflow-Fault": "lose-receipt"}
+    )
     body = assert_error(lost, 500, "outcome_uncertain")
     assert body["operation_id"] == DEMO_OP
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1  # the effect exists; the receipt was lost
@@ -150,8 +161,12 @@ def test_session_post_with_csrf_token_is_accepted(reviewer, proposal):
     client.force_login(reviewer)
     client.get("/admin/")  # sets the csrftoken cookie, as the admin page would
     token = client.cookies["csrftoken"].value
-    response = client.post(DECISION, {"operation_id": DEMO_OP, "approved": True}, content_type="application/json",
-                           headers={"X-CSRFToken": token})
+    response = client.post(
+        DECISION,
+        {"operation_id": DEMO_OP, "approved": True},
+        content_type="application/json",
+        headers={"X-CSRFToken": token},
+    )
     assert response.status_code == 200, response.content
     assert response.json()["status"] == "Committed"
 

@@ -27,8 +27,9 @@ def test_edit_body_makes_a_new_current_proposal(api, proposal):
 
     # The same edit again, from the old identity, is stale and writes nothing.
     before = snapshot()
-    stale = assert_error(api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": body + " Again."}),
-                         409, "stale_proposal")
+    stale = assert_error(
+        api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": body + " Again."}), 409, "stale_proposal"
+    )
     assert stale["current_operation_id"] == new["operation_id"]
     assert snapshot() == before
 

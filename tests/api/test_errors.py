@@ -131,8 +131,9 @@ def test_operation_lookup_malformed_400(api, before, op):
 def test_400_message_names_the_field(api, before, tripwire):
     body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": "yes"}), 400, "invalid_request")
     assert "approved" in body["message"]
-    body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True, "reviewer": "x"}),
-                        400, "invalid_request")
+    body = assert_error(
+        api.post(DECISION, {"operation_id": DEMO_OP, "approved": True, "reviewer": "x"}), 400, "invalid_request"
+    )
     assert "reviewer" in body["message"]
 
 
@@ -156,8 +157,9 @@ def _inactive_token(make_user):
     return token_create(user=user, name="gone")[1]
 
 
-@pytest.mark.parametrize("credentials", ["none", "unknown token", "empty bearer", "revoked", "inactive user",
-                                         "basic scheme"])
+@pytest.mark.parametrize(
+    "credentials", ["none", "unknown token", "empty bearer", "revoked", "inactive user", "basic scheme"]
+)
 def test_401(client, reviewer, make_user, before, tripwire, credentials):
     headers = {
         "none": {},
@@ -165,7 +167,8 @@ def test_401(client, reviewer, make_user, before, tripwire, credentials):
         "empty bearer": {"Authorization": "Bearer "},
         "revoked": {"Authorization": f"Bearer {_revoked_token(reviewer)}"} if credentials == "revoked" else {},
         "inactive user": {"Authorization": f"Bearer {_inactive_token(make_user)}"}
-        if credentials == "inactive user" else {},
+        if credentials == "inactive user"
+        else {},
         "basic scheme": {"Authorization": "Basic cmV2aWV3ZXI6cHctVDEwNDItdGVzdA=="},
     }[credentials]
     before = full_snapshot()
@@ -223,8 +226,11 @@ def test_session_form_bodies_are_400_not_500(reviewer, before, tripwire):
     client.get("/admin/")
     token = client.cookies["csrftoken"].value
     for content_type in ("multipart/form-data; boundary=BoUnDaRy", "application/x-www-form-urlencoded"):
-        data = ({"operation_id": DEMO_OP, "approved": "true"} if content_type.startswith("multipart") else
-                f"operation_id={DEMO_OP}&approved=true")
+        data = (
+            {"operation_id": DEMO_OP, "approved": "true"}
+            if content_type.startswith("multipart")
+            else f"operation_id={DEMO_OP}&approved=true"
+        )
         if content_type.startswith("multipart"):
             from django.test.client import encode_multipart
 

@@ -8,7 +8,9 @@ def test_openapi_json_describes_the_endpoints(client, db):
     assert response.status_code == 200
     schema = response.json()
     assert set(schema["paths"]) == {
-        "/api/cases/{case_id}", "/api/cases/{case_id}/decision", "/api/cases/{case_id}/edits",
+        "/api/cases/{case_id}",
+        "/api/cases/{case_id}/decision",
+        "/api/cases/{case_id}/edits",
         "/api/operations/{operation_id}",
     }
     decision = schema["paths"]["/api/cases/{case_id}/decision"]["post"]

@@ -52,15 +52,15 @@ def _schema_valid_edit(case) -> bool:
     body_schema = {**components["EditIn"], "$defs": components}
     case_id = case.path_parameters.get("case_id")
     return (
-        isinstance(case_id, str) and len(case_id) <= 100
+        isinstance(case_id, str)
+        and len(case_id) <= 100
         and case.media_type == "application/json"
         and jsonschema_rs.validator_for(body_schema).is_valid(case.body)
     )
 
 
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_api_conforms(case, keep_test_connection, proposal, reviewer_token, settings):
     settings.DECISIONFLOW_FAULT_INJECTION = False
     headers = {"Authorization": f"Bearer {reviewer_token}"}

@@ -66,8 +66,9 @@ def test_admin_issues_a_token_and_shows_it_once(client, admin_user, reviewer, pr
     form = client.get(reverse("admin:api_apitoken_add"))
     assert form.status_code == 200
     assert 'name="user"' in form.content.decode() and 'name="name"' in form.content.decode()
-    response = client.post(reverse("admin:api_apitoken_add"), {"user": reviewer.pk, "name": "nightly retry"},
-                           follow=True)
+    response = client.post(
+        reverse("admin:api_apitoken_add"), {"user": reviewer.pk, "name": "nightly retry"}, follow=True
+    )
     assert response.status_code == 200
     shown = [str(m) for m in response.context["messages"]]
     plaintext = re.search(r"(dft_[A-Za-z0-9_-]+)", " ".join(shown)).group(1)

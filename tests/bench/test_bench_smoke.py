@@ -37,8 +37,12 @@ def test_in_process_benchmarks_run_once():
         with raw_connect() as conn:
             load_operations(conn, 30)
     results = run_suite(scale=SCALES["smoke"], log=lambda m: None)
-    keys = [f"commit_{connection.vendor}", f"replay_{connection.vendor}", f"orm_{connection.vendor}",
-            f"begin_{connection.vendor}"]
+    keys = [
+        f"commit_{connection.vendor}",
+        f"replay_{connection.vendor}",
+        f"orm_{connection.vendor}",
+        f"begin_{connection.vendor}",
+    ]
     if connection.vendor == "postgresql":
         keys += ["identity", "identity_nonascii", "commit_concurrent", "resume_postgresql"]
     by_key = _check_measured(results, keys)

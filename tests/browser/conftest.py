@@ -21,12 +21,16 @@ import pytest
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
-SKIP_REASON = (
-    f"browser tests skipped: {CHROMIUM} is missing (run `make browser` as root to install Debian's chromium)"
-)
+SKIP_REASON = f"browser tests skipped: {CHROMIUM} is missing (run `make browser` as root to install Debian's chromium)"
 
 REVIEWER = ("reviewer", "review-T1042")
 LEAD = ("lead", "lead-T1042")

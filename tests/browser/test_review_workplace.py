@@ -42,7 +42,7 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     page.click("#df-approve")
     page.wait_for_selector("ul.messagelist")
     text = messages(page)
-    assert 'Committed' in text and '{"Status":"Committed","Replay":false,"EffectCount":1}' in text
+    assert "Committed" in text and '{"Status":"Committed","Replay":false,"EffectCount":1}' in text
     expect(page.locator("#df-decision")).to_contain_text("Approved by reviewer")
     # The receipt links to the effect record.
     page.locator("ul.messagelist a", has_text="effect record").click()
@@ -53,7 +53,9 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     page.click("#df-approve")
     page.wait_for_selector("ul.messagelist")
     decision = ReviewDecision.objects.get(operation_id=op)
-    assert re.search(r"already approved by reviewer at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, no new record", messages(page))
+    assert re.search(
+        r"already approved by reviewer at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, no new record", messages(page)
+    )
     assert decision.reviewer.username == "reviewer"
     assert EffectRecord.objects.filter(operation_id=op).count() == 1
 
@@ -79,7 +81,11 @@ def test_stale_tab_after_an_edit_in_another_tab(demo, login, live_server, screen
     tab_b.goto(tab_a.url)
     tab_b.click("#df-edit")
     body = tab_b.locator("#id_body")
-    body.fill(body.input_value().replace("Kind regards,", "If you need the units stable sooner, reply and we will call you.\n\nKind regards,"))
+    body.fill(
+        body.input_value().replace(
+            "Kind regards,", "If you need the units stable sooner, reply and we will call you.\n\nKind regards,"
+        )
+    )
     tab_b.click("#df-save")
     tab_b.wait_for_selector("#df-review")
     assert "Saved as a new proposal" in messages(tab_b)
@@ -124,27 +130,36 @@ def test_evidence_only_change_with_identical_text_refuses_the_old_tab(demo, logi
     assert ReviewDecision.objects.count() == 0 and EffectRecord.objects.count() == 0
 
 
-def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(
-    demo, login, live_server, screenshot_dir
-):
+def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(demo, login, live_server, screenshot_dir):
     from django.contrib.auth import get_user_model
 
     from decisionflow.workflow import review_edit, review_resume
 
     reviewer = get_user_model().objects.get(username="reviewer")
     old = demo.current_proposal
-    revision, _ = in_thread(review_edit, case=demo, expected_operation_id=old.operation_id,
-                            body=old.body.replace("Kind regards,", "We will call you on Monday.\n\nKind regards,"),
-                            editor=reviewer)
+    revision, _ = in_thread(
+        review_edit,
+        case=demo,
+        expected_operation_id=old.operation_id,
+        body=old.body.replace("Kind regards,", "We will call you on Monday.\n\nKind regards,"),
+        editor=reviewer,
+    )
     new = revision.proposal
     from decisionflow.errors import StaleProposal
 
     with pytest.raises(StaleProposal):  # a stale tab's approval: refused, recorded in the history
-        in_thread(review_resume, case=demo, operation_id=old.operation_id, approved=True, reviewer=reviewer,
-                  channel="admin")
+        in_thread(
+            review_resume, case=demo, operation_id=old.operation_id, approved=True, reviewer=reviewer, channel="admin"
+        )
     for approved in (True, True):  # committed, then a replay
-        in_thread(review_resume, case=demo, operation_id=new.operation_id, approved=approved, reviewer=reviewer,
-                  channel="admin")
+        in_thread(
+            review_resume,
+            case=demo,
+            operation_id=new.operation_id,
+            approved=approved,
+            reviewer=reviewer,
+            channel="admin",
+        )
 
     context, page = login(*LEAD)
     page.goto(f"{live_server.url}/admin/cases/case/{demo.pk}/history/")

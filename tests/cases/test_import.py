@@ -68,29 +68,54 @@ def _bad(mutate):
         data = copy.deepcopy(data)
         mutate(data)
         return data
+
     return apply
 
 
 BAD_FILES = [
     ("missing-draft", _bad(lambda d: d.pop("draft")), "draft: is required but missing"),
-    ("missing-source-text", _bad(lambda d: d["sources"][0]["versions"][0].pop("text")),
-     "sources[0].versions[0].text: is required but missing"),
+    (
+        "missing-source-text",
+        _bad(lambda d: d["sources"][0]["versions"][0].pop("text")),
+        "sources[0].versions[0].text: is required but missing",
+    ),
     ("missing-policy-label", _bad(lambda d: d["policy"].pop("label")), "policy.label: is required"),
-    ("selected-version-missing", _bad(lambda d: d["selected_evidence"][0].update(version=3)),
-     "selected_evidence[0].version: HOLD-7 version 3 does not exist"),
-    ("quotation-not-in-text", _bad(lambda d: d["selected_evidence"][1].update(quotation="download the .zip file")),
-     "selected_evidence[1].quotation: is not in the text of KB-311 version 3"),
-    ("finding-not-selected", _bad(lambda d: d["findings"][0].update(version=4)),
-     "findings[0].source_id: cites HOLD-7 version 4, which is not among the selected evidence"),
-    ("clause-not-in-text", _bad(lambda d: d["findings"][1].update(licensed_clause="Roll back freely.")),
-     "findings[1].licensed_clause: is not in the text"),
+    (
+        "selected-version-missing",
+        _bad(lambda d: d["selected_evidence"][0].update(version=3)),
+        "selected_evidence[0].version: HOLD-7 version 3 does not exist",
+    ),
+    (
+        "quotation-not-in-text",
+        _bad(lambda d: d["selected_evidence"][1].update(quotation="download the .zip file")),
+        "selected_evidence[1].quotation: is not in the text of KB-311 version 3",
+    ),
+    (
+        "finding-not-selected",
+        _bad(lambda d: d["findings"][0].update(version=4)),
+        "findings[0].source_id: cites HOLD-7 version 4, which is not among the selected evidence",
+    ),
+    (
+        "clause-not-in-text",
+        _bad(lambda d: d["findings"][1].update(licensed_clause="Roll back freely.")),
+        "findings[1].licensed_clause: is not in the text",
+    ),
     ("lone-surrogate", _bad(lambda d: d.update(subject="Gateway \ud800")), "subject: contains a lone surrogate"),
-    ("duplicate-selection", _bad(lambda d: d["selected_evidence"].append(dict(d["selected_evidence"][0]))),
-     "selected_evidence[2].version: HOLD-7 version 2 is selected twice"),
-    ("float-policy-value", _bad(lambda d: d["policy"]["parameters"].update(allowance_units=9.5)),
-     "policy.parameters.allowance_units: policy value 9.5 has type float"),
-    ("string-version", _bad(lambda d: d["selected_evidence"][0].update(version="2")),
-     "selected_evidence[0].version: must be a non-negative integer"),
+    (
+        "duplicate-selection",
+        _bad(lambda d: d["selected_evidence"].append(dict(d["selected_evidence"][0]))),
+        "selected_evidence[2].version: HOLD-7 version 2 is selected twice",
+    ),
+    (
+        "float-policy-value",
+        _bad(lambda d: d["policy"]["parameters"].update(allowance_units=9.5)),
+        "policy.parameters.allowance_units: policy value 9.5 has type float",
+    ),
+    (
+        "string-version",
+        _bad(lambda d: d["selected_evidence"][0].update(version="2")),
+        "selected_evidence[0].version: must be a non-negative integer",
+    ),
     ("sources-not-list", _bad(lambda d: d.update(sources={})), "sources: must be a list"),
 ]
 

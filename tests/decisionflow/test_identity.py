@@ -73,8 +73,12 @@ def test_evidence_order_of_input_does_not_matter(t1042_data):
 def test_evidence_orders_versions_numerically():
     a = {"source_id": "S", "version": 10, "quotation": "x"}
     b = {"source_id": "S", "version": 9, "quotation": "y"}
-    expected = "ev-v1-" + hashlib.sha256(identity.encode_fields(
-        ["decisionflow.evidence.v1", "S", "9", "y", "S", "10", "x"])).hexdigest()
+    expected = (
+        "ev-v1-"
+        + hashlib.sha256(
+            identity.encode_fields(["decisionflow.evidence.v1", "S", "9", "y", "S", "10", "x"])
+        ).hexdigest()
+    )
     assert identity.evidence_id([a, b]) == expected
 
 
@@ -85,15 +89,24 @@ def test_evidence_orders_versions_numerically():
         lambda: identity.operation_id("T-1", "act", "body \udfff", "ev", "pol"),
         lambda: identity.evidence_id([{"source_id": "S", "version": 1, "quotation": "\ud800"}]),
         lambda: identity.policy_id("p", {"k": "\ud800"}),
-        lambda: identity.evidence_id([
-            {"source_id": "S", "version": 1, "quotation": "a"},
-            {"source_id": "S", "version": 1, "quotation": "b"},
-        ]),
+        lambda: identity.evidence_id(
+            [
+                {"source_id": "S", "version": 1, "quotation": "a"},
+                {"source_id": "S", "version": 1, "quotation": "b"},
+            ]
+        ),
         lambda: identity.evidence_id([{"source_id": "S", "version": True, "quotation": "a"}]),
         lambda: identity.evidence_id([{"source_id": "S", "quotation": "a"}]),
     ],
-    ids=["surrogate-field", "surrogate-body", "surrogate-quotation", "surrogate-policy",
-         "same-version-twice", "bool-version", "missing-version"],
+    ids=[
+        "surrogate-field",
+        "surrogate-body",
+        "surrogate-quotation",
+        "surrogate-policy",
+        "same-version-twice",
+        "bool-version",
+        "missing-version",
+    ],
 )
 def test_bad_input_is_refused_with_value_error(call):
     with pytest.raises(ValueError):
@@ -141,13 +154,14 @@ def test_any_other_one_character_change_gives_a_new_identity(body, data):
         changed = body[:position] + char + body[position:]
     elif kind == "replace" and position < len(body):
         assume(body[position] != char and body[position] != "\n")
-        changed = body[:position] + char + body[position + 1:]
+        changed = body[:position] + char + body[position + 1 :]
     elif kind == "delete" and position < len(body):
-        changed = body[:position] + body[position + 1:]
+        changed = body[:position] + body[position + 1 :]
     else:
         assume(False)
     assert identity.operation_id("T-1", "act", changed, "ev", "pol") != identity.operation_id(
-        "T-1", "act", body, "ev", "pol")
+        "T-1", "act", body, "ev", "pol"
+    )
 
 
 def test_short_and_format_helpers():

@@ -10,8 +10,9 @@ from tests.conftest import ROOT
 def _run(env_overrides, *args):
     env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG", "DATABASE_URL")}
     env.update(env_overrides)
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_missing_secret_key_with_debug_off_fails_clearly(tmp_path):
@@ -28,5 +29,4 @@ def test_debug_off_with_secret_key_starts():
 def test_database_url_selects_the_backend():
     from django.conf import settings
 
-    assert settings.DATABASES["default"]["ENGINE"] in (
-        "django.db.backends.sqlite3", "django.db.backends.postgresql")
+    assert settings.DATABASES["default"]["ENGINE"] in ("django.db.backends.sqlite3", "django.db.backends.postgresql")

@@ -64,8 +64,12 @@ def test_a_non_boolean_decision_is_refused(proposal, reviewer, approved):
 
 
 def test_a_stale_operation_is_refused(proposal, reviewer):
-    new = proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id,
-                          body="Hello,\n\nA shorter reply.", editor=reviewer).proposal
+    new = proposal_revise(
+        case=proposal.case,
+        expected_operation_id=proposal.operation_id,
+        body="Hello,\n\nA shorter reply.",
+        editor=reviewer,
+    ).proposal
     with pytest.raises(StaleProposal) as exc:
         effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     assert exc.value.current_operation_id == new.operation_id
@@ -92,8 +96,14 @@ def test_no_reviewer_and_inactive_reviewer_are_refused(proposal, reviewer):
 
 @pytest.mark.parametrize(
     "operation_id, error",
-    [("op-v1-" + "0" * 64, NotFound), ("op-v1-" + "A" * 64, InvalidInput), ("op-v1-abc", InvalidInput),
-     ("'; DROP TABLE effects_effectrecord; --", InvalidInput), ("", InvalidInput), (None, InvalidInput)],
+    [
+        ("op-v1-" + "0" * 64, NotFound),
+        ("op-v1-" + "A" * 64, InvalidInput),
+        ("op-v1-abc", InvalidInput),
+        ("'; DROP TABLE effects_effectrecord; --", InvalidInput),
+        ("", InvalidInput),
+        (None, InvalidInput),
+    ],
 )
 def test_unknown_or_malformed_operations_are_refused(proposal, reviewer, operation_id, error):
     with pytest.raises(error):

@@ -76,8 +76,10 @@ def test_8_approvals_racing_8_declines_have_one_first_decision(live_proposal, re
 def test_two_concurrent_revisions_from_one_identity_make_one_new_proposal(live_proposal, reviewer):
     case = Case.objects.get(pk=live_proposal.case_id)
     op = live_proposal.operation_id
-    calls = [lambda b=b: proposal_revise(case=case, expected_operation_id=op, body=b, editor=reviewer)
-             for b in ("Edit from tab A.", "Edit from tab B.")]
+    calls = [
+        lambda b=b: proposal_revise(case=case, expected_operation_id=op, body=b, editor=reviewer)
+        for b in ("Edit from tab A.", "Edit from tab B.")
+    ]
     results, errors = race(calls)
     assert len(errors) == 1 and isinstance(errors[0], StaleProposal)
     winner = next(r for r in results if r is not None).proposal
@@ -89,8 +91,10 @@ def test_two_concurrent_revisions_from_one_identity_make_one_new_proposal(live_p
 def test_an_edit_racing_an_approval_never_approves_a_superseded_proposal(live_proposal, reviewer):
     case = Case.objects.get(pk=live_proposal.case_id)
     op = live_proposal.operation_id
-    calls = [lambda: effect_commit(operation_id=op, approved=True, reviewer=reviewer),
-             lambda: proposal_revise(case=case, expected_operation_id=op, body="Racing edit.", editor=reviewer)]
+    calls = [
+        lambda: effect_commit(operation_id=op, approved=True, reviewer=reviewer),
+        lambda: proposal_revise(case=case, expected_operation_id=op, body="Racing edit.", editor=reviewer),
+    ]
     results, errors = race(calls)
     case.refresh_from_db()
     decided = ReviewDecision.objects.filter(operation_id=op).exists()

@@ -17,8 +17,12 @@ def four_cases(db, reviewer):
     from cases.services import case_import
 
     ops = {}
-    for name, state in [("t1042.json", "Pending"), ("t1077.json", "Committed"), ("t1103.json", "Declined"),
-                        ("t1150.json", "NoLocalEffectRecorded")]:
+    for name, state in [
+        ("t1042.json", "Pending"),
+        ("t1077.json", "Committed"),
+        ("t1103.json", "Declined"),
+        ("t1150.json", "NoLocalEffectRecorded"),
+    ]:
         case = case_import(data=load_fixture(name)).case
         proposal = proposal_create(case=case)
         ops[state] = proposal.operation_id
@@ -27,8 +31,9 @@ def four_cases(db, reviewer):
         elif state == "Declined":
             effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
         elif state == "NoLocalEffectRecorded":
-            ReviewDecision.objects.create(operation_id=proposal.operation_id, proposal=proposal, approved=True,
-                                          reviewer=reviewer)
+            ReviewDecision.objects.create(
+                operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer
+            )
     return ops
 
 
@@ -41,8 +46,7 @@ def test_each_state_is_classified(four_cases):
         four_cases["NoLocalEffectRecorded"]: ("NoLocalEffectRecorded", 0),
     }
     assert len(rows) == 4
-    assert {state: operation_reconcile(op).state for state, op in four_cases.items()} == {
-        s: s for s in four_cases}
+    assert {state: operation_reconcile(op).state for state, op in four_cases.items()} == {s: s for s in four_cases}
 
 
 def test_filters_by_case_and_operation(four_cases):

@@ -54,8 +54,9 @@ def child_env(*, crash_at: str | None = None, inject: bool = True, **extra) -> d
     return env
 
 
-def manage(*args: str, crash_at: str | None = None, inject: bool = True, timeout: float = 120
-           ) -> subprocess.CompletedProcess:
+def manage(
+    *args: str, crash_at: str | None = None, inject: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """``python manage.py *args`` in a fresh process on the test database."""
     return subprocess.run(
         [sys.executable, "manage.py", *args],
@@ -123,8 +124,9 @@ def truth(case_ids) -> list[dict]:
                 state = "Declined"
             else:
                 state = "Committed" if effects else "NoLocalEffectRecorded"
-            rows.append({"case": case.case_id, "operation_id": proposal.operation_id, "state": state,
-                         "effects": effects})
+            rows.append(
+                {"case": case.case_id, "operation_id": proposal.operation_id, "state": state, "effects": effects}
+            )
     return rows
 
 

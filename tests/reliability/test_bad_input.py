@@ -55,8 +55,18 @@ def w(db, reviewer, tmp_path):
     revision, _ = review_edit(case=c, expected_operation_id=op_c_stale, source_versions={"HOLD-7": 4}, editor=reviewer)
     for case in (a, b, c):
         case.refresh_from_db()
-    return World(a, b, c, op_a, op_b, op_c_stale, revision.proposal.operation_id, reviewer,
-                 token_create(user=reviewer, name="battery")[1], tmp_path)
+    return World(
+        a,
+        b,
+        c,
+        op_a,
+        op_b,
+        op_c_stale,
+        revision.proposal.operation_id,
+        reviewer,
+        token_create(user=reviewer, name="battery")[1],
+        tmp_path,
+    )
 
 
 class Battery:
@@ -84,9 +94,15 @@ class Battery:
             self.refused += 1
 
     def save(self):
-        record("bad-input", entry=self.entry, inputs=self.tried, refused_clearly=self.refused,
-               wrote_something=self.written, seconds=round(time.monotonic() - self.started, 1),
-               names=self.names)
+        record(
+            "bad-input",
+            entry=self.entry,
+            inputs=self.tried,
+            refused_clearly=self.refused,
+            wrote_something=self.written,
+            seconds=round(time.monotonic() - self.started, 1),
+            names=self.names,
+        )
         assert self.refused == self.tried and self.written == 0
 
 
@@ -130,23 +146,43 @@ def load_case_rows(w):
     return [
         ("load_case: a required key (draft) missing", cmd_error("load_case", file("1.json", no_draft), expect="draft")),
         ("load_case: a duplicated source version", cmd_error("load_case", file("2.json", dup_version), expect="twice")),
-        ("load_case: a policy with a float value", cmd_error("load_case", file("3.json", float_policy),
-                                                             expect="allowance_units")),
-        ("load_case: a policy with a null value", cmd_error("load_case", file("3b.json", null_policy),
-                                                            expect="allowance_units")),
-        ("load_case: invalid UTF-8", cmd_error("load_case", file("4.json", raw=text.encode()[:50] + b"\xff\xfe"
-                                                                 + text.encode()[50:]), expect="UTF-8")),
-        ("load_case: a lone surrogate escape", cmd_error("load_case", file("5.json", raw=text.replace(
-            '"Hello,', '"\\ud800Hello,').encode()), expect="surrogate")),
-        ("load_case: truncated JSON", cmd_error("load_case", file("6.json", raw=text.encode()[: len(text) // 2]),
-                                                expect="JSON")),
+        (
+            "load_case: a policy with a float value",
+            cmd_error("load_case", file("3.json", float_policy), expect="allowance_units"),
+        ),
+        (
+            "load_case: a policy with a null value",
+            cmd_error("load_case", file("3b.json", null_policy), expect="allowance_units"),
+        ),
+        (
+            "load_case: invalid UTF-8",
+            cmd_error(
+                "load_case", file("4.json", raw=text.encode()[:50] + b"\xff\xfe" + text.encode()[50:]), expect="UTF-8"
+            ),
+        ),
+        (
+            "load_case: a lone surrogate escape",
+            cmd_error(
+                "load_case", file("5.json", raw=text.replace('"Hello,', '"\\ud800Hello,').encode()), expect="surrogate"
+            ),
+        ),
+        (
+            "load_case: truncated JSON",
+            cmd_error("load_case", file("6.json", raw=text.encode()[: len(text) // 2]), expect="JSON"),
+        ),
         ("load_case: the same evidence selected twice", cmd_error("load_case", file("7.json", twice), expect="twice")),
-        ("load_case: a quotation not in its source", cmd_error("load_case", file("8.json", wrong_quote),
-                                                               expect="not in the text")),
-        ("load_case: a version given as a string", cmd_error("load_case", file("9.json", str_version),
-                                                             expect="integer")),
-        ("load_case: an existing case with other content", cmd_error("load_case", file("10.json", changed),
-                                                                     expect="already exists")),
+        (
+            "load_case: a quotation not in its source",
+            cmd_error("load_case", file("8.json", wrong_quote), expect="not in the text"),
+        ),
+        (
+            "load_case: a version given as a string",
+            cmd_error("load_case", file("9.json", str_version), expect="integer"),
+        ),
+        (
+            "load_case: an existing case with other content",
+            cmd_error("load_case", file("10.json", changed), expect="already exists"),
+        ),
         ("load_case: an empty case_id", cmd_error("load_case", file("11.json", case_data("  ")), expect="empty")),
         ("load_case: a JSON list, not an object", cmd_error("load_case", file("12.json", [good]), expect="object")),
         ("load_case: a missing file", cmd_error("load_case", str(w.tmp / "missing.json"), expect="cannot read")),
@@ -158,28 +194,49 @@ def resume_rows(w):
     a = w.a.case_id
     return [
         ("resume: no --approve or --decline", cmd_error("resume", a, "--operation-id", w.op_a, *r, expect="approve")),
-        ("resume: both --approve and --decline", cmd_error("resume", a, "--operation-id", w.op_a, "--approve",
-                                                           "--decline", *r, expect="not allowed")),
-        ("resume: a malformed identity", cmd_error("resume", a, "--operation-id", "op-v1-xyz", "--approve", *r,
-                                                   expect="no pending review")),
+        (
+            "resume: both --approve and --decline",
+            cmd_error("resume", a, "--operation-id", w.op_a, "--approve", "--decline", *r, expect="not allowed"),
+        ),
+        (
+            "resume: a malformed identity",
+            cmd_error("resume", a, "--operation-id", "op-v1-xyz", "--approve", *r, expect="no pending review"),
+        ),
         ("resume: a truncated identity", cmd_error("resume", a, "--operation-id", w.op_a[:-1], "--approve", *r)),
         ("resume: an upper-case identity", cmd_error("resume", a, "--operation-id", w.op_a.upper(), "--approve", *r)),
         ("resume: the identity of another case", cmd_error("resume", a, "--operation-id", w.op_b, "--approve", *r)),
-        ("resume: a stale identity", cmd_error("resume", w.c.case_id, "--operation-id", w.op_c_stale, "--approve",
-                                               *r, code=4, expect="stale")),
-        ("resume: an unknown case", cmd_error("resume", "NOPE-1", "--operation-id", w.op_a, "--approve", *r,
-                                              expect="no case")),
-        ("resume: SQL metacharacters in the case ID", cmd_error("resume", "B-1'; DROP TABLE cases_case; --",
-                                                                "--operation-id", w.op_a, "--approve", *r,
-                                                                expect="no case")),
-        ("resume: HTML in the case ID", cmd_error("resume", "<script>alert(1)</script>", "--operation-id", w.op_a,
-                                                  "--approve", *r, expect="no case")),
-        ("resume: SQL metacharacters in the identity", cmd_error("resume", a, "--operation-id", "op-v1-' OR '1'='1",
-                                                                 "--approve", *r)),
-        ("resume: an unknown reviewer", cmd_error("resume", a, "--operation-id", w.op_a, "--approve",
-                                                  "--reviewer", "nobody", expect="no user")),
-        ("resume: an unknown fault", cmd_error("resume", a, "--operation-id", w.op_a, "--approve", *r,
-                                               "--fault", "explode", expect="fault")),
+        (
+            "resume: a stale identity",
+            cmd_error("resume", w.c.case_id, "--operation-id", w.op_c_stale, "--approve", *r, code=4, expect="stale"),
+        ),
+        (
+            "resume: an unknown case",
+            cmd_error("resume", "NOPE-1", "--operation-id", w.op_a, "--approve", *r, expect="no case"),
+        ),
+        (
+            "resume: SQL metacharacters in the case ID",
+            cmd_error(
+                "resume", "B-1'; DROP TABLE cases_case; --", "--operation-id", w.op_a, "--approve", *r, expect="no case"
+            ),
+        ),
+        (
+            "resume: HTML in the case ID",
+            cmd_error(
+                "resume", "<script>alert(1)</script>", "--operation-id", w.op_a, "--approve", *r, expect="no case"
+            ),
+        ),
+        (
+            "resume: SQL metacharacters in the identity",
+            cmd_error("resume", a, "--operation-id", "op-v1-' OR '1'='1", "--approve", *r),
+        ),
+        (
+            "resume: an unknown reviewer",
+            cmd_error("resume", a, "--operation-id", w.op_a, "--approve", "--reviewer", "nobody", expect="no user"),
+        ),
+        (
+            "resume: an unknown fault",
+            cmd_error("resume", a, "--operation-id", w.op_a, "--approve", *r, "--fault", "explode", expect="fault"),
+        ),
     ]
 
 
@@ -193,31 +250,99 @@ def edit_rows(w):
         return str(path)
 
     return [
-        ("edit: a body file that is not UTF-8", cmd_error("edit", a, "--expected-operation-id", w.op_a, "--body-file",
-                                                          body("b1.txt", b"Hello \xff\xfe world."), *e,
-                                                          expect="UTF-8")),
-        ("edit: a surrogate encoded in the body bytes", cmd_error("edit", a, "--expected-operation-id", w.op_a,
-                                                                  "--body-file", body("b2.txt", b"Hi \xed\xa0\x80."),
-                                                                  *e, expect="UTF-8")),
-        ("edit: invalid UTF-8 on stdin", cmd_error("edit", a, "--expected-operation-id", w.op_a, "--body-file", "-",
-                                                   *e, stdin_bytes=b"\xc3\x28 broken", expect="UTF-8")),
-        ("edit: a stale expected identity", cmd_error("edit", w.c.case_id, "--expected-operation-id", w.op_c_stale,
-                                                      "--source", "HOLD-7=2", *e, code=4, expect="stale")),
-        ("edit: the expected identity of another case", cmd_error("edit", a, "--expected-operation-id", w.op_b,
-                                                                  "--source", "HOLD-7=4", *e)),
-        ("edit: a malformed expected identity", cmd_error("edit", a, "--expected-operation-id", "op-v1-" + "g" * 64,
-                                                          "--source", "HOLD-7=4", *e)),
-        ("edit: --source that is not SOURCE=VERSION", cmd_error("edit", a, "--expected-operation-id", w.op_a,
-                                                                "--source", "HOLD-7=abc", *e, expect="SOURCE=VERSION")),
-        ("edit: --source naming a version that does not exist", cmd_error("edit", a, "--expected-operation-id", w.op_a,
-                                                                          "--source", "HOLD-7=99", *e)),
-        ("edit: --source naming a source not in the proposal", cmd_error("edit", a, "--expected-operation-id", w.op_a,
-                                                                         "--source", "KB-999=1", *e)),
-        ("edit: neither a body nor a source", cmd_error("edit", a, "--expected-operation-id", w.op_a, *e,
-                                                        expect="required")),
-        ("edit: a body file that does not exist", cmd_error("edit", a, "--expected-operation-id", w.op_a,
-                                                            "--body-file", str(w.tmp / "none.txt"), *e,
-                                                            expect="cannot read")),
+        (
+            "edit: a body file that is not UTF-8",
+            cmd_error(
+                "edit",
+                a,
+                "--expected-operation-id",
+                w.op_a,
+                "--body-file",
+                body("b1.txt", b"Hello \xff\xfe world."),
+                *e,
+                expect="UTF-8",
+            ),
+        ),
+        (
+            "edit: a surrogate encoded in the body bytes",
+            cmd_error(
+                "edit",
+                a,
+                "--expected-operation-id",
+                w.op_a,
+                "--body-file",
+                body("b2.txt", b"Hi \xed\xa0\x80."),
+                *e,
+                expect="UTF-8",
+            ),
+        ),
+        (
+            "edit: invalid UTF-8 on stdin",
+            cmd_error(
+                "edit",
+                a,
+                "--expected-operation-id",
+                w.op_a,
+                "--body-file",
+                "-",
+                *e,
+                stdin_bytes=b"\xc3\x28 broken",
+                expect="UTF-8",
+            ),
+        ),
+        (
+            "edit: a stale expected identity",
+            cmd_error(
+                "edit",
+                w.c.case_id,
+                "--expected-operation-id",
+                w.op_c_stale,
+                "--source",
+                "HOLD-7=2",
+                *e,
+                code=4,
+                expect="stale",
+            ),
+        ),
+        (
+            "edit: the expected identity of another case",
+            cmd_error("edit", a, "--expected-operation-id", w.op_b, "--source", "HOLD-7=4", *e),
+        ),
+        (
+            "edit: a malformed expected identity",
+            cmd_error("edit", a, "--expected-operation-id", "op-v1-" + "g" * 64, "--source", "HOLD-7=4", *e),
+        ),
+        (
+            "edit: --source that is not SOURCE=VERSION",
+            cmd_error(
+                "edit", a, "--expected-operation-id", w.op_a, "--source", "HOLD-7=abc", *e, expect="SOURCE=VERSION"
+            ),
+        ),
+        (
+            "edit: --source naming a version that does not exist",
+            cmd_error("edit", a, "--expected-operation-id", w.op_a, "--source", "HOLD-7=99", *e),
+        ),
+        (
+            "edit: --source naming a source not in the proposal",
+            cmd_error("edit", a, "--expected-operation-id", w.op_a, "--source", "KB-999=1", *e),
+        ),
+        (
+            "edit: neither a body nor a source",
+            cmd_error("edit", a, "--expected-operation-id", w.op_a, *e, expect="required"),
+        ),
+        (
+            "edit: a body file that does not exist",
+            cmd_error(
+                "edit",
+                a,
+                "--expected-operation-id",
+                w.op_a,
+                "--body-file",
+                str(w.tmp / "none.txt"),
+                *e,
+                expect="cannot read",
+            ),
+        ),
     ]
 
 
@@ -249,14 +374,33 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
     pending = PendingReview.objects.get(operation_id=w.op_a)
     row = WorkflowCheckpoint.objects.get(checkpoint_id=pending.checkpoint_id)
     original = {f: getattr(row, f) for f in ("payload", "digest", "graph_signature_hash")}
+
     def refused(expect):
-        return cmd_error("resume", w.a.case_id, "--operation-id", w.op_a, "--approve",
-                         "--reviewer", w.reviewer.get_username(), code=5, expect=expect)
+        return cmd_error(
+            "resume",
+            w.a.case_id,
+            "--operation-id",
+            w.op_a,
+            "--approve",
+            "--reviewer",
+            w.reviewer.get_username(),
+            code=5,
+            expect=expect,
+        )
 
     resume = refused(None)
     # A checkpoint that loads but re-emits a request for another operation is refused as stale.
-    resume_stale = cmd_error("resume", w.a.case_id, "--operation-id", w.op_a, "--approve",
-                             "--reviewer", w.reviewer.get_username(), code=4, expect="stale")
+    resume_stale = cmd_error(
+        "resume",
+        w.a.case_id,
+        "--operation-id",
+        w.op_a,
+        "--approve",
+        "--reviewer",
+        w.reviewer.get_username(),
+        code=4,
+        expect="stale",
+    )
 
     def with_row(attempt=None, **fields):
         def run():
@@ -265,6 +409,7 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
                 return (attempt or resume)()
             finally:
                 WorkflowCheckpoint.objects.filter(pk=row.pk).update(**original)
+
         return run
 
     def with_payload(change, attempt=None):
@@ -295,8 +440,9 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
         d["graph_signature_hash"] = other_graph
 
     def swap_op(d):
-        d["pending_request_info_events"] = json.loads(json.dumps(d["pending_request_info_events"]).replace(
-            w.op_a, w.op_b))
+        d["pending_request_info_events"] = json.loads(
+            json.dumps(d["pending_request_info_events"]).replace(w.op_a, w.op_b)
+        )
 
     def other_graph_row():
         # Content and column agree (the digest is recomputed), but the graph is not this one.
@@ -309,10 +455,11 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
         ("a checkpoint from another workflow version", other_version),
         ("a checkpoint from another workflow graph", other_graph_row),
         ("a checkpoint whose request names another operation (digest recomputed)", with_payload(swap_op, resume_stale)),
-        ("a checkpoint that is not JSON (digest recomputed)", with_row(refused("JSON"), payload="{not json",
-                                                                       digest=payload_digest("{not json"))),
-        ("a checkpoint in another format", with_payload(lambda d: d.update(format="pickle.v0"),
-                                                                    refused("format"))),
+        (
+            "a checkpoint that is not JSON (digest recomputed)",
+            with_row(refused("JSON"), payload="{not json", digest=payload_digest("{not json")),
+        ),
+        ("a checkpoint in another format", with_payload(lambda d: d.update(format="pickle.v0"), refused("format"))),
         ("a missing checkpoint", missing),
     ]
     for name, attempt in rows:
@@ -360,41 +507,97 @@ def test_admin_forms_refuse_bad_input_clearly_and_write_nothing(w, subtests):
         ("decide: decision=true", admin_post(client, decide, {"operation_id": w.op_a, "decision": "true"})),
         ("decide: decision=1", admin_post(client, decide, {"operation_id": w.op_a, "decision": "1"})),
         ("decide: no identity", admin_post(client, decide, {"decision": "approve"})),
-        ("decide: a malformed identity", admin_post(client, decide, {"operation_id": "op-v1-xyz", "decision": "approve"})),
-        ("decide: a truncated identity", admin_post(client, decide, {"operation_id": w.op_a[:-1], "decision": "approve"})),
-        ("decide: an upper-case identity", admin_post(client, decide, {"operation_id": w.op_a.upper(),
-                                                                       "decision": "approve"})),
-        ("decide: the identity of another case", admin_post(client, decide, {"operation_id": w.op_b,
-                                                                             "decision": "approve"})),
-        ("decide: a stale identity", admin_post(client, reverse("admin:reviews_proposal_decide", args=[
-            w.c.proposals.get(operation_id=w.op_c_stale).pk]), {"operation_id": w.op_c_stale, "decision": "approve"})),
-        ("decide: HTML in the identity", admin_post(client, decide, {"operation_id": "<script>alert(1)</script>",
-                                                                     "decision": "approve"})),
-        ("decide: SQL metacharacters in the identity", admin_post(client, decide, {
-            "operation_id": "op-v1-' OR '1'='1'; --", "decision": "approve"})),
-        ("decide: a 10 KiB identity", admin_post(client, decide, {"operation_id": "op-v1-" + "a" * 10240,
-                                                                  "decision": "approve"})),
-        ("edit: a stale expected identity", admin_post(client, stale_edit, {
-            "expected_operation_id": w.op_c_stale, "body": "Stale edit.", "source_0": "2", "source_1": "3"})),
-        ("edit: the expected identity of another case", admin_post(client, edit, {**good_edit,
-                                                                                  "expected_operation_id": w.op_b})),
+        (
+            "decide: a malformed identity",
+            admin_post(client, decide, {"operation_id": "op-v1-xyz", "decision": "approve"}),
+        ),
+        (
+            "decide: a truncated identity",
+            admin_post(client, decide, {"operation_id": w.op_a[:-1], "decision": "approve"}),
+        ),
+        (
+            "decide: an upper-case identity",
+            admin_post(client, decide, {"operation_id": w.op_a.upper(), "decision": "approve"}),
+        ),
+        (
+            "decide: the identity of another case",
+            admin_post(client, decide, {"operation_id": w.op_b, "decision": "approve"}),
+        ),
+        (
+            "decide: a stale identity",
+            admin_post(
+                client,
+                reverse("admin:reviews_proposal_decide", args=[w.c.proposals.get(operation_id=w.op_c_stale).pk]),
+                {"operation_id": w.op_c_stale, "decision": "approve"},
+            ),
+        ),
+        (
+            "decide: HTML in the identity",
+            admin_post(client, decide, {"operation_id": "<script>alert(1)</script>", "decision": "approve"}),
+        ),
+        (
+            "decide: SQL metacharacters in the identity",
+            admin_post(client, decide, {"operation_id": "op-v1-' OR '1'='1'; --", "decision": "approve"}),
+        ),
+        (
+            "decide: a 10 KiB identity",
+            admin_post(client, decide, {"operation_id": "op-v1-" + "a" * 10240, "decision": "approve"}),
+        ),
+        (
+            "edit: a stale expected identity",
+            admin_post(
+                client,
+                stale_edit,
+                {"expected_operation_id": w.op_c_stale, "body": "Stale edit.", "source_0": "2", "source_1": "3"},
+            ),
+        ),
+        (
+            "edit: the expected identity of another case",
+            admin_post(client, edit, {**good_edit, "expected_operation_id": w.op_b}),
+        ),
         ("edit: an empty body", admin_post(client, edit, {**good_edit, "body": ""})),
         ("edit: a source version that does not exist", admin_post(client, edit, {**good_edit, "source_0": "99"})),
         ("edit: a source version that is not a number", admin_post(client, edit, {**good_edit, "source_0": "two"})),
-        ("edit: a malformed expected identity", admin_post(client, edit, {**good_edit,
-                                                                          "expected_operation_id": "op-v1-" + HEX[:63]})),
+        (
+            "edit: a malformed expected identity",
+            admin_post(client, edit, {**good_edit, "expected_operation_id": "op-v1-" + HEX[:63]}),
+        ),
         ("edit: a 10 MiB body", admin_post(client, edit, {**good_edit, "body": "x" * (10 * 1024 * 1024)})),
-        ("edit: a body that is not UTF-8", admin_post(
-            client, edit, raw=f"expected_operation_id={w.op_a}&source_0=2&source_1=3&body=Hello%FF%FE".encode(),
-            content_type="application/x-www-form-urlencoded")),
-        ("edit: a lone surrogate in the body", admin_post(
-            client, edit, raw=f"expected_operation_id={w.op_a}&source_0=2&source_1=3&body=Hi%ED%A0%80".encode(),
-            content_type="application/x-www-form-urlencoded")),
-        ("action: approve selected naming another case's identity", admin_post(client, changelist, {
-            "action": "approve_selected", "_selected_action": [w.a.pk], "post": "yes",
-            f"operation_id_{w.a.pk}": w.op_b})),
-        ("action: approve selected with no identity", admin_post(client, changelist, {
-            "action": "approve_selected", "_selected_action": [w.a.pk], "post": "yes"})),
+        (
+            "edit: a body that is not UTF-8",
+            admin_post(
+                client,
+                edit,
+                raw=f"expected_operation_id={w.op_a}&source_0=2&source_1=3&body=Hello%FF%FE".encode(),
+                content_type="application/x-www-form-urlencoded",
+            ),
+        ),
+        (
+            "edit: a lone surrogate in the body",
+            admin_post(
+                client,
+                edit,
+                raw=f"expected_operation_id={w.op_a}&source_0=2&source_1=3&body=Hi%ED%A0%80".encode(),
+                content_type="application/x-www-form-urlencoded",
+            ),
+        ),
+        (
+            "action: approve selected naming another case's identity",
+            admin_post(
+                client,
+                changelist,
+                {
+                    "action": "approve_selected",
+                    "_selected_action": [w.a.pk],
+                    "post": "yes",
+                    f"operation_id_{w.a.pk}": w.op_b,
+                },
+            ),
+        ),
+        (
+            "action: approve selected with no identity",
+            admin_post(client, changelist, {"action": "approve_selected", "_selected_action": [w.a.pk], "post": "yes"}),
+        ),
     ]
     battery = Battery("admin forms", subtests)
     for name, attempt in rows:
@@ -417,47 +620,69 @@ def test_api_refuses_bad_input_clearly_and_writes_nothing(w, client, subtests):
                 return None
             payload = response.json()
             return f"{response.status_code} {payload['code']}: {payload['message']}" if payload.get("message") else None
+
         return attempt
 
     d, e = f"{a}/decision", f"{a}/edits"
     rows = [
         ("decision: approved omitted", post(d, {"operation_id": w.op_a})),
-        ("decision: approved \"true\"", post(d, {"operation_id": w.op_a, "approved": "true"})),
+        ('decision: approved "true"', post(d, {"operation_id": w.op_a, "approved": "true"})),
         ("decision: approved 1", post(d, {"operation_id": w.op_a, "approved": 1})),
         ("decision: approved null", post(d, {"operation_id": w.op_a, "approved": None})),
-        ("decision: approved \"yes\"", post(d, {"operation_id": w.op_a, "approved": "yes"})),
+        ('decision: approved "yes"', post(d, {"operation_id": w.op_a, "approved": "yes"})),
         ("decision: a malformed identity", post(d, {"operation_id": "op-v1-xyz", "approved": True})),
         ("decision: a truncated identity", post(d, {"operation_id": w.op_a[:-1], "approved": True})),
         ("decision: an upper-case identity", post(d, {"operation_id": w.op_a.upper(), "approved": True})),
         ("decision: the identity of another case", post(d, {"operation_id": w.op_b, "approved": True})),
-        ("decision: a stale identity", post(f"/api/cases/{w.c.case_id}/decision",
-                                            {"operation_id": w.op_c_stale, "approved": True})),
+        (
+            "decision: a stale identity",
+            post(f"/api/cases/{w.c.case_id}/decision", {"operation_id": w.op_c_stale, "approved": True}),
+        ),
         ("decision: an unknown case", post("/api/cases/NOPE-1/decision", {"operation_id": w.op_a, "approved": True})),
-        ("decision: SQL metacharacters in the case ID", post("/api/cases/B-1%27%3B%20DROP%20TABLE%20x%3B--/decision",
-                                                             {"operation_id": w.op_a, "approved": True})),
+        (
+            "decision: SQL metacharacters in the case ID",
+            post("/api/cases/B-1%27%3B%20DROP%20TABLE%20x%3B--/decision", {"operation_id": w.op_a, "approved": True}),
+        ),
         ("decision: HTML in the identity", post(d, {"operation_id": "<script>alert(1)</script>", "approved": True})),
-        ("decision: a 10 MiB body", post(d, raw=json.dumps({"operation_id": w.op_a, "approved": True,
-                                                            "pad": "x" * (10 * 1024 * 1024)}))),
+        (
+            "decision: a 10 MiB body",
+            post(d, raw=json.dumps({"operation_id": w.op_a, "approved": True, "pad": "x" * (10 * 1024 * 1024)})),
+        ),
         ("decision: a lone surrogate", post(d, raw='{"operation_id": "op-v1-\\ud800", "approved": true}')),
         ("decision: invalid UTF-8", post(d, raw=b'{"operation_id": "\xff\xfe", "approved": true}')),
         ("decision: truncated JSON", post(d, raw=json.dumps({"operation_id": w.op_a, "approved": True})[:30])),
-        ("decision: a duplicated key", post(d, raw=f'{{"operation_id": "{w.op_a}", "approved": false, '
-                                                   f'"approved": true}}')),
-        ("decision: an unknown field (reviewer)", post(d, {"operation_id": w.op_a, "approved": True,
-                                                           "reviewer": "someone-else"})),
+        (
+            "decision: a duplicated key",
+            post(d, raw=f'{{"operation_id": "{w.op_a}", "approved": false, "approved": true}}'),
+        ),
+        (
+            "decision: an unknown field (reviewer)",
+            post(d, {"operation_id": w.op_a, "approved": True, "reviewer": "someone-else"}),
+        ),
         ("decision: NaN", post(d, raw=f'{{"operation_id": "{w.op_a}", "approved": NaN}}')),
         ("decision: a JSON list", post(d, [{"operation_id": w.op_a, "approved": True}])),
-        ("decision: a form-encoded body", post(d, raw=f"operation_id={w.op_a}&approved=true",
-                                               content_type="application/x-www-form-urlencoded")),
+        (
+            "decision: a form-encoded body",
+            post(d, raw=f"operation_id={w.op_a}&approved=true", content_type="application/x-www-form-urlencoded"),
+        ),
         ("edit: an empty body", post(e, {"expected_operation_id": w.op_a, "body": ""})),
         ("edit: nothing to change", post(e, {"expected_operation_id": w.op_a})),
-        ("edit: a float source version", post(e, {"expected_operation_id": w.op_a, "source_versions": {"HOLD-7": 2.5}})),
-        ("edit: a version that does not exist", post(e, {"expected_operation_id": w.op_a,
-                                                         "source_versions": {"HOLD-7": 99}})),
-        ("edit: a stale expected identity", post(f"/api/cases/{w.c.case_id}/edits",
-                                                 {"expected_operation_id": w.op_c_stale, "body": "Stale."})),
-        ("edit: a lone surrogate in the body", post(e, raw=f'{{"expected_operation_id": "{w.op_a}", '
-                                                           f'"body": "Hi \\udc00 there"}}')),
+        (
+            "edit: a float source version",
+            post(e, {"expected_operation_id": w.op_a, "source_versions": {"HOLD-7": 2.5}}),
+        ),
+        (
+            "edit: a version that does not exist",
+            post(e, {"expected_operation_id": w.op_a, "source_versions": {"HOLD-7": 99}}),
+        ),
+        (
+            "edit: a stale expected identity",
+            post(f"/api/cases/{w.c.case_id}/edits", {"expected_operation_id": w.op_c_stale, "body": "Stale."}),
+        ),
+        (
+            "edit: a lone surrogate in the body",
+            post(e, raw=f'{{"expected_operation_id": "{w.op_a}", "body": "Hi \\udc00 there"}}'),
+        ),
     ]
     battery = Battery("API", subtests)
     for name, attempt in rows:

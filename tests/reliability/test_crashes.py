@@ -20,7 +20,18 @@ import pytest
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision
 
-from .conftest import command, database_url, iterations, manage, new_case, reconcile, reconcile_json, record, tally, truth
+from .conftest import (
+    command,
+    database_url,
+    iterations,
+    manage,
+    new_case,
+    reconcile,
+    reconcile_json,
+    record,
+    tally,
+    truth,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -56,22 +67,31 @@ class Figures:
 
     def save(self):
         record(
-            "crash", point=self.point, iterations=self.iterations, crashes=self.crashes,
-            reconcile_truthful=self.truthful, duplicates=self.duplicates, lost_approvals=self.lost,
-            approvals=self.approvals, declines=self.declines,
-            seconds=round(time.monotonic() - self.started, 1), **self.extra,
+            "crash",
+            point=self.point,
+            iterations=self.iterations,
+            crashes=self.crashes,
+            reconcile_truthful=self.truthful,
+            duplicates=self.duplicates,
+            lost_approvals=self.lost,
+            approvals=self.approvals,
+            declines=self.declines,
+            seconds=round(time.monotonic() - self.started, 1),
+            **self.extra,
         )
 
 
 def receipt(stdout: str) -> dict:
     lines = [line for line in stdout.splitlines() if line.startswith("result=")]
     assert len(lines) == 1, stdout
-    return json.loads(lines[0][len("result="):])
+    return json.loads(lines[0][len("result=") :])
 
 
 def crash(figures, *args):
     proc = manage(*args, crash_at=figures.point)
-    assert proc.returncode == KILLED, f"{args} did not die at {figures.point}: rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == KILLED, (
+        f"{args} did not die at {figures.point}: rc={proc.returncode}\n{proc.stderr[-2000:]}"
+    )
     figures.crashes += 1
     return proc
 
@@ -100,8 +120,9 @@ def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
         pending = PendingReview.objects.get(case=case)
         assert f"op={pending.operation_id}" in out
 
-        code, out, err = command("resume", case.case_id, "--operation-id", pending.operation_id, "--approve",
-                                 "--reviewer", reviewer_name)
+        code, out, err = command(
+            "resume", case.case_id, "--operation-id", pending.operation_id, "--approve", "--reviewer", reviewer_name
+        )
         assert code == 0, err
         assert receipt(out) == {"Status": "Committed", "Replay": False, "EffectCount": 1}
         t = figures.add(case, approved=True)
@@ -135,8 +156,11 @@ def test_crash_during_resume_then_reconcile_then_retry(point, reviewer_name):
         code, out, err = command(*args)
         assert code == 0, err
         landed = after != "Pending"
-        expected = {"Status": "Committed" if approved else "Declined", "Replay": landed,
-                    "EffectCount": 1 if approved else 0}
+        expected = {
+            "Status": "Committed" if approved else "Declined",
+            "Replay": landed,
+            "EffectCount": 1 if approved else 0,
+        }
         assert receipt(out) == expected
         t = figures.add(case, approved=approved)
         assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, int(approved), 0, 0)
@@ -159,8 +183,9 @@ def test_crash_midway_through_reconcile_repair_then_rerun(reviewer):
         for _ in range(per_run):
             case = new_case("p")
             proposal = proposal_create(case=case)
-            ReviewDecision.objects.create(operation_id=proposal.operation_id, proposal=proposal, approved=True,
-                                          reviewer=reviewer)
+            ReviewDecision.objects.create(
+                operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer
+            )
             cases.append(case)
             ops.append(proposal.operation_id)
         case_ids = sorted(c.case_id for c in cases)
@@ -228,8 +253,14 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
         for point, after in RESUME_POINTS.items():
             figures = Figures(f"{point} (HTTP, host killed)")
             port = free_port()
-            faulty = Servers(url, [port], 1, 2, tmp_path / point,
-                             extra_env={"DECISIONFLOW_FAULT_INJECTION": "1", "DECISIONFLOW_CRASH_AT": point})
+            faulty = Servers(
+                url,
+                [port],
+                1,
+                2,
+                tmp_path / point,
+                extra_env={"DECISIONFLOW_FAULT_INJECTION": "1", "DECISIONFLOW_CRASH_AT": point},
+            )
             try:
                 faulty.wait_ready()
                 for _ in range(iterations()):
@@ -247,8 +278,12 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
                     reconcile_truthfully(figures, case, after)
                     status, body = http_call(clean_port, "POST", f"{path}/decision", token, approve)
                     assert status == 200, body
-                    assert body == {"status": "Committed", "replay": after == "Committed", "effect_count": 1,
-                                    "operation_id": op}
+                    assert body == {
+                        "status": "Committed",
+                        "replay": after == "Committed",
+                        "effect_count": 1,
+                        "operation_id": op,
+                    }
                     t = figures.add(case, approved=True)
                     assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
             finally:
@@ -265,8 +300,17 @@ def test_a_crash_point_is_inert_without_fault_injection(reviewer_name):
 
     case = new_case("inert")
     op = review_begin(case=case).operation_id
-    proc = manage("resume", case.case_id, "--operation-id", op, "--approve", "--reviewer", reviewer_name,
-                  crash_at="commit-after-decision", inject=False)
+    proc = manage(
+        "resume",
+        case.case_id,
+        "--operation-id",
+        op,
+        "--approve",
+        "--reviewer",
+        reviewer_name,
+        crash_at="commit-after-decision",
+        inject=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert receipt(proc.stdout) == {"Status": "Committed", "Replay": False, "EffectCount": 1}
     assert EffectRecord.objects.filter(operation_id=op).count() == 1

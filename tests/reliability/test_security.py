@@ -51,8 +51,13 @@ def world(db, reviewer, lead, make_user):
     revoked, revoked_plain = token_create(user=reviewer, name="revoked")
     token_revoke(token=revoked)
     return {
-        "waiting": waiting, "fresh": fresh, "op": waiting.current_proposal.operation_id,
-        "proposal": waiting.current_proposal, "reviewer": reviewer, "lead": lead, "staff": staff,
+        "waiting": waiting,
+        "fresh": fresh,
+        "op": waiting.current_proposal.operation_id,
+        "proposal": waiting.current_proposal,
+        "reviewer": reviewer,
+        "lead": lead,
+        "staff": staff,
         "tokens": {
             "lead": token_create(user=lead, name="t")[1],
             "staff": token_create(user=staff, name="t")[1],
@@ -67,17 +72,32 @@ def admin_routes(w):
     p, case, fresh, op = w["proposal"], w["waiting"], w["fresh"], w["op"]
     changelist = reverse("admin:cases_case_changelist")
     return [
-        ("admin decide (approve)", reverse("admin:reviews_proposal_decide", args=[p.pk]),
-         {"operation_id": op, "decision": "approve"}),
-        ("admin edit", reverse("admin:reviews_proposal_edit", args=[p.pk]),
-         {"expected_operation_id": op, "body": p.body + "\nForged.", "source_0": "2", "source_1": "3"}),
+        (
+            "admin decide (approve)",
+            reverse("admin:reviews_proposal_decide", args=[p.pk]),
+            {"operation_id": op, "decision": "approve"},
+        ),
+        (
+            "admin edit",
+            reverse("admin:reviews_proposal_edit", args=[p.pk]),
+            {"expected_operation_id": op, "body": p.body + "\nForged.", "source_0": "2", "source_1": "3"},
+        ),
         ("admin begin", reverse("admin:cases_case_begin", args=[fresh.pk]), {}),
-        ("admin action approve_selected", changelist,
-         {"action": "approve_selected", "_selected_action": [case.pk], "post": "yes", f"operation_id_{case.pk}": op}),
-        ("admin action decline_selected", changelist,
-         {"action": "decline_selected", "_selected_action": [case.pk], "post": "yes", f"operation_id_{case.pk}": op}),
-        ("admin add decision", reverse("admin:reviews_reviewdecision_add"),
-         {"operation_id": op, "proposal": p.pk, "approved": "on", "reviewer": w["reviewer"].pk}),
+        (
+            "admin action approve_selected",
+            changelist,
+            {"action": "approve_selected", "_selected_action": [case.pk], "post": "yes", f"operation_id_{case.pk}": op},
+        ),
+        (
+            "admin action decline_selected",
+            changelist,
+            {"action": "decline_selected", "_selected_action": [case.pk], "post": "yes", f"operation_id_{case.pk}": op},
+        ),
+        (
+            "admin add decision",
+            reverse("admin:reviews_reviewdecision_add"),
+            {"operation_id": op, "proposal": p.pk, "approved": "on", "reviewer": w["reviewer"].pk},
+        ),
         ("admin add effect", reverse("admin:effects_effectrecord_add"), {"operation_id": op}),
     ]
 
@@ -144,8 +164,11 @@ def test_api_session_post_without_csrf_changes_nothing(world):
     client = Client(enforce_csrf_checks=True)
     client.force_login(world["reviewer"])
     before = snapshot()
-    response = client.post(f"/api/cases/{world['waiting'].case_id}/decision",
-                           json.dumps({"operation_id": world["op"], "approved": True}), content_type="application/json")
+    response = client.post(
+        f"/api/cases/{world['waiting'].case_id}/decision",
+        json.dumps({"operation_id": world["op"], "approved": True}),
+        content_type="application/json",
+    )
     assert response.status_code == 403 and "CSRF" in response.json()["message"]
     assert snapshot() == before
 
@@ -159,8 +182,9 @@ def test_commands_and_services_refuse_a_user_without_the_permission(world):
     for user in ("lead", "staff-no-groups"):
         code, _out, err = command("resume", case_id, "--operation-id", op, "--approve", "--reviewer", user)
         assert code == 1 and "review permission" in err, err
-        code, _out, err = command("edit", case_id, "--expected-operation-id", op, "--source", "HOLD-7=4",
-                                  "--editor", user)
+        code, _out, err = command(
+            "edit", case_id, "--expected-operation-id", op, "--source", "HOLD-7=4", "--editor", user
+        )
         assert code == 1 and "review permission" in err, err
     for user in (world["lead"], world["staff"]):
         with pytest.raises(PermissionRefused):
@@ -173,12 +197,16 @@ def test_commands_and_services_refuse_a_user_without_the_permission(world):
 
 def xss_case_data(case_id: str) -> dict:
     data = case_data(case_id, subject='Subject <b onmouseover="alert(2)">bold</b>', draft=XSS_DRAFT)
-    data["sources"] = data["sources"] + [{
-        "source_id": "XSS-1", "title": "<i>Title</i>",
-        "versions": [{"version": 1, "text": f"Before {XSS_QUOTE} after."}],
-    }]
-    data["selected_evidence"] = data["selected_evidence"] + [{"source_id": "XSS-1", "version": 1,
-                                                              "quotation": XSS_QUOTE}]
+    data["sources"] = data["sources"] + [
+        {
+            "source_id": "XSS-1",
+            "title": "<i>Title</i>",
+            "versions": [{"version": 1, "text": f"Before {XSS_QUOTE} after."}],
+        }
+    ]
+    data["selected_evidence"] = data["selected_evidence"] + [
+        {"source_id": "XSS-1", "version": 1, "quotation": XSS_QUOTE}
+    ]
     return data
 
 
@@ -203,10 +231,12 @@ def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lea
         "proposal changelist": reverse("admin:reviews_proposal_changelist"),
     }
     review_resume(case=case, operation_id=op, approved=True, reviewer=reviewer)
-    pages["decision page"] = reverse("admin:reviews_reviewdecision_change",
-                                     args=[ReviewDecision.objects.get(operation_id=op).pk])
-    pages["effect page"] = reverse("admin:effects_effectrecord_change",
-                                   args=[EffectRecord.objects.get(operation_id=op).pk])
+    pages["decision page"] = reverse(
+        "admin:reviews_reviewdecision_change", args=[ReviewDecision.objects.get(operation_id=op).pk]
+    )
+    pages["effect page"] = reverse(
+        "admin:effects_effectrecord_change", args=[EffectRecord.objects.get(operation_id=op).pk]
+    )
     pages["history after the decision"] = pages["history"]
     lead_client = Client()
     lead_client.force_login(lead)
@@ -219,10 +249,15 @@ def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lea
                 continue
             assert response.status_code == 200, (who, name)
             html = response.content.decode()
-            for raw in ('<script>alert("draft")', '<script>alert("quote")', '<img src=x onerror',
-                        '<b onmouseover', "<i>Title</i>"):
+            for raw in (
+                '<script>alert("draft")',
+                '<script>alert("quote")',
+                "<img src=x onerror",
+                "<b onmouseover",
+                "<i>Title</i>",
+            ):
                 assert raw not in html, (who, name, raw)
-            if "&lt;script&gt;alert(&quot;draft&quot;)" in html or "&lt;script&gt;alert(\"draft\")" in html:
+            if "&lt;script&gt;alert(&quot;draft&quot;)" in html or '&lt;script&gt;alert("draft")' in html:
                 showing.add((who, name))
             if name == "review page":
                 assert "&lt;script&gt;alert(&quot;quote&quot;)&lt;/script&gt;" in html, who
@@ -244,17 +279,22 @@ def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lea
 def _production(*args):
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "SECRET_KEY", "DATABASE_URL")}
     env.update(DEBUG="0", SECRET_KEY=secrets.token_urlsafe(50), ALLOWED_HOSTS="decisionflow.internal")
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_check_deploy_is_clean_with_production_settings():
     result = _production("check", "--deploy", "--fail-level", "WARNING")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no issues" in result.stdout + result.stderr
-    shown = _production("shell", "-c", "from django.conf import settings as s; import json; print(json.dumps("
-                        "[s.DEBUG, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, "
-                        "s.SECURE_HSTS_SECONDS, s.SECURE_CONTENT_TYPE_NOSNIFF, s.X_FRAME_OPTIONS]))")
+    shown = _production(
+        "shell",
+        "-c",
+        "from django.conf import settings as s; import json; print(json.dumps("
+        "[s.DEBUG, s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, s.SECURE_SSL_REDIRECT, "
+        "s.SECURE_HSTS_SECONDS, s.SECURE_CONTENT_TYPE_NOSNIFF, s.X_FRAME_OPTIONS]))",
+    )
     assert shown.returncode == 0, shown.stderr
     debug, session, csrf, redirect, hsts, nosniff, frames = json.loads(shown.stdout.strip().splitlines()[-1])
     assert (debug, session, csrf, redirect, nosniff, frames) == (False, True, True, True, True, "DENY")
@@ -295,8 +335,9 @@ def test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled(db, review
 
     with pytest.raises(CheckpointRefused, match="pickle"):
         DatabaseCheckpointStorage().load_sync(row.checkpoint_id)
-    code, _out, err = command("resume", case.case_id, "--operation-id", begun.operation_id, "--approve",
-                              "--reviewer", reviewer.get_username())
+    code, _out, err = command(
+        "resume", case.case_id, "--operation-id", begun.operation_id, "--approve", "--reviewer", reviewer.get_username()
+    )
     assert code == 5 and "pickle" in err, err
     assert not sentinel.exists()
     assert snapshot() == before

@@ -19,8 +19,9 @@ def committed(proposal, reviewer):
 
 
 def _proposal_copy(proposal, **changes):
-    fields = {f.name: getattr(proposal, f.name) for f in Proposal._meta.concrete_fields
-              if f.name not in ("id", "created_at")}
+    fields = {
+        f.name: getattr(proposal, f.name) for f in Proposal._meta.concrete_fields if f.name not in ("id", "created_at")
+    }
     fields.update(changes)
     return Proposal(**fields)
 
@@ -30,8 +31,13 @@ def test_proposal_operation_id_is_unique_both_ways(proposal):
     with pytest.raises(ValidationError, match="operation"):
         duplicate.full_clean()
     with pytest.raises(IntegrityError), transaction.atomic():
-        Proposal.objects.create(**{f.name: getattr(duplicate, f.name) for f in Proposal._meta.concrete_fields
-                                   if f.name not in ("id", "created_at")})
+        Proposal.objects.create(
+            **{
+                f.name: getattr(duplicate, f.name)
+                for f in Proposal._meta.concrete_fields
+                if f.name not in ("id", "created_at")
+            }
+        )
 
 
 def test_proposal_operation_id_format_is_checked(proposal):
@@ -40,12 +46,15 @@ def test_proposal_operation_id_format_is_checked(proposal):
 
 
 def test_decision_is_unique_per_operation_both_ways(committed, reviewer):
-    duplicate = ReviewDecision(operation_id=committed.operation_id, proposal=committed, approved=True, reviewer=reviewer)
+    duplicate = ReviewDecision(
+        operation_id=committed.operation_id, proposal=committed, approved=True, reviewer=reviewer
+    )
     with pytest.raises(ValidationError):
         duplicate.full_clean()
     with pytest.raises(IntegrityError), transaction.atomic():
-        ReviewDecision.objects.create(operation_id=committed.operation_id, proposal=committed,
-                                      approved=False, reviewer=reviewer)
+        ReviewDecision.objects.create(
+            operation_id=committed.operation_id, proposal=committed, approved=False, reviewer=reviewer
+        )
 
 
 def test_decision_approved_cannot_be_null_both_ways(proposal, reviewer):
@@ -53,14 +62,18 @@ def test_decision_approved_cannot_be_null_both_ways(proposal, reviewer):
     with pytest.raises(ValidationError, match="approved"):
         decision.full_clean()
     with pytest.raises(IntegrityError), transaction.atomic():
-        ReviewDecision.objects.create(operation_id=proposal.operation_id, proposal=proposal,
-                                      approved=None, reviewer=reviewer)
+        ReviewDecision.objects.create(
+            operation_id=proposal.operation_id, proposal=proposal, approved=None, reviewer=reviewer
+        )
 
 
 def test_effect_is_unique_per_operation_both_ways(committed):
     effect = EffectRecord.objects.get()
-    fields = {f.attname: getattr(effect, f.attname) for f in EffectRecord._meta.concrete_fields
-              if f.name not in ("id", "recorded_at")}
+    fields = {
+        f.attname: getattr(effect, f.attname)
+        for f in EffectRecord._meta.concrete_fields
+        if f.name not in ("id", "recorded_at")
+    }
     with pytest.raises(ValidationError):
         EffectRecord(**fields).full_clean()
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -83,8 +96,12 @@ def test_write_once_rows_refuse_orm_update_and_delete(committed, model):
 
 @pytest.mark.parametrize(
     "table, column",
-    [("reviews_proposal", "body"), ("reviews_reviewdecision", "approved"),
-     ("effects_effectrecord", "body"), ("effects_commitattempt", "outcome")],
+    [
+        ("reviews_proposal", "body"),
+        ("reviews_reviewdecision", "approved"),
+        ("effects_effectrecord", "body"),
+        ("effects_commitattempt", "outcome"),
+    ],
 )
 def test_raw_sql_update_is_refused_by_a_trigger(committed, table, column):
     value = {"approved": False, "outcome": "'replay'"}.get(column, "'tampered'")
@@ -94,8 +111,9 @@ def test_raw_sql_update_is_refused_by_a_trigger(committed, table, column):
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("table", ["reviews_proposal", "reviews_reviewdecision", "effects_effectrecord",
-                                   "effects_commitattempt"])
+@pytest.mark.parametrize(
+    "table", ["reviews_proposal", "reviews_reviewdecision", "effects_effectrecord", "effects_commitattempt"]
+)
 def test_raw_sql_delete_is_refused_by_a_trigger_on_postgres(committed, table):
     with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
         with connection.cursor() as cursor:

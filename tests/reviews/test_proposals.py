@@ -20,7 +20,10 @@ def state(case):
 def test_create_binds_the_protocol_identities_and_sets_current(case):
     proposal = proposal_create(case=case)
     assert (proposal.evidence_id, proposal.policy_id, proposal.operation_id) == (
-        T1042_EVIDENCE, T1042_POLICY, T1042_OPERATION)
+        T1042_EVIDENCE,
+        T1042_POLICY,
+        T1042_OPERATION,
+    )
     assert proposal.origin == Origin.PREPARED and proposal.body == case.draft
     assert [p["source_id"] for p in proposal.passages] == ["HOLD-7", "KB-311"]
     assert proposal.policy_snapshot["label"] == "v3"
@@ -47,16 +50,21 @@ def test_body_edit_is_a_new_human_edit_with_unchecked_sentences(proposal, review
 
 
 def test_line_ending_only_edit_is_no_change(proposal, reviewer):
-    result = proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id,
-                             body=proposal.body.replace("\n", "\r\n"), editor=reviewer)
+    result = proposal_revise(
+        case=proposal.case,
+        expected_operation_id=proposal.operation_id,
+        body=proposal.body.replace("\n", "\r\n"),
+        editor=reviewer,
+    )
     assert result.changed is False and result.proposal == proposal
     assert state(proposal.case) == (1, proposal.pk)
 
 
 def test_evidence_change_with_identical_quotation_gets_a_new_identity(proposal, reviewer):
     case = proposal.case
-    result = proposal_revise(case=case, expected_operation_id=proposal.operation_id,
-                             source_versions={"HOLD-7": 4}, editor=reviewer)
+    result = proposal_revise(
+        case=case, expected_operation_id=proposal.operation_id, source_versions={"HOLD-7": 4}, editor=reviewer
+    )
     new = result.proposal
     assert new.origin == Origin.EVIDENCE_CHANGE and new.body == proposal.body
     assert [p["quotation"] for p in new.passages] == [p["quotation"] for p in proposal.passages]
@@ -109,6 +117,7 @@ def test_moving_to_a_version_without_the_quotation_is_refused(db, reviewer):
     case = case_import(data=load_fixture("t1077.json")).case
     proposal = proposal_create(case=case)
     # KB-090 v2 still has the quotation, so that move works; a missing one is refused.
-    proposal_revise(case=case, expected_operation_id=proposal.operation_id, source_versions={"KB-090": 2},
-                    editor=reviewer)
+    proposal_revise(
+        case=case, expected_operation_id=proposal.operation_id, source_versions={"KB-090": 2}, editor=reviewer
+    )
     assert Case.objects.get(pk=case.pk).current_proposal.origin == Origin.EVIDENCE_CHANGE

@@ -37,7 +37,12 @@ def manage(transactional_db):
 
     def run(*argv: str, input: str | None = None, **env):
         return subprocess.run(
-            manage_argv(*argv), env=child_env(**env), capture_output=True, text=True, timeout=120, input=input,
+            manage_argv(*argv),
+            env=child_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            input=input,
             cwd=ROOT,
         )
 
@@ -50,7 +55,11 @@ def spawn(transactional_db):
 
     def start(*argv: str, **env):
         return subprocess.Popen(
-            manage_argv(*argv), env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            manage_argv(*argv),
+            env=child_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             cwd=ROOT,
         )
 

@@ -36,7 +36,9 @@ def test_lost_receipt_story(manage, committed_case):
 
     reconcile = manage("reconcile", "T-1042")
     assert (reconcile.returncode, reconcile.stdout.strip()) == (
-        0, f"reconcile: case=T-1042 op={op} state=Committed effects=1")
+        0,
+        f"reconcile: case=T-1042 op={op} state=Committed effects=1",
+    )
 
     again = manage(*approve)
     assert again.returncode == 0, again.stderr
@@ -49,7 +51,10 @@ def test_lost_receipt_story(manage, committed_case):
     assert EffectRecord.objects.count() == 1 and ReviewDecision.objects.count() == 1
     assert PendingReview.objects.get().status == "completed"
     assert list(CommitAttempt.objects.order_by("id").values_list("outcome", flat=True)) == [
-        "committed", "replay", "conflict"]
+        "committed",
+        "replay",
+        "conflict",
+    ]
 
 
 def test_one_checkpoint_resumed_five_times_at_once_writes_one_effect(spawn, committed_case):
@@ -64,8 +69,7 @@ def test_one_checkpoint_resumed_five_times_at_once_writes_one_effect(spawn, comm
     op = ops.pop()
     assert review_begin(case=committed_case).created is False
 
-    resumes = [spawn("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer")
-               for _ in range(5)]
+    resumes = [spawn("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer") for _ in range(5)]
     results = []
     for proc in resumes:
         rc = proc.wait(timeout=120)
@@ -97,8 +101,9 @@ def test_stale_operation_after_an_edit(manage, committed_case, tmp_path):
     old = manage("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer")
     assert old.returncode == 4, old.stderr
     assert old.stderr.startswith("stale: ") and "result=" not in old.stdout
-    stale_edit = manage("edit", "T-1042", "--expected-operation-id", op, "--body-file", str(body),
-                        "--editor", "reviewer")
+    stale_edit = manage(
+        "edit", "T-1042", "--expected-operation-id", op, "--body-file", str(body), "--editor", "reviewer"
+    )
     assert stale_edit.returncode == 4 and stale_edit.stdout == ""
     assert "stale" in stale_edit.stderr
     assert (Proposal.objects.count(), ReviewDecision.objects.count(), EffectRecord.objects.count()) == counts
@@ -136,7 +141,9 @@ def test_a_tampered_checkpoint_is_refused(manage, committed_case):
     begun = review_begin(case=committed_case)
     row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
     # Same length, one field changed, digest left as it was.
-    WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=row.payload.replace('"case_id":"T-1042"', '"case_id":"T-1043"'))
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(
+        payload=row.payload.replace('"case_id":"T-1042"', '"case_id":"T-1043"')
+    )
     assert WorkflowCheckpoint.objects.get(pk=row.pk).payload != row.payload
 
     proc = manage("resume", "T-1042", "--operation-id", begun.operation_id, "--approve", "--reviewer", "reviewer")
@@ -153,15 +160,18 @@ def failing_pause_save(transactional_db):
         if connection.vendor == "sqlite":
             cursor.execute(
                 "CREATE TRIGGER test_fail_pause BEFORE INSERT ON reviews_workflowcheckpoint "
-                "WHEN NEW.payload LIKE '%\"request_id\":\"review:%' BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+                "WHEN NEW.payload LIKE '%\"request_id\":\"review:%' BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+            )
         else:
             cursor.execute(
                 "CREATE FUNCTION test_fail_pause() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                 "IF NEW.payload LIKE '%\"request_id\":\"review:%' THEN RAISE EXCEPTION 'disk full'; END IF; "
-                "RETURN NEW; END $$")
+                "RETURN NEW; END $$"
+            )
             cursor.execute(
                 "CREATE TRIGGER test_fail_pause BEFORE INSERT ON reviews_workflowcheckpoint "
-                "FOR EACH ROW EXECUTE FUNCTION test_fail_pause()")
+                "FOR EACH ROW EXECUTE FUNCTION test_fail_pause()"
+            )
     yield
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
@@ -187,18 +197,25 @@ def test_reconcile_overlap_and_repair(manage, committed_case, reviewer):
     from reviews.services import proposal_create
 
     proposal = proposal_create(case=committed_case)
-    ReviewDecision.objects.create(operation_id=proposal.operation_id, proposal=proposal, approved=True,
-                                  reviewer=reviewer)
+    ReviewDecision.objects.create(
+        operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer
+    )
     with reconcile_lock():
         busy = manage("reconcile", "--all")
     assert busy.returncode == 1 and "locked by another process" in busy.stderr and busy.stdout == ""
 
     found = manage("reconcile", "--all")
     assert found.returncode == 1
-    assert found.stdout.strip() == f"reconcile: case=T-1042 op={proposal.operation_id} state=NoLocalEffectRecorded effects=0"
+    assert (
+        found.stdout.strip()
+        == f"reconcile: case=T-1042 op={proposal.operation_id} state=NoLocalEffectRecorded effects=0"
+    )
     assert "--repair" in found.stderr and EffectRecord.objects.count() == 0
 
     repaired = manage("reconcile", "T-1042", "--repair", "--json")
     assert repaired.returncode == 0, repaired.stderr
-    assert [json.loads(line)["state"] for line in repaired.stdout.splitlines()] == ["NoLocalEffectRecorded", "Committed"]
+    assert [json.loads(line)["state"] for line in repaired.stdout.splitlines()] == [
+        "NoLocalEffectRecorded",
+        "Committed",
+    ]
     assert EffectRecord.objects.count() == 1

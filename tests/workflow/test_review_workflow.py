@@ -35,8 +35,12 @@ def begun(case):
 
 
 def counts():
-    return (Proposal.objects.count(), ReviewDecision.objects.count(), EffectRecord.objects.count(),
-            PendingReview.objects.count())
+    return (
+        Proposal.objects.count(),
+        ReviewDecision.objects.count(),
+        EffectRecord.objects.count(),
+        PendingReview.objects.count(),
+    )
 
 
 def test_begin_pauses_with_a_durable_checkpoint_and_records_the_pending_review(case, begun):
@@ -44,7 +48,10 @@ def test_begin_pauses_with_a_durable_checkpoint_and_records_the_pending_review(c
     assert begun.operation_id == case.current_proposal.operation_id
     pending = begun.pending_review
     assert (pending.operation_id, pending.workflow_version, pending.status) == (
-        begun.operation_id, WORKFLOW_VERSION, "pending")
+        begun.operation_id,
+        WORKFLOW_VERSION,
+        "pending",
+    )
     assert pending.workflow_session_id.startswith("ws-")
     loaded = store.DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)
     request = loaded.pending_request_info_events[f"review:{begun.operation_id}"]
@@ -58,22 +65,35 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
     before = (counts(), WorkflowCheckpoint.objects.count())
     again = review_begin(case=case)
     assert (again.created, again.operation_id, again.pending_review.pk, again.checkpoints) == (
-        False, begun.operation_id, begun.pending_review.pk, 3)
+        False,
+        begun.operation_id,
+        begun.pending_review.pk,
+        3,
+    )
     assert (counts(), WorkflowCheckpoint.objects.count()) == before
 
 
 def test_resume_commits_once_then_replays_and_reports_a_conflict(case, begun, reviewer, caplog):
     first = review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert first.request_reemitted and first.result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    assert first.request_reemitted and first.result.receipt() == {
+        "Status": "Committed",
+        "Replay": False,
+        "EffectCount": 1,
+    }
     assert first.result.decision.reviewer == reviewer
-    second = review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, channel="admin")
+    second = review_resume(
+        case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, channel="admin"
+    )
     assert second.result.receipt() == {"Status": "Committed", "Replay": True, "EffectCount": 1}
     conflict = review_resume(case=case, operation_id=begun.operation_id, approved=False, reviewer=reviewer)
     assert conflict.result.status == "ConflictingDecision"
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (1, 1)
     assert PendingReview.objects.get().status == "completed"
     assert list(CommitAttempt.objects.order_by("id").values_list("outcome", "channel")) == [
-        ("committed", "command"), ("replay", "admin"), ("conflict", "command")]
+        ("committed", "command"),
+        ("replay", "admin"),
+        ("conflict", "command"),
+    ]
     # Every checkpoint of every resume was stored (restore, response entry, two supersteps):
     # a save that failed would only have been logged by the engine.
     assert WorkflowCheckpoint.objects.count() == 3 + 3 * 4
@@ -116,16 +136,18 @@ def test_resume_without_a_pending_review_is_not_found(case, reviewer):
 def test_the_fault_is_refused_unless_fault_injection_is_on(case, begun, reviewer, settings):
     settings.DECISIONFLOW_FAULT_INJECTION = False
     with pytest.raises(InvalidInput, match="DECISIONFLOW_FAULT_INJECTION"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer,
-                      fault="lose-receipt")
+        review_resume(
+            case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, fault="lose-receipt"
+        )
     settings.DECISIONFLOW_FAULT_INJECTION = True
     with pytest.raises(InvalidInput, match="unknown fault"):
         review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, fault="crash")
     assert (ReviewDecision.objects.count(), CommitAttempt.objects.count()) == (0, 0)
 
     with pytest.raises(OutcomeUncertain, match="^executor failed: LostReceipt$") as lost:
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer,
-                      fault="lose-receipt")
+        review_resume(
+            case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, fault="lose-receipt"
+        )
     assert lost.value.exit_code == 42 and lost.value.details["request_reemitted"] is True
     assert EffectRecord.objects.count() == 1  # committed; only the receipt is missing
     replay = review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
@@ -147,11 +169,17 @@ def test_an_answered_run_that_ends_in_silence_is_not_success(case, begun, review
 
 
 def test_edit_supersedes_the_pending_review_and_begins_the_new_proposal(case, begun, reviewer):
-    revision, new = review_edit(case=case, expected_operation_id=begun.operation_id,
-                                body=begun.pending_review.proposal.body + " Thank you.", editor=reviewer)
+    revision, new = review_edit(
+        case=case,
+        expected_operation_id=begun.operation_id,
+        body=begun.pending_review.proposal.body + " Thank you.",
+        editor=reviewer,
+    )
     assert revision.changed and new.created and new.operation_id == revision.proposal.operation_id
     assert dict(PendingReview.objects.values_list("operation_id", "status")) == {
-        begun.operation_id: "superseded", new.operation_id: "pending"}
+        begun.operation_id: "superseded",
+        new.operation_id: "pending",
+    }
     with pytest.raises(StaleProposal):
         review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
     assert CommitAttempt.objects.get().outcome == "stale"
@@ -159,8 +187,12 @@ def test_edit_supersedes_the_pending_review_and_begins_the_new_proposal(case, be
     before = counts()
     with pytest.raises(StaleProposal):
         review_edit(case=case, expected_operation_id=begun.operation_id, body="Other.", editor=reviewer)
-    unchanged, nothing = review_edit(case=case, expected_operation_id=new.operation_id,
-                                     body=revision.proposal.body.replace("\n", "\r\n"), editor=reviewer)
+    unchanged, nothing = review_edit(
+        case=case,
+        expected_operation_id=new.operation_id,
+        body=revision.proposal.body.replace("\n", "\r\n"),
+        editor=reviewer,
+    )
     assert (unchanged.changed, nothing) == (False, None)
     assert counts() == before
 
@@ -180,8 +212,10 @@ def test_a_pending_review_from_another_version_is_refused_and_begin_moves_it(cas
     assert moved.pending_review.pk == begun.pending_review.pk
     assert moved.pending_review.workflow_version == WORKFLOW_VERSION
     assert moved.pending_review.checkpoint_id != begun.pending_review.checkpoint_id
-    assert review_resume(case=case, operation_id=begun.operation_id, approved=True,
-                         reviewer=reviewer).result.status == "Committed"
+    assert (
+        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer).result.status
+        == "Committed"
+    )
 
 
 # --- the checkpoint store ----------------------------------------------------------------
@@ -230,16 +264,19 @@ def test_a_missing_pause_checkpoint_is_refused_and_begin_pauses_again(case, begu
     again = review_begin(case=case)
     assert (again.pending_review.pk, again.created) == (begun.pending_review.pk, True)
     assert again.pending_review.checkpoint_id != begun.pending_review.checkpoint_id
-    assert review_resume(case=case, operation_id=begun.operation_id, approved=True,
-                         reviewer=reviewer).result.status == "Committed"
+    assert (
+        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer).result.status
+        == "Committed"
+    )
 
 
 def test_the_store_saves_plain_json_only(begun):
     checkpoint = store.DatabaseCheckpointStorage().load_sync(begun.pending_review.checkpoint_id)
     payload = store.encode_checkpoint(checkpoint)
     assert payload == _pause_row(begun).payload  # load and save round-trip exactly
-    again = store.decode_checkpoint(checkpoint_id=checkpoint.checkpoint_id, payload=payload,
-                                    digest=store.payload_digest(payload))
+    again = store.decode_checkpoint(
+        checkpoint_id=checkpoint.checkpoint_id, payload=payload, digest=store.payload_digest(payload)
+    )
     assert store.encode_checkpoint(again) == payload
     for bad in [("a", "tuple"), {1: "int key"}, object(), {"__pickled__": "x"}]:
         checkpoint.state["bad"] = bad
@@ -291,9 +328,13 @@ def test_an_edit_back_to_an_earlier_text_revives_its_pending_review(case, begun,
     revision, back = review_edit(case=case, expected_operation_id=edited.operation_id, body=body, editor=reviewer)
     assert revision.changed and back.operation_id == begun.operation_id and back.created is False
     assert dict(PendingReview.objects.values_list("operation_id", "status")) == {
-        begun.operation_id: "pending", edited.operation_id: "superseded"}
-    assert review_resume(case=case, operation_id=begun.operation_id, approved=True,
-                         reviewer=reviewer).result.status == "Committed"
+        begun.operation_id: "pending",
+        edited.operation_id: "superseded",
+    }
+    assert (
+        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer).result.status
+        == "Committed"
+    )
     assert PendingReview.objects.get(operation_id=begun.operation_id).status == "completed"
 
 

@@ -24,8 +24,12 @@ COMMANDS = {
 
 def test_every_command_has_help():
     env = {**os.environ, "DEBUG": "1"}
-    procs = {name: subprocess.Popen(manage_argv(name, "--help"), env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name in COMMANDS}
+    procs = {
+        name: subprocess.Popen(
+            manage_argv(name, "--help"), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name in COMMANDS
+    }
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
@@ -40,34 +44,86 @@ def test_reconcile_help_starts_with_cron_usage():
 
 
 def _refused(*args, code=1, match=""):
-    before = (Proposal.objects.count(), ReviewDecision.objects.count(), PendingReview.objects.count(),
-              CommitAttempt.objects.count())
+    before = (
+        Proposal.objects.count(),
+        ReviewDecision.objects.count(),
+        PendingReview.objects.count(),
+        CommitAttempt.objects.count(),
+    )
     with pytest.raises(CommandError, match=match) as error:
         call_command(*args)
     assert error.value.returncode == code
-    assert (Proposal.objects.count(), ReviewDecision.objects.count(), PendingReview.objects.count(),
-            CommitAttempt.objects.count()) == before
+    assert (
+        Proposal.objects.count(),
+        ReviewDecision.objects.count(),
+        PendingReview.objects.count(),
+        CommitAttempt.objects.count(),
+    ) == before
 
 
 def test_usage_errors_exit_1_and_write_nothing(case, reviewer, settings, capsys):
     from decisionflow.workflow import review_begin
 
     op = review_begin(case=case).operation_id
-    _refused("resume", "T-1042", "--operation-id", op, "--reviewer", "reviewer",
-             match="one of the arguments --approve --decline is required")
-    _refused("resume", "T-1042", "--operation-id", op, "--approve", "--decline", "--reviewer", "reviewer",
-             match="not allowed with")
+    _refused(
+        "resume",
+        "T-1042",
+        "--operation-id",
+        op,
+        "--reviewer",
+        "reviewer",
+        match="one of the arguments --approve --decline is required",
+    )
+    _refused(
+        "resume",
+        "T-1042",
+        "--operation-id",
+        op,
+        "--approve",
+        "--decline",
+        "--reviewer",
+        "reviewer",
+        match="not allowed with",
+    )
     _refused("resume", "T-1042", "--operation-id", op, "--approve", match="DECISIONFLOW_REVIEWER")
     _refused("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "nobody", match="no user")
     _refused("resume", "T-9999", "--operation-id", op, "--approve", "--reviewer", "reviewer", match="no case")
     settings.DECISIONFLOW_FAULT_INJECTION = False
-    _refused("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer",
-             "--fault", "lose-receipt", match="DECISIONFLOW_FAULT_INJECTION=1")
+    _refused(
+        "resume",
+        "T-1042",
+        "--operation-id",
+        op,
+        "--approve",
+        "--reviewer",
+        "reviewer",
+        "--fault",
+        "lose-receipt",
+        match="DECISIONFLOW_FAULT_INJECTION=1",
+    )
     _refused("edit", "T-1042", "--expected-operation-id", op, "--editor", "reviewer", match="--body-file")
-    _refused("edit", "T-1042", "--expected-operation-id", op, "--source", "HOLD-7", "--editor", "reviewer",
-             match="SOURCE=VERSION")
-    _refused("edit", "T-1042", "--expected-operation-id", op, "--source", "HOLD-7=9", "--editor", "reviewer",
-             match="HOLD-7 has no version 9")
+    _refused(
+        "edit",
+        "T-1042",
+        "--expected-operation-id",
+        op,
+        "--source",
+        "HOLD-7",
+        "--editor",
+        "reviewer",
+        match="SOURCE=VERSION",
+    )
+    _refused(
+        "edit",
+        "T-1042",
+        "--expected-operation-id",
+        op,
+        "--source",
+        "HOLD-7=9",
+        "--editor",
+        "reviewer",
+        match="HOLD-7 has no version 9",
+    )
     _refused("reconcile", match="CASE_IDs, or --all")
     _refused("reconcile", "T-1042", "--all", match="not both")
     _refused("reconcile", "T-9999", match="no case")
@@ -80,8 +136,7 @@ def test_the_demo_tells_the_whole_story():
     if connection.vendor != "sqlite":
         pytest.skip("the demo runs on its own scratch SQLite file; once is enough")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    proc = subprocess.run(manage_argv("demo"), env={**env, "DEBUG": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(manage_argv("demo"), env={**env, "DEBUG": "1"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "executor failed: LostReceipt (exit 42)" in out

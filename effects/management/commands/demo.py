@@ -102,10 +102,17 @@ class Command(WorkflowCommand):
         from decisionflow.workflow import resume_with
 
         outcome = resume_with(
-            case=case_by_id(case_id), operation_id=operation_id, approved=True, reviewer=None,
-            channel="demo-naive", fault=fault, writer=_naive_writer,
+            case=case_by_id(case_id),
+            operation_id=operation_id,
+            approved=True,
+            reviewer=None,
+            channel="demo-naive",
+            fault=fault,
+            writer=_naive_writer,
         )
-        self.stdout.write(f"approve: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}")
+        self.stdout.write(
+            f"approve: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}"
+        )
         self.stdout.write("result=" + json.dumps(outcome.result.receipt(), separators=(",", ":")))
 
     # --- the parent: the story ----------------------------------------------------------
@@ -140,7 +147,10 @@ class Command(WorkflowCommand):
     def manage(self, *argv: str):
         return subprocess.run(
             [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *argv],
-            env=self.env, capture_output=True, text=True, timeout=120,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     def step(self, label, argv, *, rc, expect=(), note="", show=None):
@@ -171,7 +181,9 @@ class Command(WorkflowCommand):
             proc = self.manage(*argv)
             if proc.returncode != 0:
                 self.failures += 1
-                self.stdout.write(f"  UNEXPECTED: {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+                self.stdout.write(
+                    f"  UNEXPECTED: {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
+                )
                 return
 
         begin = self.step("", ["begin", FIRST_CASE], rc=0)
@@ -180,13 +192,27 @@ class Command(WorkflowCommand):
             self.failures += 1
             self.stdout.write("  UNEXPECTED: begin did not pause at PendingRequests")
         approve = ["resume", FIRST_CASE, "--operation-id", op, "--approve"]
-        self.step("", [*approve, "--fault", "lose-receipt"], rc=42,
-                  expect=["approve: resumed status=PendingRequests requestReemitted=True", "executor failed: LostReceipt"],
-                  note="the effect exists, the receipt was lost")
-        self.step("", ["reconcile", FIRST_CASE], rc=0, expect=[f"reconcile: case={FIRST_CASE} op={op} state=Committed effects=1"])
+        self.step(
+            "",
+            [*approve, "--fault", "lose-receipt"],
+            rc=42,
+            expect=["approve: resumed status=PendingRequests requestReemitted=True", "executor failed: LostReceipt"],
+            note="the effect exists, the receipt was lost",
+        )
+        self.step(
+            "",
+            ["reconcile", FIRST_CASE],
+            rc=0,
+            expect=[f"reconcile: case={FIRST_CASE} op={op} state=Committed effects=1"],
+        )
         replay = 'result={"Status":"Committed","Replay":true,"EffectCount":1}'
-        self.step("", approve, rc=0, expect=["approve: resumed status=PendingRequests requestReemitted=True", replay],
-                  note="a replay, not a second effect")
+        self.step(
+            "",
+            approve,
+            rc=0,
+            expect=["approve: resumed status=PendingRequests requestReemitted=True", replay],
+            note="a replay, not a second effect",
+        )
         self.step("", approve, rc=0, expect=[replay], show="result=", note="and again")
 
         second = self.manage("begin", SECOND_CASE)
@@ -194,23 +220,55 @@ class Command(WorkflowCommand):
         if second.returncode != 0:
             self.failures += 1
             self.stdout.write(f"  UNEXPECTED: begin {SECOND_CASE} exited {second.returncode}")
-        self.step("decline (another case)", ["resume", SECOND_CASE, "--operation-id", op2, "--decline"], rc=0,
-                  expect=['result={"Status":"Declined","Replay":false,"EffectCount":0}'], show="result=")
-        self.step("approve (that case)", ["resume", SECOND_CASE, "--operation-id", op2, "--approve"], rc=3,
-                  expect=['result={"Status":"ConflictingDecision","Replay":false,"EffectCount":0}'], show="result=")
-        self.step("decline (after the approval)", ["resume", FIRST_CASE, "--operation-id", op, "--decline"], rc=3,
-                  expect=['result={"Status":"ConflictingDecision","Replay":false,"EffectCount":1}'], show="result=")
-        self.step("", ["reconcile", FIRST_CASE, SECOND_CASE], rc=0,
-                  expect=[f"reconcile: case={FIRST_CASE} op={op} state=Committed effects=1",
-                          f"reconcile: case={SECOND_CASE} op={op2} state=Declined effects=0"])
+        self.step(
+            "decline (another case)",
+            ["resume", SECOND_CASE, "--operation-id", op2, "--decline"],
+            rc=0,
+            expect=['result={"Status":"Declined","Replay":false,"EffectCount":0}'],
+            show="result=",
+        )
+        self.step(
+            "approve (that case)",
+            ["resume", SECOND_CASE, "--operation-id", op2, "--approve"],
+            rc=3,
+            expect=['result={"Status":"ConflictingDecision","Replay":false,"EffectCount":0}'],
+            show="result=",
+        )
+        self.step(
+            "decline (after the approval)",
+            ["resume", FIRST_CASE, "--operation-id", op, "--decline"],
+            rc=3,
+            expect=['result={"Status":"ConflictingDecision","Replay":false,"EffectCount":1}'],
+            show="result=",
+        )
+        self.step(
+            "",
+            ["reconcile", FIRST_CASE, SECOND_CASE],
+            rc=0,
+            expect=[
+                f"reconcile: case={FIRST_CASE} op={op} state=Committed effects=1",
+                f"reconcile: case={SECOND_CASE} op={op2} state=Declined effects=0",
+            ],
+        )
 
         # The control: the same sequence, the same workflow, a fresh random key per attempt.
         self.stdout.write("control: the same steps, the effect keyed by a fresh random ID per attempt")
         control = self.step("", ["begin", CONTROL_CASE], rc=0)
         op3 = self.op_of(control)
         naive = ["demo", "--naive-step", "approve", "--case", CONTROL_CASE, "--operation-id", op3]
-        self.step("", [*naive, "--fault", "lose-receipt"], rc=42, expect=["executor failed: LostReceipt"],
-                  show="result=", note="naive key (control): the receipt is lost")
-        self.step("naive key (control)", naive, rc=0,
-                  expect=['result={"Status":"Committed","Replay":false,"EffectCount":2}'], show="result=",
-                  note="two records for one operation")
+        self.step(
+            "",
+            [*naive, "--fault", "lose-receipt"],
+            rc=42,
+            expect=["executor failed: LostReceipt"],
+            show="result=",
+            note="naive key (control): the receipt is lost",
+        )
+        self.step(
+            "naive key (control)",
+            naive,
+            rc=0,
+            expect=['result={"Status":"Committed","Replay":false,"EffectCount":2}'],
+            show="result=",
+            note="two records for one operation",
+        )

@@ -24,8 +24,12 @@ class Command(WorkflowCommand):
     def add_arguments(self, parser):
         parser.add_argument("case_ids", nargs="*", metavar="CASE_ID", help="Cases to reconcile.")
         parser.add_argument("--all", dest="all_cases", action="store_true", help="Reconcile every case.")
-        parser.add_argument("--json", dest="as_json", action="store_true", help="One JSON object per line instead of text.")
-        parser.add_argument("--repair", action="store_true", help="Write the missing effect of NoLocalEffectRecorded operations.")
+        parser.add_argument(
+            "--json", dest="as_json", action="store_true", help="One JSON object per line instead of text."
+        )
+        parser.add_argument(
+            "--repair", action="store_true", help="Write the missing effect of NoLocalEffectRecorded operations."
+        )
 
     def handle(self, *args, case_ids, all_cases, as_json, repair, **options):
         if bool(case_ids) == bool(all_cases):
@@ -64,8 +68,10 @@ class Command(WorkflowCommand):
         if self.as_json:
             # The same compact JSON as json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")),
             # built directly: this runs once per operation.
-            return (f'{{"case":{encode_basestring(row.case_id)},"operation_id":{encode_basestring(row.operation_id)},'
-                    f'"state":"{row.state}","effects":{row.effects}}}')
+            return (
+                f'{{"case":{encode_basestring(row.case_id)},"operation_id":{encode_basestring(row.operation_id)},'
+                f'"state":"{row.state}","effects":{row.effects}}}'
+            )
         verb = "repaired" if repaired else "reconcile"
         return f"{verb}: case={row.case_id} op={row.operation_id} state={row.state} effects={row.effects}"
 

@@ -24,16 +24,23 @@ class Command(WorkflowCommand):
     def add_arguments(self, parser):
         parser.add_argument("case_id", metavar="CASE_ID", help="The case's external ID, e.g. T-1042.")
         parser.add_argument(
-            "--expected-operation-id", required=True, metavar="OP",
+            "--expected-operation-id",
+            required=True,
+            metavar="OP",
             help="The operation identity the editor started from; anything else is refused as stale.",
         )
         parser.add_argument("--body-file", metavar="FILE", help="The new body, UTF-8 text (- reads stdin).")
         parser.add_argument(
-            "--source", action="append", default=[], metavar="SOURCE=VERSION",
+            "--source",
+            action="append",
+            default=[],
+            metavar="SOURCE=VERSION",
             help="Move a selected source to another version, e.g. HOLD-7=4 (repeatable).",
         )
         parser.add_argument(
-            "--editor", metavar="USERNAME", help="Who edits (needs the review permission); default $DECISIONFLOW_REVIEWER."
+            "--editor",
+            metavar="USERNAME",
+            help="Who edits (needs the review permission); default $DECISIONFLOW_REVIEWER.",
         )
 
     def handle(self, *args, case_id, expected_operation_id, body_file, source, editor, **options):
@@ -51,8 +58,11 @@ class Command(WorkflowCommand):
         case = case_by_id(case_id)
         user = self.user(editor, option="--editor", role="editor")
         revision, begun = review_edit(
-            case=case, expected_operation_id=expected_operation_id, body=body,
-            source_versions=source_versions or None, editor=user,
+            case=case,
+            expected_operation_id=expected_operation_id,
+            body=body,
+            source_versions=source_versions or None,
+            editor=user,
         )
         if not revision.changed:
             self.stdout.write(f"edit: op={revision.proposal.operation_id} unchanged")

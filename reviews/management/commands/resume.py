@@ -12,7 +12,7 @@ class Command(WorkflowCommand):
         "`python manage.py resume CASE_ID --operation-id OP (--approve | --decline) [--reviewer USERNAME]`. "
         "Exactly one of --approve/--decline is required: no decision is not consent. The reviewer defaults "
         "to $DECISIONFLOW_REVIEWER. Prints `approve: resumed status=PendingRequests requestReemitted=True` "
-        "(or `decline:`) and `result={\"Status\":...,\"Replay\":...,\"EffectCount\":...}`. The same pause may be "
+        '(or `decline:`) and `result={"Status":...,"Replay":...,"EffectCount":...}`. The same pause may be '
         "resumed any number of times; a second approval is a replay. Exit codes: 0 committed, replayed or "
         "declined; 1 error; 3 conflicting decision; 4 stale, or not the recorded proposal; 5 incompatible "
         "workflow version or corrupt checkpoint; 42 the commit step failed, so there is no receipt "
@@ -28,7 +28,9 @@ class Command(WorkflowCommand):
         decision.add_argument("--approve", action="store_true", help="Approve exactly this operation.")
         decision.add_argument("--decline", action="store_true", help="Decline exactly this operation.")
         parser.add_argument(
-            "--reviewer", metavar="USERNAME", help="Who decides (needs the review permission); default $DECISIONFLOW_REVIEWER."
+            "--reviewer",
+            metavar="USERNAME",
+            help="Who decides (needs the review permission); default $DECISIONFLOW_REVIEWER.",
         )
         parser.add_argument(
             "--fault",
@@ -43,15 +45,21 @@ class Command(WorkflowCommand):
         user = self.user(reviewer, option="--reviewer", role="reviewer")
         try:
             outcome = review_resume(
-                case=case, operation_id=operation_id, approved=bool(approve), reviewer=user,
-                channel="command", fault=fault,
+                case=case,
+                operation_id=operation_id,
+                approved=bool(approve),
+                reviewer=user,
+                channel="command",
+                fault=fault,
             )
         except DecisionflowError as exc:
             # The resume itself may have happened before the failure: say so, truthfully.
             if exc.details.get("request_reemitted"):
                 self.stdout.write(f"{self.verb}: resumed status={exc.details['resumed_status']} requestReemitted=True")
             raise
-        self.stdout.write(f"{self.verb}: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}")
+        self.stdout.write(
+            f"{self.verb}: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}"
+        )
         receipt = json.dumps(outcome.result.receipt(), separators=(",", ":"))
         self.stdout.write(f"result={receipt}")
         if outcome.result.status == CONFLICTING:
