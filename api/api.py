@@ -167,7 +167,7 @@ def not_found(request: HttpRequest, *args, **kwargs):
 
 
 def _errors(*statuses: int) -> dict:
-    return {status: ErrorOut for status in statuses}
+    return dict.fromkeys(statuses, ErrorOut)
 
 
 CaseId = Path(..., description="the case's external ID, e.g. T-1042", examples=["T-1042"], max_length=100)

@@ -120,7 +120,7 @@ def make_cases(n: int, *, prefix: str, proposals: bool):
                 ],
                 batch_size=1000,
             )
-            for c, p in zip(cases, rows):
+            for c, p in zip(cases, rows, strict=True):
                 c.current_proposal = p
             Case.objects.bulk_update(cases, ["current_proposal"], batch_size=1000)
     return cases

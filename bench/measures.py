@@ -13,7 +13,7 @@ import json
 import multiprocessing
 import time
 import timeit
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .data import bench_reviewer, make_cases, raw_connect, run_token, template_case
 
@@ -203,7 +203,7 @@ def _raw_sql(vendor: str) -> dict:
 
 
 def _now(vendor):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return now if vendor == "postgresql" else now.isoformat(sep=" ")
 
 

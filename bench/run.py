@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from . import report
@@ -36,7 +36,7 @@ SIZES = {
 
 
 def log(msg: str) -> None:
-    print(f"[bench {datetime.now(timezone.utc):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench {datetime.now(UTC):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
 def env_for(database_url: str) -> dict:
@@ -164,14 +164,14 @@ def _reconcile_db_ready(url: str, n: int) -> bool:
 
 def _rss_run(cmd: list[str], env: dict) -> tuple[float, int, int, str]:
     """Wall seconds, peak RSS (KiB) of exactly this child, its exit code, stderr tail."""
-    err = tempfile.TemporaryFile()
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err.seek(0)
-    return elapsed, usage.ru_maxrss, proc.returncode, err.read().decode(errors="replace")[-500:]
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return elapsed, usage.ru_maxrss, proc.returncode, err.read().decode(errors="replace")[-500:]
 
 
 def bench_reconcile(base: str, sizes: dict, *, fresh: bool, name: str, scale: str) -> list[dict]:
@@ -228,10 +228,9 @@ def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
 
     def baseline() -> float:
         t = time.perf_counter()
-        with psycopg.connect(url) as conn, conn.cursor() as cur:
-            with cur.copy(f"COPY ({sql}) TO STDOUT") as copy:
-                for _block in copy:
-                    pass
+        with psycopg.connect(url) as conn, conn.cursor() as cur, cur.copy(f"COPY ({sql}) TO STDOUT") as copy:
+            for _block in copy:
+                pass
         return time.perf_counter() - t
 
     def anti_join() -> float:
@@ -401,7 +400,7 @@ def main(argv=None) -> int:
     info["duration_s"] = time.perf_counter() - started
     info["scale"] = args.scale
     info["command"] = "make bench" if args.scale == "full" else f"python -m bench.run --scale {args.scale}"
-    info["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "results": results}, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -217,9 +217,12 @@ class CaseAdmin(ViewOnlyAdmin):
     def changelist_view(self, request, extra_context=None):
         # Without the permission the actions are not offered; a forged POST naming one is
         # refused outright instead of falling back to "no action selected".
-        if request.method == "POST" and request.POST.get("action") in DECIDE_ACTIONS:
-            if not self.has_review_permission(request):
-                raise PermissionDenied
+        if (
+            request.method == "POST"
+            and request.POST.get("action") in DECIDE_ACTIONS
+            and not self.has_review_permission(request)
+        ):
+            raise PermissionDenied
         # Seven columns and the filters need the width more than the nav does.
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 

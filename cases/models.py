@@ -90,6 +90,9 @@ class SelectedPassage(models.Model):
         ordering = ["case", "position"]
         constraints = [models.UniqueConstraint(fields=["case", "source_version"], name="passage_unique_version")]
 
+    def __str__(self):
+        return f"{self.case_id} passage {self.position}"
+
 
 class Finding(models.Model):
     """An accepted finding with the clause of a selected source version that licenses it."""
@@ -102,3 +105,6 @@ class Finding(models.Model):
 
     class Meta:
         ordering = ["case", "position"]
+
+    def __str__(self):
+        return f"{self.case_id} finding {self.position}"

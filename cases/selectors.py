@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Case as Conditional, CharField, Exists, OuterRef, QuerySet, Subquery, Value, When
+from django.db.models import Case as Conditional
+from django.db.models import CharField, Exists, OuterRef, QuerySet, Subquery, Value, When
 
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, operations_reconcile

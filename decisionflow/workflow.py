@@ -304,11 +304,11 @@ def _begin_locked(case: Case, actor) -> BeginResult:
             f"{identity.short(operation_id)}; no pending review was recorded"
         )
 
-    fields = dict(
-        workflow_session_id=session_id,
-        checkpoint_id=pause,
-        workflow_version=WORKFLOW_VERSION,
-    )
+    fields = {
+        "workflow_session_id": session_id,
+        "checkpoint_id": pause,
+        "workflow_version": WORKFLOW_VERSION,
+    }
     if existing is not None:
         # The operation's pending review was recorded by another workflow version, or its
         # checkpoint is gone or refused (the refused row stays, as evidence): this run

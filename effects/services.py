@@ -60,15 +60,15 @@ def reviewer_check(reviewer) -> None:
 def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail=""):
     # Every call appends one row, through the one-statement insert (no ORM save machinery:
     # this is on every commit's path).
-    fields = dict(
-        operation_id=str(operation_id)[:200],
-        case_id=case_id,
-        approved=approved if isinstance(approved, bool) else None,
-        reviewer=reviewer if getattr(reviewer, "pk", None) else None,
-        outcome=outcome,
-        channel=channel,
-        detail=detail[:2000],
-    )
+    fields = {
+        "operation_id": str(operation_id)[:200],
+        "case_id": case_id,
+        "approved": approved if isinstance(approved, bool) else None,
+        "reviewer": reviewer if getattr(reviewer, "pk", None) else None,
+        "outcome": outcome,
+        "channel": channel,
+        "detail": detail[:2000],
+    }
     if connection.features.can_return_columns_from_insert:
         _insert_row(CommitAttempt, fields)
     else:  # SQLite < 3.35
@@ -168,9 +168,13 @@ def _commit(*, operation_id: str, approved: bool, reviewer, channel: str, propos
         # Only a decision that was already there needs reading back (one round trip less
         # on the common path; see docs/PERFORMANCE.md).
         decision = new_decision or ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
-        attempt = dict(
-            operation_id=operation_id, case_id=case.pk, approved=approved, reviewer=reviewer, channel=channel
-        )
+        attempt = {
+            "operation_id": operation_id,
+            "case_id": case.pk,
+            "approved": approved,
+            "reviewer": reviewer,
+            "channel": channel,
+        }
         if decision.approved != approved:
             _attempt(
                 **attempt,
@@ -206,7 +210,13 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
     # No ORDER BY: operation_id is unique, so the model's default ordering is only cost.
     proposal = next(iter(Proposal.objects.filter(operation_id=str(operation_id)).order_by()[:1]), None)
     case_id = proposal.case_id if proposal is not None else None
-    attempt = dict(operation_id=operation_id, case_id=case_id, approved=approved, reviewer=reviewer, channel=channel)
+    attempt = {
+        "operation_id": operation_id,
+        "case_id": case_id,
+        "approved": approved,
+        "reviewer": reviewer,
+        "channel": channel,
+    }
     try:
         # bool only: 1, "true" or None are not consent.
         if type(approved) is not bool:

@@ -468,7 +468,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
 
 
 def main() -> int:
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -135,7 +135,8 @@ class WorkflowCheckpoint(models.Model):
     checkpoint_id = models.CharField(max_length=100)
     workflow_name = models.CharField(max_length=200)
     graph_signature_hash = models.CharField(max_length=128)
-    previous_checkpoint_id = models.CharField(max_length=100, null=True, blank=True)
+    # The engine's own None (a first checkpoint) is kept apart from an empty id.
+    previous_checkpoint_id = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
     iteration_count = models.IntegerField(default=0)
     payload = models.TextField()
     digest = models.CharField(max_length=64)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import DEMO_OP, assert_error
 from tests.conftest import snapshot
+
+from .conftest import DEMO_OP, assert_error
 
 DECISION = "/api/cases/T-1042/decision"
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from .conftest import DEMO_OP, assert_error
 from tests.conftest import snapshot
+
+from .conftest import DEMO_OP, assert_error
 
 EDITS = "/api/cases/T-1042/edits"
 

@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from .conftest import DEMO_OP, Api, assert_error
 from tests.conftest import snapshot
+
+from .conftest import DEMO_OP, Api, assert_error
 
 DECISION = "/api/cases/T-1042/decision"
 EDITS = "/api/cases/T-1042/edits"

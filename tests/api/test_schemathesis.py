@@ -11,8 +11,8 @@ import re
 
 import pytest
 import schemathesis
-from schemathesis import checks
 from hypothesis import HealthCheck, settings
+from schemathesis import checks
 
 MAX_EXAMPLES = 30
 

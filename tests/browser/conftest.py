@@ -13,6 +13,7 @@ Screenshots go to a temporary folder, or to ``DECISIONFLOW_SCREENSHOT_DIR`` when
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from pathlib import Path
@@ -100,7 +101,7 @@ def demo(transactional_db, settings):
     settings.SESSION_COOKIE_SECURE = False
     settings.CSRF_COOKIE_SECURE = False
     settings.SECURE_SSL_REDIRECT = False
-    call_command("load_demo", stdout=open(os.devnull, "w"))
+    call_command("load_demo", stdout=io.StringIO())
     case = Case.objects.get(case_id="T-1042")
     in_thread(review_begin, case=case)
     case.refresh_from_db()

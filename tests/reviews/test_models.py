@@ -105,9 +105,8 @@ def test_write_once_rows_refuse_orm_update_and_delete(committed, model):
 )
 def test_raw_sql_update_is_refused_by_a_trigger(committed, table, column):
     value = {"approved": False, "outcome": "'replay'"}.get(column, "'tampered'")
-    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE {table} SET {column} = {value}")
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = {value}")
 
 
 @pytest.mark.postgres
@@ -115,6 +114,5 @@ def test_raw_sql_update_is_refused_by_a_trigger(committed, table, column):
     "table", ["reviews_proposal", "reviews_reviewdecision", "effects_effectrecord", "effects_commitattempt"]
 )
 def test_raw_sql_delete_is_refused_by_a_trigger_on_postgres(committed, table):
-    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {table}")
+    with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table}")
