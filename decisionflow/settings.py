@@ -4,7 +4,6 @@ See .env.example for the variables. A new checkout runs on a SQLite file with DE
 production sets DATABASE_URL to PostgreSQL, DEBUG off and a SECRET_KEY.
 """
 
-import os
 from pathlib import Path
 
 import environ
@@ -79,14 +78,6 @@ WSGI_APPLICATION = "decisionflow.wsgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Tests that start manage.py subprocesses need a file the children can open; the pid
-    # keeps parallel test runs on one machine apart.
-    DATABASES["default"]["TEST"] = {
-        "NAME": env.str(
-            "DECISIONFLOW_SQLITE_TEST_NAME",
-            default=f"/tmp/decisionflow-test-{os.getpid()}.sqlite3",
-        )
-    }
     # Writers queue for the lock instead of failing at once with "database is locked".
     DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
 

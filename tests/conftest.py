@@ -23,12 +23,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    # Real hashers cost about a second per user on these machines; tests need no strength.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def database_url() -> str:
     """A DATABASE_URL naming the database this test process is using right now.
 

@@ -30,3 +30,23 @@ def test_database_url_selects_the_backend():
     from django.conf import settings
 
     assert settings.DATABASES["default"]["ENGINE"] in ("django.db.backends.sqlite3", "django.db.backends.postgresql")
+
+
+def test_pytest_runs_on_the_test_settings_module():
+    from django.conf import settings
+
+    assert settings.SETTINGS_MODULE == "decisionflow.test_settings"
+
+
+def test_production_settings_carry_no_test_configuration():
+    # The served settings must not know about the suite: no test database, no weak hasher.
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print('TEST' in s.DATABASES['default'] and bool(s.DATABASES['default']['TEST'].get('NAME')), "
+        "'MD5' in s.PASSWORD_HASHERS[0])"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
+    env.update({"DJANGO_SETTINGS_MODULE": "decisionflow.settings", "DEBUG": "1"})
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False"]
