@@ -10,13 +10,43 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres browser screenshots bench reliability clean
+.PHONY: run test test-sqlite test-postgres lint lock browser screenshots bench reliability clean
 
-$(VENV)/.installed: requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+# Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
+# are supersets of runtime, so their stamps also mark runtime as installed.
+PIP_INSTALL = $(PY) -m pip install --quiet --disable-pip-version-check --require-hashes
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.runtime: requirements/runtime.txt | $(PY)
+	$(PIP_INSTALL) -r requirements/runtime.txt
 	touch $@
+
+$(VENV)/.test: requirements/test.txt | $(PY)
+	$(PIP_INSTALL) -r requirements/test.txt
+	touch $@ $(VENV)/.runtime
+
+$(VENV)/.bench: requirements/bench.txt | $(PY)
+	$(PIP_INSTALL) -r requirements/bench.txt
+	touch $@ $(VENV)/.runtime
+
+# Ruff (lint and format), mypy, the import layers, and no model change without its migration.
+lint: $(VENV)/.test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(PY) manage.py makemigrations --check --dry-run
+
+# Re-lock every set from its short input file; CONTRIBUTING.md says how to upgrade one package.
+PIP_COMPILE = cd requirements && ../$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+	--strip-extras --no-emit-index-url --no-emit-find-links $(LOCK_ARGS)
+lock: $(VENV)/.test
+	$(PIP_COMPILE) -o runtime.txt runtime.in
+	$(PIP_COMPILE) -o test.txt test.in
+	$(PIP_COMPILE) -o bench.txt bench.in
+	$(PIP_COMPILE) -o peer.txt peer.in
 
 # Browser tests drive Debian's Chromium; install it when missing and we are allowed to.
 browser:
@@ -29,24 +59,24 @@ browser:
 	fi
 
 # Rerun the browser tests and keep their screenshots for the README (docs/screenshots/).
-screenshots: $(VENV)/.installed browser
+screenshots: $(VENV)/.test browser
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
 
-run: $(VENV)/.installed
+run: $(VENV)/.runtime
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_demo
 	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (Ctrl-C to stop)"
 	$(PY) manage.py runserver 127.0.0.1:8000
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.test browser
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory test-postgres
 
-test-sqlite: $(VENV)/.installed
+test-sqlite: $(VENV)/.test
 	@echo "== pytest on SQLite =="
 	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-postgres: $(VENV)/.installed
+test-postgres: $(VENV)/.test
 	@if $(PY) -c "import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()" "$(TEST_POSTGRES_URL)" 2>/dev/null; then \
 		echo "== pytest on PostgreSQL ($(TEST_POSTGRES_URL)) =="; \
 		DATABASE_URL="$(TEST_POSTGRES_URL)" $(VENV)/bin/pytest $(PYTEST_ARGS); \
@@ -61,14 +91,14 @@ test-postgres: $(VENV)/.installed
 # default the local server, and a temporary SQLite file); ~15 minutes on 2 cores.
 BENCH_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432
 BENCH_ARGS ?=
-bench: $(VENV)/.installed
+bench: $(VENV)/.bench
 	BENCH_POSTGRES_URL="$(BENCH_POSTGRES_URL)" $(PY) -m bench.run $(BENCH_ARGS)
 
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
 # decisionflow_load database; writes docs/RELIABILITY.md (~10-20 minutes on 2 cores).
-reliability: $(VENV)/.installed
+reliability: $(VENV)/.bench
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:
-	rm -rf $(VENV) db.sqlite3 .pytest_cache
+	rm -rf $(VENV) .venv-peer db.sqlite3 .pytest_cache .mypy_cache .ruff_cache
