@@ -48,13 +48,16 @@ class DecisionIn(Strict):
 class EditIn(Strict):
     # At least one of body and source_versions, said in the schema too (anyOf), so a client
     # generated from the schema knows it. Neither may be null: leave a field out instead.
+    # Hence the non-Optional types with a None default (pydantic does not validate defaults,
+    # so None means "left out" while an explicit null is still refused); the ignores below
+    # are for exactly that, which mypy cannot express.
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={"anyOf": [{"required": ["body"]}, {"required": ["source_versions"]}]},
     )
 
     expected_operation_id: OperationId
-    body: StrictStr = Field(
+    body: StrictStr = Field(  # type: ignore[assignment]  # None = left out; null is refused (see above)
         default=None,
         min_length=1,
         pattern=r"\S",
@@ -62,7 +65,9 @@ class EditIn(Strict):
         json_schema_extra={"default": None},
     )
     source_versions: dict[Annotated[StrictStr, Field(min_length=1, max_length=100)], Version] = Field(
-        default=None, min_length=1, description='move cited sources to other versions, e.g. {"HOLD-7": 4}'
+        default=None,  # type: ignore[arg-type]  # None = left out; null is refused (see above)
+        min_length=1,
+        description='move cited sources to other versions, e.g. {"HOLD-7": 4}',
     )
 
     @model_validator(mode="after")

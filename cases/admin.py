@@ -62,9 +62,10 @@ class ReviewerFilter(admin.SimpleListFilter):
         return [(str(u.pk), u.get_username()) for u in users]
 
     def queryset(self, request, queryset):
-        if self.value() and self.value().isdigit():
+        value = self.value()
+        if value and value.isdigit():
             return queryset.filter(
-                Exists(ReviewDecision.objects.filter(proposal__case_id=OuterRef("pk"), reviewer_id=int(self.value())))
+                Exists(ReviewDecision.objects.filter(proposal__case_id=OuterRef("pk"), reviewer_id=int(value)))
             )
         return queryset
 
@@ -142,7 +143,7 @@ class CaseAdmin(ViewOnlyAdmin):
         return [
             path("<int:pk>/review/", wrap(self.review_view), name="cases_case_review"),
             path("<int:pk>/begin/", wrap(self.begin_view), name="cases_case_begin"),
-            path("<int:pk>/history/", wrap(self.history_view), name="cases_case_history"),
+            path("<int:object_id>/history/", wrap(self.history_view), name="cases_case_history"),
         ] + super().get_urls()
 
     def review_view(self, request, pk):
@@ -186,15 +187,17 @@ class CaseAdmin(ViewOnlyAdmin):
         )
         return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
 
-    def history_view(self, request, pk):
+    def history_view(self, request, object_id, extra_context=None):
         """The timeline support leads read; view permission is enough, nothing here writes."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        case = get_object_or_404(Case.objects.select_related("policy"), pk=pk)
+        case = get_object_or_404(Case.objects.select_related("policy"), pk=object_id)
         history = selectors.case_history(case)
         status = (
             selectors.cases_with_status(Case.objects.filter(pk=case.pk)).values_list("review_status", flat=True).first()
         )
+        # The case row was just read, and every case has a status (the Conditional has a default).
+        assert status is not None
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -206,6 +209,7 @@ class CaseAdmin(ViewOnlyAdmin):
             "status": status,
             "status_label": selectors.STATUS_LABELS[status],
             "can_review": can_review(request.user),
+            **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/cases/case/history.html", context)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import Case as Conditional
-from django.db.models import CharField, Exists, OuterRef, QuerySet, Subquery, Value, When
+from django.db.models import CharField, Exists, Model, OuterRef, QuerySet, Subquery, Value, When
 
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, operations_reconcile
@@ -18,6 +19,10 @@ from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
 
 from .models import Case
+
+if TYPE_CHECKING:
+    # A type-checking-only dependency (requirements/test.in), used in annotations only.
+    from django_stubs_ext import WithAnnotations
 
 NOT_STARTED = "not_started"
 PENDING_REVIEW = "pending_review"
@@ -35,7 +40,20 @@ STATUS_CHOICES = [
 STATUS_LABELS = dict(STATUS_CHOICES)
 
 
-def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[Case]:
+class CaseStatus(TypedDict):
+    """The annotations ``cases_with_status`` adds to each case."""
+
+    current_operation_id: str | None
+    decision_approved: bool | None
+    decision_reviewer: str | None
+    decision_at: datetime | None
+    has_effect: bool
+    has_pending_review: bool
+    last_attempt_outcome: str | None
+    review_status: str
+
+
+def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[WithAnnotations[Case, CaseStatus]]:
     """Cases annotated with ``review_status`` and the current decision, all in one query.
 
     Everything is about the case's *current* proposal:
@@ -80,7 +98,7 @@ def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[Case]:
 class HistoryEvent:
     at: datetime
     kind: str  # proposal, pending_review, attempt, decision, effect
-    obj: object
+    obj: Model
     # For proposals: the body diff and the evidence moves against the parent.
     diff: list[str] = field(default_factory=list)
     moves: list[dict] = field(default_factory=list)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from django.db import transaction
 
@@ -40,7 +40,7 @@ class ImportResult:
     created: bool
 
 
-def _fail(field: str, problem: str):
+def _fail(field: str, problem: str) -> NoReturn:
     raise InvalidInput(f"{field}: {problem}", field=field)
 
 
@@ -105,8 +105,8 @@ def validate_case_data(data: Any) -> None:
     """Structural and referential checks. Nothing here touches the database."""
     _check_keys(data, "", "")
     _check_surrogates(data, "")
-    for key in ("case_id", "subject", "customer_message", "action", "draft"):
-        _check_text(data[key], key)
+    for name in ("case_id", "subject", "customer_message", "action", "draft"):
+        _check_text(data[name], name)
     if not data["case_id"].strip():
         _fail("case_id", "must not be empty")
 

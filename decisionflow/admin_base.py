@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from django.contrib import admin
 from django.utils import timezone
@@ -18,7 +20,8 @@ class ViewOnlyAdmin(admin.ModelAdmin):
     ``Model.delete()`` and meet the append-only triggers anyway).
     """
 
-    actions = None
+    # Typed as ModelAdmin.actions is, so that a subclass may list its own actions.
+    actions: Sequence[Callable[..., Any] | str] | None = None
 
     def has_add_permission(self, request, obj=None):
         return False

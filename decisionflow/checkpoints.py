@@ -297,7 +297,8 @@ class DatabaseCheckpointStorage:
         """How many stored checkpoints lead to ``checkpoint_id`` (itself included)."""
         from reviews.models import WorkflowCheckpoint
 
-        count, current = 0, checkpoint_id
+        count = 0
+        current: str | None = checkpoint_id
         while current is not None and count < limit:
             row = WorkflowCheckpoint.objects.filter(checkpoint_id=current).values("previous_checkpoint_id").first()
             if row is None:

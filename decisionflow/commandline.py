@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -55,10 +56,12 @@ class WorkflowCommand(BaseCommand):
                 parser.exit(EXIT_ERROR, f"{parser.prog}: error: {message}\n")
             raise CommandError(f"Error: {message}", returncode=EXIT_ERROR)
 
-        parser.error = error
+        # Replacing the bound method on this one parser instance is the point: argparse
+        # calls self.error() for every usage error, and there is no hook to pass one in.
+        parser.error = error  # type: ignore[method-assign]
         return parser
 
-    def fail(self, code: int, *lines: str):
+    def fail(self, code: int, *lines: str) -> NoReturn:
         raise Exit(code, list(lines))
 
     def execute(self, *args, **options):

@@ -98,7 +98,8 @@ def review_request_id(operation_id: str) -> str:
 
 def _prepare_sync(message: dict) -> dict:
     case = Case.objects.get(pk=message["case_pk"])
-    actor = get_user_model().objects.filter(pk=message.get("actor_pk")).first() if message.get("actor_pk") else None
+    actor_pk = message.get("actor_pk")
+    actor = get_user_model().objects.filter(pk=actor_pk).first() if actor_pk else None
     proposal = proposal_create(case=case, author=actor)
     # Issue 7: killed after the proposal is written, before anything records a pending review.
     crash_point("begin-after-proposal")

@@ -152,8 +152,11 @@ def _commit(*, operation_id: str, approved: bool, reviewer, channel: str, propos
         # so "is this still the current proposal?" cannot change before we write.
         case = Case.objects.select_for_update().only("id", "case_id", "current_proposal_id").get(pk=proposal.case_id)
         if case.current_proposal_id != proposal.pk:
+            # (No current proposal at all: nothing to look up; filter(pk=None) would match nothing.)
             current = (
                 Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+                if case.current_proposal_id is not None
+                else None
             )
             raise StaleProposal(
                 f"stale: {identity.short(operation_id)} is not the current proposal of case "

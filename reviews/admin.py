@@ -57,6 +57,8 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
     op = identity.short(outcome.operation_id)
     result, error = outcome.result, outcome.error
     if outcome.kind in (workplace.COMMITTED, workplace.DECLINED_KIND):
+        # proposal_decide returns these kinds (and replay) only with a commit result.
+        assert result is not None
         receipt = json.dumps(result.receipt(), separators=(",", ":"))
         if outcome.kind == workplace.COMMITTED:
             effect = EffectRecord.objects.filter(operation_id=outcome.operation_id).values_list("pk", flat=True).first()
@@ -70,7 +72,10 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
             text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
         return [(messages.SUCCESS, text)]
     if outcome.kind == workplace.REPLAY:
+        # A replay is a decision that was already recorded: it always comes with it.
+        assert result is not None
         decision = result.decision
+        assert decision is not None
         verb = "approved" if decision.approved else "declined"
         return [
             (
@@ -154,7 +159,8 @@ def mark_sentences(body: str, sentences: list[str]):
             spans.append((start, start + len(sentence)))
             start = body.find(sentence, start + len(sentence))
     spans.sort()
-    out, pos = [], 0
+    out: list[str] = []
+    pos = 0
     for start, end in spans:
         if start < pos:  # overlapping match: already inside a mark
             continue

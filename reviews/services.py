@@ -102,7 +102,10 @@ def proposal_create(*, case: Case, author=None) -> Proposal:
         # Compare-and-swap from "no proposal yet".
         Case.objects.filter(pk=case.pk, current_proposal__isnull=True).update(current_proposal=proposal)
         case.refresh_from_db(fields=["current_proposal"])
-        return case.current_proposal
+        current = case.current_proposal
+        # Set just now by the swap above, or already set before it: never None here.
+        assert current is not None
+        return current
 
 
 def _revised_passages(current: Proposal, source_versions: dict) -> tuple[list[dict], list[dict]]:
@@ -140,8 +143,9 @@ def _revised_passages(current: Proposal, source_versions: dict) -> tuple[list[di
 
 
 def _prepared_root(proposal: Proposal) -> Proposal:
-    while proposal.parent_id is not None:
-        proposal = proposal.parent
+    # ``parent`` is None without a query when ``parent_id`` is None.
+    while (parent := proposal.parent) is not None:
+        proposal = parent
     return proposal
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TypedDict
 
 from cases.models import Case
 from decisionflow.errors import ConflictingDecision, DecisionflowError, OutcomeUncertain, StaleProposal
@@ -51,11 +52,18 @@ class DecideOutcome:
     current_operation_id: str | None = None
 
 
+class _Base(TypedDict):
+    """The fields every ``DecideOutcome`` of one decision shares."""
+
+    operation_id: str
+    approved: bool
+
+
 def _current_operation(case: Case) -> str | None:
     return Case.objects.filter(pk=case.pk).values_list("current_proposal__operation_id", flat=True).first()
 
 
-def _uncertain(base: dict, error: DecisionflowError, begun: bool) -> DecideOutcome:
+def _uncertain(base: _Base, error: DecisionflowError, begun: bool) -> DecideOutcome:
     """Read the outcome back from the effect store; never guess it from the exception."""
     try:
         row = operation_reconcile(base["operation_id"])
@@ -93,7 +101,7 @@ def proposal_decide(*, case: Case, operation_id: str, approved: bool, reviewer) 
     from decisionflow.workflow import review_resume
 
     begun = False
-    base = {"operation_id": operation_id, "approved": approved}
+    base: _Base = {"operation_id": operation_id, "approved": approved}
     try:
         begun = _begin_if_needed(case, operation_id, reviewer)
         resumed = review_resume(

@@ -67,6 +67,8 @@ class Command(WorkflowCommand):
         if not revision.changed:
             self.stdout.write(f"edit: op={revision.proposal.operation_id} unchanged")
             return
+        # review_edit begins the workflow whenever the revision changed the proposal.
+        assert begun is not None
         self.stdout.write(f"edit: op={revision.proposal.operation_id} origin={revision.proposal.origin}")
         self.stdout.write(f"begin: status={begun.status} op={begun.operation_id} checkpoints={begun.checkpoints}")
 
