@@ -15,7 +15,7 @@ from ninja import NinjaAPI, Path
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
 from ninja.responses import Status
 
-from decisionflow import errors
+from decisionflow.core import errors
 
 from . import selectors, services
 from .auth import AUTH

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cases.models import Case
-from decisionflow.errors import NotFound
+from decisionflow.core.errors import NotFound
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.services import prepared_content

@@ -9,8 +9,9 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from decisionflow import faults, workflow
-from decisionflow.errors import ConflictingDecision, InvalidInput
+from decisionflow.core import faults
+from decisionflow.core.errors import ConflictingDecision, InvalidInput
+from decisionflow.workflow import services as workflow
 from effects.services import CONFLICTING
 from reviews.models import PendingReview
 

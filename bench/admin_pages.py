@@ -70,7 +70,7 @@ def bench_admin(*, requests: int) -> dict:
     missing = []
     (case,) = make_cases(1, prefix=f"{run_token()}-adm", proposals=False)
     if workflow_available():
-        from decisionflow.workflow import review_begin
+        from decisionflow.workflow.services import review_begin
 
         review_begin(case=case)
     case.refresh_from_db()

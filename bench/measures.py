@@ -86,7 +86,7 @@ def realistic_draft(target_bytes: int = 4096, *, polish: bool = False) -> str:
 def bench_identity(*, runs: int, number: int) -> list[dict]:
     """operation_id vs SHA-256 of the same framed bytes; also a draft with non-ASCII
     text, each against its own baseline in the same run."""
-    from decisionflow import identity
+    from decisionflow.core import identity
     from reviews.services import prepared_content
 
     case = template_case()
@@ -108,7 +108,7 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
         args = (case.case_id, case.action, body, ev, pol)
         framed = identity.encode_fields((identity.OPERATION_TAG, *args))
         if fn(*args) != identity.operation_id(*args):
-            raise AssertionError(f"{key}: the implementation disagrees with decisionflow.identity")
+            raise AssertionError(f"{key}: the implementation disagrees with decisionflow.core.identity")
         res = result(
             key,
             title,
@@ -459,7 +459,7 @@ def bench_commit_concurrent(*, runs: int, n_per_worker: int, workers: int = 8) -
 
 def workflow_available() -> bool:
     try:
-        from decisionflow import workflow  # noqa: F401
+        from decisionflow.workflow import services as workflow
     except ImportError:
         return False
     return hasattr(workflow, "review_begin") and hasattr(workflow, "review_resume")
@@ -468,7 +468,7 @@ def workflow_available() -> bool:
 def bench_begin(*, runs: int, n: int, vendor: str) -> dict:
     """``review_begin`` (prepare, pause at the human step, checkpoint, pending review) vs
     ``proposal_create`` alone, both on fresh cases."""
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
     from reviews.services import proposal_create
 
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
@@ -516,7 +516,7 @@ def _begin_result_op(begin_result, case) -> str:
 
 def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
     """``review_resume`` + approve from the recorded checkpoint vs the bare ``effect_commit``."""
-    from decisionflow.workflow import review_begin, review_resume
+    from decisionflow.workflow.services import review_begin, review_resume
 
     reviewer = bench_reviewer()
     token = run_token()
@@ -600,7 +600,7 @@ def _table_stats() -> dict:
 
 def bench_storage(*, n: int, vendor: str) -> dict:
     """Checkpoint bytes per paused case; rows and bytes per finished case (begin + approve)."""
-    from decisionflow.workflow import review_begin, review_resume
+    from decisionflow.workflow.services import review_begin, review_resume
     from reviews.models import WorkflowCheckpoint
 
     reviewer = bench_reviewer()

@@ -1,142 +1,15 @@
-"""Reads about cases that span the review and effect tables: status and history.
-
-Status is computed in the database with ``Exists``/``Subquery`` annotations, so a
-changelist page costs the same number of queries at 10 rows as at 100,000.
-"""
+"""Reads of cases that more than one channel needs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, TypedDict
-
-from django.db.models import Case as Conditional
-from django.db.models import CharField, Exists, Model, OuterRef, QuerySet, Subquery, Value, When
-
-from effects.models import CommitAttempt, EffectRecord
-from effects.services import ReconcileRow, operations_reconcile
-from reviews.models import PendingReview, Proposal, ReviewDecision
-from reviews.selectors import evidence_moves, proposal_diff
+from decisionflow.core.errors import NotFound
 
 from .models import Case
 
-if TYPE_CHECKING:
-    # A type-checking-only dependency (requirements/test.in), used in annotations only.
-    from django_stubs_ext import WithAnnotations
 
-NOT_STARTED = "not_started"
-PENDING_REVIEW = "pending_review"
-COMMITTED = "committed"
-DECLINED = "declined"
-NEEDS_ATTENTION = "needs_attention"
-
-STATUS_CHOICES = [
-    (PENDING_REVIEW, "Pending review"),
-    (COMMITTED, "Committed"),
-    (DECLINED, "Declined"),
-    (NEEDS_ATTENTION, "Needs attention"),
-    (NOT_STARTED, "Not started"),
-]
-STATUS_LABELS = dict(STATUS_CHOICES)
-
-
-class CaseStatus(TypedDict):
-    """The annotations ``cases_with_status`` adds to each case."""
-
-    current_operation_id: str | None
-    decision_approved: bool | None
-    decision_reviewer: str | None
-    decision_at: datetime | None
-    has_effect: bool
-    has_pending_review: bool
-    last_attempt_outcome: str | None
-    review_status: str
-
-
-def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[WithAnnotations[Case, CaseStatus]]:
-    """Cases annotated with ``review_status`` and the current decision, all in one query.
-
-    Everything is about the case's *current* proposal:
-
-    - ``not_started``: the case has no proposal yet (``begin`` has not run);
-    - ``committed``: approved, and the effect record exists;
-    - ``declined``: declined (there is no effect);
-    - ``needs_attention``: approved but no effect recorded (reconcile says
-      ``NoLocalEffectRecorded``), or undecided while its latest commit attempt failed;
-    - ``pending_review``: everything else, i.e. waiting for a reviewer.
-    """
-    queryset = Case.objects.all() if queryset is None else queryset
-    current = OuterRef("current_proposal_id")
-    decision = ReviewDecision.objects.filter(proposal_id=current)
-    last_attempt = CommitAttempt.objects.filter(
-        case_id=OuterRef("pk"), operation_id=OuterRef("current_proposal__operation_id")
-    ).order_by("-attempted_at", "-id")
-    return queryset.annotate(
-        current_operation_id=Subquery(Proposal.objects.filter(pk=current).values("operation_id")[:1]),
-        decision_approved=Subquery(decision.values("approved")[:1]),
-        decision_reviewer=Subquery(decision.values("reviewer__username")[:1]),
-        decision_at=Subquery(decision.values("decided_at")[:1]),
-        has_effect=Exists(EffectRecord.objects.filter(proposal_id=current)),
-        has_pending_review=Exists(
-            PendingReview.objects.filter(proposal_id=current, status=PendingReview.Status.PENDING)
-        ),
-        last_attempt_outcome=Subquery(last_attempt.values("outcome")[:1]),
-    ).annotate(
-        review_status=Conditional(
-            When(current_proposal__isnull=True, then=Value(NOT_STARTED)),
-            When(decision_approved=True, has_effect=True, then=Value(COMMITTED)),
-            When(decision_approved=True, then=Value(NEEDS_ATTENTION)),
-            When(decision_approved=False, then=Value(DECLINED)),
-            When(last_attempt_outcome=CommitAttempt.Outcome.FAILED, then=Value(NEEDS_ATTENTION)),
-            default=Value(PENDING_REVIEW),
-            output_field=CharField(),
-        )
-    )
-
-
-@dataclass(frozen=True)
-class HistoryEvent:
-    at: datetime
-    kind: str  # proposal, pending_review, attempt, decision, effect
-    obj: Model
-    # For proposals: the body diff and the evidence moves against the parent.
-    diff: list[str] = field(default_factory=list)
-    moves: list[dict] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class CaseHistory:
-    case: Case
-    events: list[HistoryEvent]
-    reconcile: list[ReconcileRow]
-
-
-_ORDER = {"proposal": 0, "pending_review": 1, "attempt": 2, "decision": 3, "effect": 4}
-
-
-def case_history(case: Case) -> CaseHistory:
-    """The case's whole timeline, oldest first, and its current reconcile state.
-
-    A fixed number of queries whatever the history's length: one per table.
-    """
-    events: list[HistoryEvent] = []
-    proposals = list(Proposal.objects.filter(case=case).select_related("author", "parent").order_by("created_at", "id"))
-    for proposal in proposals:
-        events.append(
-            HistoryEvent(proposal.created_at, "proposal", proposal, proposal_diff(proposal), evidence_moves(proposal))
-        )
-    for review in (
-        PendingReview.objects.filter(case=case)
-        .select_related("proposal")
-        .defer("proposal__body", "proposal__passages", "proposal__findings", "proposal__policy_snapshot")
-    ):
-        events.append(HistoryEvent(review.created_at, "pending_review", review))
-    for attempt in CommitAttempt.objects.filter(case=case).select_related("reviewer"):
-        events.append(HistoryEvent(attempt.attempted_at, "attempt", attempt))
-    for decision in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer"):
-        events.append(HistoryEvent(decision.decided_at, "decision", decision))
-    for effect in EffectRecord.objects.filter(case=case).select_related("reviewer").defer("body"):
-        events.append(HistoryEvent(effect.recorded_at, "effect", effect))
-    # Within one transaction the timestamps can tie; show cause before consequence.
-    events.sort(key=lambda e: (e.at, _ORDER[e.kind], e.obj.pk))
-    return CaseHistory(case, events, list(operations_reconcile(case_ids=[case.case_id])))
+def case_by_id(case_id: str) -> Case:
+    """The case with this external id; ``NotFound`` saying how to load it otherwise."""
+    case = Case.objects.filter(case_id=case_id).first()
+    if case is None:
+        raise NotFound(f"no case {case_id!r}; load it with `manage.py load_case FILE.json`")
+    return case

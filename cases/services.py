@@ -9,8 +9,8 @@ from typing import Any, NoReturn
 
 from django.db import transaction
 
-from decisionflow import identity
-from decisionflow.errors import InvalidInput
+from decisionflow.core import identity
+from decisionflow.core.errors import InvalidInput
 
 from .models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
 

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "cases",
     "reviews",
     "effects",
+    "decisionflow.workflow",
     "api",
 ]
 

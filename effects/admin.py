@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from decisionflow.admin_base import ViewOnlyAdmin, op_html, pre_html
+from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html
 
 from .models import CommitAttempt, EffectRecord
 

@@ -14,15 +14,15 @@ from typing import NamedTuple
 from django.db import IntegrityError, connection, transaction
 
 from cases.models import Case
-from decisionflow import identity
-from decisionflow.errors import (
+from decisionflow.core import identity
+from decisionflow.core.errors import (
     DecisionflowError,
     InvalidInput,
     NotFound,
     PermissionRefused,
     StaleProposal,
 )
-from decisionflow.faults import crash_point
+from decisionflow.core.faults import crash_point
 from reviews.models import Proposal, ReviewDecision
 
 from .models import CommitAttempt, EffectRecord

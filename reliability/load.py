@@ -397,7 +397,7 @@ def client_loop(index, ports, tokens, tally, deadline, seed):
                 # The pipeline begins this one itself (as `manage.py begin` would); approve and
                 # decline cases are begun by their first decision through the API.
                 from cases.models import Case
-                from decisionflow.workflow import review_begin
+                from decisionflow.workflow.services import review_begin
 
                 review_begin(case=Case.objects.get(case_id=case_id))
             with tally.lock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from decisionflow.append_only import AppendOnlyModel
-from decisionflow.identity import short
+from decisionflow.core.append_only import AppendOnlyModel
+from decisionflow.core.identity import short
 
 
 class Origin(models.TextChoices):

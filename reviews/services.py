@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from cases.models import Case, SourceVersion
-from decisionflow import identity
-from decisionflow.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
+from decisionflow.core import identity
+from decisionflow.core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
 
 from .models import Origin, Proposal, ReviewDecision
 

@@ -2,8 +2,8 @@
 
 from django import template
 
-from decisionflow.admin_base import when as _when
-from decisionflow.identity import short as _short
+from decisionflow.core.admin_base import when as _when
+from decisionflow.core.identity import short as _short
 
 register = template.Library()
 

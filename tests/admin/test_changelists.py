@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from cases.models import Case, Policy, Source, SourceVersion
-from cases.selectors import cases_with_status
+from decisionflow.workflow.engine import WORKFLOW_VERSION
+from decisionflow.workflow.selectors import cases_with_status
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
@@ -50,7 +51,7 @@ def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
     services would write (identities computed by the protocol), only faster to make.
     """
     from cases.services import case_import
-    from decisionflow import identity
+    from decisionflow.core import identity
     from effects.services import _effect_fields
 
     template = Case.objects.filter(case_id="T-4999").first()
@@ -97,7 +98,7 @@ def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
             operation_id=proposals[c.pk].operation_id,
             workflow_session_id=f"ws-{c.case_id}",
             checkpoint_id=f"ck-{c.case_id}",
-            workflow_version="review-v1",
+            workflow_version=WORKFLOW_VERSION,
         )
         for c in cases
     )
@@ -243,7 +244,7 @@ def test_every_changelist_costs_the_same_at_100_rows(admin_client, reviewer, dja
 
 
 def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow import review_edit
+    from decisionflow.workflow.services import review_edit
 
     url = reverse("admin:cases_case_history", args=[case.pk])
     with CaptureQueriesContext(connection) as ctx:
@@ -268,7 +269,7 @@ def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client
 
 
 def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewer, begun, case, load_case):
-    from decisionflow.workflow import review_begin, review_edit
+    from decisionflow.workflow.services import review_begin, review_edit
 
     other = load_case("t1150.json")
     review_begin(case=other)
@@ -326,7 +327,7 @@ def test_decline_selected_declines_and_replays(reviewer_client, begun, case):
 
 
 def test_history_for_support_leads(lead_client, reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow import review_edit
+    from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
     revision, _ = review_edit(

@@ -9,6 +9,7 @@ from django.db import connections
 from django.test import Client
 from django.urls import reverse
 
+from decisionflow.workflow.engine import WORKFLOW_VERSION
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 
@@ -32,7 +33,7 @@ def test_detail_pages_render_read_only_for_a_lead(lead_client, reviewer_client, 
         ],
         reverse("admin:effects_commitattempt_change", args=[CommitAttempt.objects.get().pk]): ["admin"],
         reverse("admin:reviews_reviewdecision_change", args=[ReviewDecision.objects.get().pk]): ["reviewer"],
-        reverse("admin:reviews_pendingreview_change", args=[PendingReview.objects.get().pk]): ["review-v1"],
+        reverse("admin:reviews_pendingreview_change", args=[PendingReview.objects.get().pk]): [WORKFLOW_VERSION],
         reverse("admin:reviews_workflowcheckpoint_change", args=[WorkflowCheckpoint.objects.first().pk]): [
             "Payload (JSON)"
         ],
@@ -54,7 +55,7 @@ def test_detail_pages_render_read_only_for_a_lead(lead_client, reviewer_client, 
 def test_approve_clicked_in_many_tabs_at_once_writes_one_effect(make_user, settings):
     """Eight reviewers' clicks race through the workflow; the operation's key admits one effect."""
     from cases.services import case_import
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
     from tests.conftest import load_fixture
 
     case = case_import(data=load_fixture("t1042.json")).case

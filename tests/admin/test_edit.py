@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from decisionflow.identity import short
+from decisionflow.core.identity import short
 from reviews.models import Origin, PendingReview, Proposal
 
 from .conftest import counts, messages_of
@@ -70,7 +70,7 @@ def test_line_endings_only_is_no_change(reviewer_client, begun, case):
 
 
 def test_stale_edit_is_refused_with_a_link_and_writes_nothing(reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow import review_edit
+    from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
     first, _ = review_edit(

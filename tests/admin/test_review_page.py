@@ -7,7 +7,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from decisionflow.identity import short
+from decisionflow.core.identity import short
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
 
@@ -95,7 +95,7 @@ def test_approve_shows_receipt_then_replay_with_one_effect(reviewer_client, revi
     second = decide(reviewer_client, proposal, "approve")
     text = " ".join(messages_of(second))
     decision = ReviewDecision.objects.get()
-    from decisionflow.admin_base import when
+    from decisionflow.core.admin_base import when
 
     assert f"already approved by reviewer at {when(decision.decided_at)}, no new record" in text
     assert EffectRecord.objects.count() == 1
@@ -117,7 +117,7 @@ def test_decline_then_approve_is_a_conflict_and_writes_nothing(reviewer_client, 
 
 
 def test_stale_approve_names_the_current_proposal_and_writes_nothing(reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow import review_edit
+    from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
     revision, _ = review_edit(
@@ -195,7 +195,7 @@ def test_case_never_begun_offers_start_review(reviewer_client, case):
 
 def test_lost_receipt_is_reported_uncertain_then_reconciled(reviewer_client, begun, case, monkeypatch, settings):
     """The commit step writes, then the receipt is lost: never success, never failure."""
-    from decisionflow import workflow
+    from decisionflow.workflow import services as workflow
 
     settings.DECISIONFLOW_FAULT_INJECTION = True
     real = workflow.review_resume
@@ -209,7 +209,7 @@ def test_lost_receipt_is_reported_uncertain_then_reconciled(reviewer_client, beg
 
 
 def test_unexpected_failure_is_reported_uncertain(reviewer_client, begun, case, monkeypatch):
-    from decisionflow import workflow
+    from decisionflow.workflow import services as workflow
 
     def boom(**kwargs):
         raise RuntimeError("connection reset")
@@ -221,7 +221,7 @@ def test_unexpected_failure_is_reported_uncertain(reviewer_client, begun, case, 
 
 
 def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     case = load_case("t1150.json")
     review_begin(case=case)
@@ -234,8 +234,8 @@ def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
 
 
 def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, monkeypatch):
-    from decisionflow import workflow
-    from reviews import workplace
+    from decisionflow.workflow import services as workflow
+    from decisionflow.workflow import workplace
 
     def boom(**kwargs):
         raise RuntimeError("server closed the connection")
@@ -252,8 +252,8 @@ def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, mon
 
 
 def test_stale_from_the_workflow_check_still_links_the_current_proposal(reviewer_client, begun, case, monkeypatch):
-    from decisionflow import workflow
-    from decisionflow.errors import StaleProposal
+    from decisionflow.core.errors import StaleProposal
+    from decisionflow.workflow import services as workflow
 
     def reemitted_other(**kwargs):
         raise StaleProposal("stale: the request re-emitted from checkpoint ck carries another operation")

@@ -72,7 +72,7 @@ def test_decline_then_replay_then_conflict(api, proposal):
 
 
 def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer):
-    from decisionflow.workflow import review_begin, review_edit
+    from decisionflow.workflow.services import review_begin, review_edit
 
     review_begin(case=proposal.case, actor=reviewer)
     revision, _ = review_edit(
@@ -175,7 +175,7 @@ def test_session_post_with_csrf_token_is_accepted(reviewer, proposal):
 @pytest.mark.parametrize("approved", [True, False])
 def test_same_path_as_the_resume_command(api, proposal, reviewer, approved):
     """A decision made over HTTP and one made by review_resume are the same operation: the second is a replay."""
-    from decisionflow.workflow import review_resume
+    from decisionflow.workflow.services import review_resume
 
     assert api.post(DECISION, {"operation_id": DEMO_OP, "approved": approved}).status_code == 200
     again = review_resume(case=proposal.case, operation_id=DEMO_OP, approved=approved, reviewer=reviewer)

@@ -34,7 +34,7 @@ def tripwire(monkeypatch):
 @pytest.fixture
 def before(case, reviewer, lead):
     """The demo case begun (proposal and pending review written), and the state to compare to."""
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     review_begin(case=case, actor=reviewer)
     return full_snapshot()
@@ -299,7 +299,7 @@ def test_405_wrong_method_is_json_with_allow(api, before):
 def test_500_is_json_too(api, before, monkeypatch):
     """A workflow failure or a bug still answers in the JSON error shape (and is logged)."""
     from api import services as api_services
-    from decisionflow.errors import DecisionflowError
+    from decisionflow.core.errors import DecisionflowError
 
     def workflow_failed(**kwargs):
         raise DecisionflowError("begin: the workflow ended Idle with 0 review request(s)")

@@ -95,7 +95,7 @@ def demo(transactional_db, settings):
     from django.core.management import call_command
 
     from cases.models import Case
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     # The live server speaks plain HTTP; development cookie settings, whatever the env says.
     settings.SESSION_COOKIE_SECURE = False

@@ -10,7 +10,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from decisionflow.identity import short
+from decisionflow.core.identity import short
 from effects.models import EffectRecord
 from reviews.models import Origin, Proposal, ReviewDecision
 
@@ -61,7 +61,7 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
 
     # The cases list shows T-1042 committed, by whom; T-1077 waits; the others are not begun.
     from cases.models import Case
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     in_thread(review_begin, case=Case.objects.get(case_id="T-1077"))
     page.goto(f"{live_server.url}/admin/cases/case/")
@@ -133,7 +133,7 @@ def test_evidence_only_change_with_identical_text_refuses_the_old_tab(demo, logi
 def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(demo, login, live_server, screenshot_dir):
     from django.contrib.auth import get_user_model
 
-    from decisionflow.workflow import review_edit, review_resume
+    from decisionflow.workflow.services import review_edit, review_resume
 
     reviewer = get_user_model().objects.get(username="reviewer")
     old = demo.current_proposal
@@ -145,7 +145,7 @@ def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(de
         editor=reviewer,
     )
     new = revision.proposal
-    from decisionflow.errors import StaleProposal
+    from decisionflow.core.errors import StaleProposal
 
     with pytest.raises(StaleProposal):  # a stale tab's approval: refused, recorded in the history
         in_thread(
@@ -195,7 +195,7 @@ def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(de
 
 def test_html_in_draft_and_quotation_is_shown_escaped(demo, login, live_server, screenshot_dir):
     from cases.models import Case
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     case = Case.objects.get(case_id="T-1150")
     in_thread(review_begin, case=case)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decisionflow.errors import InvalidInput, NotFound, PermissionRefused, StaleProposal
+from decisionflow.core.errors import InvalidInput, NotFound, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import ReviewDecision

@@ -13,7 +13,7 @@ import pytest
 from django.db import connections
 
 from cases.models import Case
-from decisionflow.errors import StaleProposal
+from decisionflow.core.errors import StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import Proposal, ReviewDecision

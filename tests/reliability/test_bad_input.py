@@ -44,7 +44,7 @@ class World:
 def w(db, reviewer, tmp_path):
     from api.services import token_create
     from cases.services import case_import
-    from decisionflow.workflow import review_begin, review_edit
+    from decisionflow.workflow.services import review_begin, review_edit
 
     a = case_import(data=case_data("B-1")).case
     b = case_import(data=case_data("B-2")).case
@@ -368,7 +368,7 @@ def test_commands_refuse_bad_input_clearly_and_write_nothing(w, subtests):
 
 
 def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
-    from decisionflow.checkpoints import payload_digest
+    from decisionflow.workflow.checkpoints import payload_digest
     from reviews.models import PendingReview, WorkflowCheckpoint
 
     pending = PendingReview.objects.get(operation_id=w.op_a)

@@ -37,7 +37,7 @@ def world(db, reviewer, lead, make_user):
     """S-1 begun and waiting for a decision; S-2 imported and never begun (both copies of T-1042)."""
     from api.services import token_create, token_revoke
     from cases.services import case_import
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     waiting = case_import(data=case_data("S-1")).case
     review_begin(case=waiting)
@@ -174,7 +174,7 @@ def test_api_session_post_without_csrf_changes_nothing(world):
 
 
 def test_commands_and_services_refuse_a_user_without_the_permission(world):
-    from decisionflow.errors import PermissionRefused
+    from decisionflow.core.errors import PermissionRefused
     from effects.services import effect_commit
 
     before = snapshot()
@@ -212,7 +212,7 @@ def xss_case_data(case_id: str) -> dict:
 
 def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lead):
     from cases.services import case_import
-    from decisionflow.workflow import review_begin, review_resume
+    from decisionflow.workflow.services import review_begin, review_resume
     from effects.models import EffectRecord
     from reviews.models import ReviewDecision
 
@@ -316,8 +316,8 @@ class _Sentinel:
 
 def test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled(db, reviewer, tmp_path):
     from cases.services import case_import
-    from decisionflow.checkpoints import CheckpointRefused, DatabaseCheckpointStorage, payload_digest
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.checkpoints import CheckpointRefused, DatabaseCheckpointStorage, payload_digest
+    from decisionflow.workflow.services import review_begin
     from reviews.models import WorkflowCheckpoint
 
     case = case_import(data=case_data("K-1")).case

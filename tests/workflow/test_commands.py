@@ -9,6 +9,7 @@ import re
 import pytest
 from django.db import connection
 
+from decisionflow.workflow.engine import WORKFLOW_VERSION
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 
@@ -24,7 +25,7 @@ def test_lost_receipt_story(manage, committed_case):
     op, checkpoints = match.group(1), int(match.group(2))
     assert checkpoints == 3 == WorkflowCheckpoint.objects.count()
     pending = PendingReview.objects.get()
-    assert (pending.operation_id, pending.workflow_version, pending.status) == (op, "review-v1", "pending")
+    assert (pending.operation_id, pending.workflow_version, pending.status) == (op, WORKFLOW_VERSION, "pending")
 
     approve = ["resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer"]
     lost = manage(*approve, "--fault", "lose-receipt")
@@ -58,7 +59,7 @@ def test_lost_receipt_story(manage, committed_case):
 
 
 def test_one_checkpoint_resumed_five_times_at_once_writes_one_effect(spawn, committed_case):
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     begun = [spawn("begin", "T-1042") for _ in range(2)]
     outs = [(p.wait(timeout=120), *p.communicate()) for p in begun]
@@ -84,7 +85,7 @@ def test_one_checkpoint_resumed_five_times_at_once_writes_one_effect(spawn, comm
 
 
 def test_stale_operation_after_an_edit(manage, committed_case, tmp_path):
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     op = review_begin(case=committed_case).operation_id
     body = tmp_path / "body.txt"
@@ -110,7 +111,7 @@ def test_stale_operation_after_an_edit(manage, committed_case, tmp_path):
 
 
 def test_a_source_version_change_with_identical_text_refuses_the_old_operation(manage, committed_case):
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     op = review_begin(case=committed_case).operation_id
     edit = manage("edit", "T-1042", "--expected-operation-id", op, "--source", "HOLD-7=4", "--editor", "reviewer")
@@ -125,7 +126,7 @@ def test_a_source_version_change_with_identical_text_refuses_the_old_operation(m
 
 
 def test_a_pending_review_from_another_workflow_version_is_refused(manage, committed_case):
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     op = review_begin(case=committed_case).operation_id
     PendingReview.objects.update(workflow_version="review-v0")
@@ -136,7 +137,7 @@ def test_a_pending_review_from_another_workflow_version_is_refused(manage, commi
 
 
 def test_a_tampered_checkpoint_is_refused(manage, committed_case):
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     begun = review_begin(case=committed_case)
     row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
@@ -193,7 +194,7 @@ def test_a_begin_whose_pause_checkpoint_is_not_saved_reports_failure(manage, com
 
 
 def test_reconcile_overlap_and_repair(manage, committed_case, reviewer):
-    from decisionflow.locks import reconcile_lock
+    from decisionflow.core.locks import reconcile_lock
     from reviews.services import proposal_create
 
     proposal = proposal_create(case=committed_case)

@@ -9,8 +9,7 @@ import threading
 import pytest
 from django.db import connections
 
-from decisionflow import checkpoints as store
-from decisionflow.errors import (
+from decisionflow.core.errors import (
     InvalidInput,
     NotFound,
     OutcomeUncertain,
@@ -18,13 +17,9 @@ from decisionflow.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
-from decisionflow.workflow import (
-    WORKFLOW_VERSION,
-    HumanReview,
-    review_begin,
-    review_edit,
-    review_resume,
-)
+from decisionflow.workflow import checkpoints as store
+from decisionflow.workflow.engine import WORKFLOW_VERSION, HumanReview
+from decisionflow.workflow.services import review_begin, review_edit, review_resume
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 
@@ -288,7 +283,7 @@ def test_the_store_saves_plain_json_only(begun):
 
 
 def test_the_case_lock_excludes_another_thread(transactional_db):
-    from decisionflow.locks import LockBusy, case_lock
+    from decisionflow.core.locks import LockBusy, case_lock
 
     held, release, outcome = threading.Event(), threading.Event(), {}
 

@@ -3,7 +3,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from cases.services import case_import, parse_case_file
-from decisionflow.errors import DecisionflowError
+from decisionflow.core.errors import DecisionflowError
 
 
 class Command(BaseCommand):

@@ -1,8 +1,9 @@
 from itertools import islice
 from json.encoder import encode_basestring
 
-from decisionflow.commandline import WorkflowCommand
-from decisionflow.locks import case_lock, reconcile_lock
+from cases.models import Case
+from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.locks import case_lock, reconcile_lock
 from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
 
 
@@ -35,8 +36,6 @@ class Command(WorkflowCommand):
         if bool(case_ids) == bool(all_cases):
             self.fail(1, "reconcile: give one or more CASE_IDs, or --all (not both)")
         if case_ids:
-            from cases.models import Case
-
             known = set(Case.objects.filter(case_id__in=case_ids).values_list("case_id", flat=True))
             missing = [c for c in case_ids if c not in known]
             if missing:

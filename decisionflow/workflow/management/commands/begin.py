@@ -1,5 +1,6 @@
-from decisionflow.commandline import WorkflowCommand, case_by_id
-from decisionflow.workflow import review_begin
+from cases.selectors import case_by_id
+from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.workflow.services import review_begin
 
 
 class Command(WorkflowCommand):

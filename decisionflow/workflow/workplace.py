@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from cases.models import Case
-from decisionflow.errors import ConflictingDecision, DecisionflowError, OutcomeUncertain, StaleProposal
+from decisionflow.core.errors import ConflictingDecision, DecisionflowError, OutcomeUncertain, StaleProposal
 from effects.services import CONFLICTING, DECLINED, CommitResult, ReconcileRow, operation_reconcile
-
-from .models import PendingReview
+from reviews.models import PendingReview
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ def _begin_if_needed(case: Case, operation_id: str, actor) -> bool:
     Only the case's current proposal is ever begun; a stale identity is left to
     ``review_resume`` to refuse, so a stale click writes nothing here either.
     """
-    from decisionflow.workflow import review_begin
+    from decisionflow.workflow.services import review_begin
 
     if _current_operation(case) != operation_id:
         return False
@@ -98,7 +97,7 @@ def proposal_decide(*, case: Case, operation_id: str, approved: bool, reviewer) 
     (stale, conflict, permission, version) writes no decision and no effect. Never raises
     for an expected outcome; the caller renders the returned outcome.
     """
-    from decisionflow.workflow import review_resume
+    from decisionflow.workflow.services import review_resume
 
     begun = False
     base: _Base = {"operation_id": operation_id, "approved": approved}

@@ -2,9 +2,10 @@ import re
 import sys
 from pathlib import Path
 
-from decisionflow.commandline import WorkflowCommand, case_by_id
-from decisionflow.errors import InvalidInput
-from decisionflow.workflow import review_edit
+from cases.selectors import case_by_id
+from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.errors import InvalidInput
+from decisionflow.workflow.services import review_edit
 
 _SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
 

@@ -25,8 +25,9 @@ from agent_framework import WorkflowEvent, WorkflowMessage
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, transaction
 
-from decisionflow.errors import WorkflowIncompatible
-from decisionflow.faults import crash_point
+from decisionflow.core.errors import WorkflowIncompatible
+from decisionflow.core.faults import crash_point
+from reviews.models import WorkflowCheckpoint
 
 FORMAT = "decisionflow.checkpoint.v1"
 
@@ -215,8 +216,6 @@ class DatabaseCheckpointStorage:
         return [await self.load(checkpoint_id) for checkpoint_id in ids]
 
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
-        from reviews.models import WorkflowCheckpoint
-
         def ids():
             return list(
                 WorkflowCheckpoint.objects.filter(workflow_name=workflow_name)
@@ -227,16 +226,12 @@ class DatabaseCheckpointStorage:
         return await sync_to_async(ids, thread_sensitive=True)()
 
     async def delete(self, checkpoint_id: str) -> bool:
-        from reviews.models import WorkflowCheckpoint
-
         def delete():
             return WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).delete()[0] > 0
 
         return await sync_to_async(delete, thread_sensitive=True)()
 
     async def get_latest(self, *, workflow_name: str) -> EngineCheckpoint | None:
-        from reviews.models import WorkflowCheckpoint
-
         def latest():
             return (
                 WorkflowCheckpoint.objects.filter(workflow_name=workflow_name)
@@ -251,8 +246,6 @@ class DatabaseCheckpointStorage:
     # --- sync helpers -----------------------------------------------------------------------
 
     def _save_sync(self, checkpoint: EngineCheckpoint, payload: str) -> str:
-        from reviews.models import WorkflowCheckpoint
-
         try:
             with transaction.atomic():
                 WorkflowCheckpoint.objects.create(
@@ -276,8 +269,6 @@ class DatabaseCheckpointStorage:
         return checkpoint.checkpoint_id
 
     def load_sync(self, checkpoint_id: str) -> EngineCheckpoint:
-        from reviews.models import WorkflowCheckpoint
-
         row = (
             WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id)
             .values("payload", "digest", "graph_signature_hash", "workflow_name")
@@ -295,8 +286,6 @@ class DatabaseCheckpointStorage:
 
     def lineage_length(self, checkpoint_id: str, *, limit: int = 1000) -> int:
         """How many stored checkpoints lead to ``checkpoint_id`` (itself included)."""
-        from reviews.models import WorkflowCheckpoint
-
         count = 0
         current: str | None = checkpoint_id
         while current is not None and count < limit:

@@ -1,8 +1,9 @@
 import json
 
-from decisionflow.commandline import EXIT_CONFLICT, WorkflowCommand, case_by_id
-from decisionflow.errors import DecisionflowError, OutcomeUncertain, WorkflowIncompatible
-from decisionflow.workflow import FAULTS, review_resume
+from cases.selectors import case_by_id
+from decisionflow.core.commandline import EXIT_CONFLICT, WorkflowCommand
+from decisionflow.core.errors import DecisionflowError, OutcomeUncertain, WorkflowIncompatible
+from decisionflow.workflow.services import FAULTS, review_resume
 from effects.services import CONFLICTING
 
 

@@ -1,15 +1,17 @@
 from pathlib import Path
 
+from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from cases.services import case_import, parse_case_file
-from decisionflow.errors import DecisionflowError
+from decisionflow.core.errors import DecisionflowError
 from reviews.groups import REVIEWERS, SUPPORT_LEADS, ensure_review_groups
 
-DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
+# The demo case files ship with the cases app, which owns the case format.
+DEMO_DIR = Path(apps.get_app_config("cases").path) / "demo"
 
 # Local demo logins only; `make run` prints them. Never use these on a shared server.
 DEMO_USERS = [

@@ -22,9 +22,10 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from decisionflow import identity
-from decisionflow.commandline import WorkflowCommand, case_by_id
-from decisionflow.faults import LostReceipt
+from cases.selectors import case_by_id
+from decisionflow.core import identity
+from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.faults import LostReceipt
 
 FIRST_CASE = "T-1042"
 SECOND_CASE = "T-1077"
@@ -99,7 +100,7 @@ class Command(WorkflowCommand):
         if step == "count":
             self.stdout.write(f"reconcile: case={case_id} op={operation_id} effects={_naive_count(operation_id)}")
             return
-        from decisionflow.workflow import resume_with
+        from decisionflow.workflow.services import resume_with
 
         outcome = resume_with(
             case=case_by_id(case_id),

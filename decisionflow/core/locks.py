@@ -26,7 +26,7 @@ from pathlib import Path
 from django.db import connection
 from filelock import FileLock, Timeout
 
-from decisionflow.errors import DecisionflowError
+from decisionflow.core.errors import DecisionflowError
 
 DEFAULT_TIMEOUT = 30.0
 

@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
-from decisionflow.identity import short
+from decisionflow.core.identity import short
 
 
 class ViewOnlyAdmin(admin.ModelAdmin):

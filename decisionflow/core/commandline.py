@@ -17,7 +17,7 @@ from typing import NoReturn
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from decisionflow.errors import DecisionflowError, InvalidInput, NotFound
+from decisionflow.core.errors import DecisionflowError, InvalidInput, NotFound
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -95,12 +95,3 @@ class WorkflowCommand(BaseCommand):
         if user is None:
             raise NotFound(f"no user named {username!r}")
         return user
-
-
-def case_by_id(case_id: str):
-    from cases.models import Case
-
-    case = Case.objects.filter(case_id=case_id).first()
-    if case is None:
-        raise NotFound(f"no case {case_id!r}; load it with `manage.py load_case FILE.json`")
-    return case

@@ -1,0 +1,679 @@
+"""The review workplace in the admin: the case list, the review page, Approve/Decline, Edit.
+
+These are channels: they parse the request, call one service in ``services.py`` and show
+the result. Approve and Decline (on the review page and in bulk) call
+``decision_record``, the service ``manage.py resume`` and the API call too; Edit calls
+``review_edit``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, OuterRef
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
+
+from cases.models import Case, SourceVersion
+from decisionflow.core import identity
+from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when
+from decisionflow.core.errors import DecisionflowError, InvalidInput, PermissionRefused, StaleProposal
+from effects.models import EffectRecord
+from effects.services import REVIEW_PERMISSION
+from reviews.admin import PROPOSAL_BIG_FIELDS
+from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.selectors import evidence_moves, proposal_diff
+
+from . import selectors, workplace
+from .forms import DecisionForm, ProposalEditForm
+from .services import review_begin, review_edit
+from .workplace import proposal_decide
+
+
+def can_review(user) -> bool:
+    return user.is_active and user.has_perm(REVIEW_PERMISSION)
+
+
+def review_url(proposal_pk) -> str:
+    return reverse("admin:reviews_proposal_review", args=[proposal_pk])
+
+
+def current_proposal_link(operation_id: str | None):
+    """A link to the review page of the proposal with this identity (stale refusals)."""
+    if not operation_id:
+        return "(none)"
+    pk = Proposal.objects.filter(operation_id=operation_id).values_list("pk", flat=True).first()
+    if pk is None:
+        return op_html(operation_id)
+    return format_html('<a href="{}" class="df-current-link">{}</a>', review_url(pk), identity.short(operation_id))
+
+
+def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> list[tuple[int, str]]:
+    """What the reviewer is told, as (level, safe HTML) pairs. Every value is escaped."""
+    op = identity.short(outcome.operation_id)
+    result, error = outcome.result, outcome.error
+    if outcome.kind in (workplace.COMMITTED, workplace.DECLINED_KIND):
+        # proposal_decide returns these kinds (and replay) only with a commit result.
+        assert result is not None
+        receipt = json.dumps(result.receipt(), separators=(",", ":"))
+        if outcome.kind == workplace.COMMITTED:
+            effect = EffectRecord.objects.filter(operation_id=outcome.operation_id).values_list("pk", flat=True).first()
+            link = format_html(
+                '<a href="{}">effect record {}</a>',
+                reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
+                op,
+            )
+            text = format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link)
+        else:
+            text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
+        return [(messages.SUCCESS, text)]
+    if outcome.kind == workplace.REPLAY:
+        # A replay is a decision that was already recorded: it always comes with it.
+        assert result is not None
+        decision = result.decision
+        assert decision is not None
+        verb = "approved" if decision.approved else "declined"
+        return [
+            (
+                messages.INFO,
+                format_html(
+                    "{}already {} by {} at {}, no new record ({})",
+                    prefix,
+                    verb,
+                    decision.reviewer.get_username(),
+                    when(decision.decided_at),
+                    op,
+                ),
+            )
+        ]
+    if outcome.kind == workplace.CONFLICT:
+        decision = getattr(result, "decision", None)
+        if decision is not None:
+            done = "approved" if decision.approved else "declined"
+            asked = "approval" if outcome.approved else "decline"
+            text = format_html(
+                "{}conflict: {} was already {} by {} at {}; your {} was refused and nothing was written.",
+                prefix,
+                op,
+                done,
+                decision.reviewer.get_username(),
+                when(decision.decided_at),
+                asked,
+            )
+        else:
+            text = format_html("{}conflict: {} Nothing was written.", prefix, error.message if error else "")
+        return [(messages.ERROR, text)]
+    if outcome.kind == workplace.STALE:
+        current = outcome.current_operation_id or getattr(error, "current_operation_id", None)
+        return [
+            (
+                messages.ERROR,
+                format_html(
+                    "{}stale: you reviewed {}, but the case's current proposal is now {}. Nothing was written; "
+                    "open the current proposal and review it.",
+                    prefix,
+                    op,
+                    current_proposal_link(current),
+                ),
+            )
+        ]
+    if outcome.kind == workplace.UNCERTAIN:
+        row = outcome.reconciled
+        if outcome.reconcile_error:
+            state = format_html(
+                "the effect store could not be read either ({}); run `manage.py reconcile` for op {} "
+                "before trying again",
+                outcome.reconcile_error,
+                op,
+            )
+        elif row is not None:
+            state = format_html(
+                "reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects
+            )
+        else:
+            state = format_html("reconciled from the effect store: op {} is unknown", op)
+        return [
+            (
+                messages.WARNING,
+                format_html("{}outcome uncertain: reconciling ({})", prefix, error.message if error else "no receipt"),
+            ),
+            (
+                messages.INFO if row is not None and row.state in ("Committed", "Declined") else messages.WARNING,
+                format_html("{}{}", prefix, state),
+            ),
+        ]
+    # refused: permission, workflow version, not found, invalid input
+    return [(messages.ERROR, format_html("{}refused: {} Nothing was written.", prefix, error.message if error else ""))]
+
+
+def mark_sentences(body: str, sentences: list[str]):
+    """The body, escaped, with each unchecked sentence wrapped in <mark>; text unchanged."""
+    spans = []
+    for sentence in sentences:
+        start = body.find(sentence)
+        while start != -1:
+            spans.append((start, start + len(sentence)))
+            start = body.find(sentence, start + len(sentence))
+    spans.sort()
+    out: list[str] = []
+    pos = 0
+    for start, end in spans:
+        if start < pos:  # overlapping match: already inside a mark
+            continue
+        out.append(escape(body[pos:start]))
+        out.append(
+            f'<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
+            f"{escape(body[start:end])}</mark>"
+        )
+        pos = end
+    out.append(escape(body[pos:]))
+    return mark_safe("".join(out))
+
+
+@admin.register(Proposal)
+class ProposalAdmin(ViewOnlyAdmin):
+    list_display = ("operation", "case_link", "origin", "author", "created_at", "review_link")
+    list_display_links = None
+    list_select_related = ("case", "author")
+    list_filter = ("origin", "created_at")
+    search_fields = ("=operation_id", "=case__case_id")
+    list_per_page = 100
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*PROPOSAL_BIG_FIELDS)
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)
+
+    @admin.display(description="case", ordering="case__case_id")
+    def case_link(self, obj):
+        return obj.case.case_id
+
+    @admin.display(description="review")
+    def review_link(self, obj):
+        return format_html('<a href="{}">Review page</a>', review_url(obj.pk))
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/review/", wrap(self.review_view), name="reviews_proposal_review"),
+            path("<int:pk>/decide/", wrap(self.decide_view), name="reviews_proposal_decide"),
+            path("<int:pk>/edit/", wrap(self.edit_view), name="reviews_proposal_edit"),
+        ] + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # One page per proposal: the review page shows everything the detail view would.
+        if str(object_id).isdigit():
+            return HttpResponseRedirect(review_url(object_id))
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    # --- the review page ---------------------------------------------------------------
+
+    def _context(self, request, proposal, **extra):
+        return {
+            **self.admin_site.each_context(request),
+            # The page is read top to bottom; the full width is worth more than the nav.
+            "is_nav_sidebar_enabled": False,
+            "opts": self.model._meta,
+            "proposal": proposal,
+            "case": proposal.case,
+            **extra,
+        }
+
+    def review_view(self, request, pk):
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        proposal = get_object_or_404(Proposal.objects.select_related("case", "parent", "author"), pk=pk)
+        case = proposal.case
+        is_current = case.current_proposal_id == proposal.pk
+        current_op = None
+        if not is_current and case.current_proposal_id:
+            current_op = (
+                Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            )
+        decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=proposal.operation_id).first()
+        effect = EffectRecord.objects.filter(operation_id=proposal.operation_id).only("id", "recorded_at").first()
+        pending = PendingReview.objects.filter(operation_id=proposal.operation_id).first()
+
+        cited = {(p["source_id"], p["version"]) for p in proposal.passages + proposal.findings}
+        version_pks = {
+            (source_id, version): pk
+            for pk, source_id, version in SourceVersion.objects.filter(
+                source__source_id__in={s for s, _ in cited}
+            ).values_list("pk", "source__source_id", "version")
+        }
+
+        def with_link(item):
+            pk = version_pks.get((item["source_id"], item["version"]))
+            url = reverse("admin:cases_sourceversion_change", args=[pk]) if pk else None
+            return {**item, "url": url}
+
+        policy = proposal.policy_snapshot
+        parameters = [
+            {"key": key, "value": value, "typed": identity.typed_value(value)}
+            for key, value in sorted(policy.get("parameters", {}).items())
+        ]
+        reviewer_ok = can_review(request.user)
+        context = self._context(
+            request,
+            proposal,
+            title=f"Review {case.case_id}",
+            subtitle=proposal.short_operation_id,
+            is_current=is_current,
+            current_link=current_proposal_link(current_op) if current_op else None,
+            decision=decision,
+            decided_at=when(decision.decided_at) if decision else None,
+            effect=effect,
+            pending=pending,
+            passages=[with_link(p) for p in proposal.passages],
+            findings=[with_link(f) for f in proposal.findings],
+            policy=policy,
+            parameters=parameters,
+            diff=proposal_diff(proposal),
+            moves=evidence_moves(proposal),
+            body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
+            if proposal.unchecked_sentences
+            else escape(proposal.body),
+            can_review=reviewer_ok,
+            show_decide=reviewer_ok and is_current,
+            show_edit=reviewer_ok and is_current and decision is None,
+            history_url=reverse("admin:cases_case_history", args=[case.pk]),
+        )
+        return TemplateResponse(request, "admin/reviews/proposal/review.html", context)
+
+    # --- Approve / Decline -------------------------------------------------------------
+
+    def decide_view(self, request, pk):
+        # Permission before anything else: a forged POST by a support lead gets 403.
+        if not can_review(request.user):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        proposal = get_object_or_404(Proposal.objects.select_related("case").only("id", "case"), pk=pk)
+        form = DecisionForm(request.POST)
+        if not form.is_valid():
+            for errors in form.errors.values():
+                for error in errors:
+                    self.message_user(request, f"refused: {error}. Nothing was written.", messages.ERROR)
+            return HttpResponseRedirect(review_url(pk))
+        outcome = workplace.proposal_decide(
+            case=proposal.case,
+            operation_id=form.cleaned_data["operation_id"],
+            approved=form.approved,
+            reviewer=request.user,
+        )
+        for level, text in outcome_message(outcome):
+            self.message_user(request, text, level)
+        return HttpResponseRedirect(review_url(pk))
+
+    # --- Edit --------------------------------------------------------------------------
+
+    def edit_view(self, request, pk):
+
+        if not can_review(request.user):
+            raise PermissionDenied
+        proposal = get_object_or_404(Proposal.objects.select_related("case"), pk=pk)
+        case = proposal.case
+        if request.method == "POST":
+            form = ProposalEditForm(request.POST, proposal=proposal)
+            if form.is_valid():
+                expected = form.cleaned_data["expected_operation_id"]
+                try:
+                    revision, _begun = review_edit(
+                        case=case,
+                        expected_operation_id=expected,
+                        body=form.cleaned_data["body"],
+                        source_versions=form.source_versions(),
+                        editor=request.user,
+                    )
+                except StaleProposal as exc:
+                    self.message_user(
+                        request,
+                        format_html(
+                            "stale: this edit started from {}, but the case's current proposal is now {}. "
+                            "Nothing was written; open the current proposal and edit that one.",
+                            identity.short(expected),
+                            current_proposal_link(exc.current_operation_id),
+                        ),
+                        messages.ERROR,
+                    )
+                except DecisionflowError as exc:
+                    # review_edit commits the revision before it begins the new review; if
+                    # begin failed, the new proposal exists and is current: say so.
+                    case.refresh_from_db(fields=["current_proposal"])
+                    moved = (
+                        case.current_proposal_id not in (None, proposal.pk)
+                        and Proposal.objects.filter(
+                            pk=case.current_proposal_id, parent_id=proposal.pk, author_id=request.user.pk
+                        ).exists()
+                    )
+                    if moved and not isinstance(exc, (PermissionRefused, InvalidInput)):
+                        self.message_user(
+                            request,
+                            format_html(
+                                "Saved as a new proposal, but beginning its review failed: {}. "
+                                "The first Approve or Decline on it begins the review again.",
+                                exc.message,
+                            ),
+                            messages.WARNING,
+                        )
+                        return HttpResponseRedirect(review_url(case.current_proposal_id))
+                    self.message_user(request, f"refused: {exc.message} Nothing was written.", messages.ERROR)
+                else:
+                    new = revision.proposal
+                    if not revision.changed:
+                        self.message_user(
+                            request,
+                            f"no change: the edit is identical to {new.short_operation_id} once line endings "
+                            "are normalized, so no new proposal was made.",
+                            messages.INFO,
+                        )
+                    else:
+                        self.message_user(
+                            request,
+                            format_html(
+                                "Saved as a new proposal {} ({}), replacing {}; its review has begun.",
+                                op_html(new.operation_id),
+                                new.get_origin_display(),
+                                identity.short(expected),
+                            ),
+                            messages.SUCCESS,
+                        )
+                    return HttpResponseRedirect(review_url(new.pk))
+        else:
+            form = ProposalEditForm(
+                initial={"expected_operation_id": proposal.operation_id, "body": proposal.body},
+                proposal=proposal,
+            )
+        context = self._context(
+            request,
+            proposal,
+            title=f"Edit {case.case_id}",
+            subtitle=proposal.short_operation_id,
+            form=form,
+            is_current=case.current_proposal_id == proposal.pk,
+        )
+        return TemplateResponse(request, "admin/reviews/proposal/edit.html", context)
+
+
+DECIDE_ACTIONS = ("approve_selected", "decline_selected")
+
+
+class StatusFilter(admin.SimpleListFilter):
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return selectors.STATUS_CHOICES
+
+    def queryset(self, request, queryset):
+        if self.value() in selectors.STATUS_LABELS:
+            return queryset.filter(review_status=self.value())
+        return queryset
+
+
+class ReviewerFilter(admin.SimpleListFilter):
+    """Cases where this person decided any proposal (one query for the choices)."""
+
+    title = "reviewer"
+    parameter_name = "reviewer"
+
+    def lookups(self, request, model_admin):
+        users = (
+            get_user_model()
+            .objects.filter(Exists(ReviewDecision.objects.filter(reviewer_id=OuterRef("pk"))))
+            .order_by("username")
+        )
+        return [(str(u.pk), u.get_username()) for u in users]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value and value.isdigit():
+            return queryset.filter(
+                Exists(ReviewDecision.objects.filter(proposal__case_id=OuterRef("pk"), reviewer_id=int(value)))
+            )
+        return queryset
+
+
+@admin.register(Case)
+class CaseAdmin(ViewOnlyAdmin):
+    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided")
+    list_display_links = None
+    list_filter = (StatusFilter, ReviewerFilter, ("created_at", admin.DateFieldListFilter))
+    search_fields = ("=case_id", "subject")
+    list_per_page = 100
+    actions = ["approve_selected", "decline_selected"]
+    fields = (
+        "case_id",
+        "subject",
+        "customer_message_pre",
+        "action",
+        "policy",
+        "draft_pre",
+        "current_operation",
+        "created_at",
+    )
+    readonly_fields = ("customer_message_pre", "draft_pre", "current_operation")
+
+    def get_queryset(self, request):
+        return (
+            selectors.cases_with_status(super().get_queryset(request))
+            .select_related("policy")
+            .defer("draft", "customer_message", "import_digest")
+        )
+
+    # --- columns -----------------------------------------------------------------------
+
+    @admin.display(description="case", ordering="case_id")
+    def case_link(self, obj):
+        return format_html(
+            '<a href="{}" class="df-case-link">{}</a><br><a href="{}" class="df-small">history</a>',
+            reverse("admin:cases_case_review", args=[obj.pk]),
+            obj.case_id,
+            reverse("admin:cases_case_history", args=[obj.pk]),
+        )
+
+    @admin.display(description="status", ordering="review_status")
+    def status(self, obj):
+        return format_html(
+            '<span class="df-status df-status-{}">{}</span>',
+            obj.review_status,
+            selectors.STATUS_LABELS[obj.review_status],
+        )
+
+    @admin.display(description="current operation")
+    def current_operation(self, obj):
+        return op_html(getattr(obj, "current_operation_id", None))
+
+    @admin.display(description="reviewer", ordering="decision_reviewer")
+    def reviewer(self, obj):
+        return obj.decision_reviewer or "-"
+
+    @admin.display(description="decided", ordering="decision_at")
+    def decided(self, obj):
+        return when(obj.decision_at) if obj.decision_at else "-"
+
+    @admin.display(description="customer message")
+    def customer_message_pre(self, obj):
+        return pre_html(obj.customer_message)
+
+    @admin.display(description="draft as imported")
+    def draft_pre(self, obj):
+        return pre_html(obj.draft)
+
+    # --- urls --------------------------------------------------------------------------
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/review/", wrap(self.review_view), name="cases_case_review"),
+            path("<int:pk>/begin/", wrap(self.begin_view), name="cases_case_begin"),
+            path("<int:object_id>/history/", wrap(self.history_view), name="cases_case_history"),
+        ] + super().get_urls()
+
+    def review_view(self, request, pk):
+        """The case's current review page; a case never begun offers "Start review"."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        case = get_object_or_404(Case, pk=pk)
+        if case.current_proposal_id:
+            return HttpResponseRedirect(review_url(case.current_proposal_id))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "case": case,
+            "is_nav_sidebar_enabled": False,
+            "title": f"Review {case.case_id}",
+            "can_review": can_review(request.user),
+            "history_url": reverse("admin:cases_case_history", args=[case.pk]),
+        }
+        return TemplateResponse(request, "admin/cases/case/not_started.html", context)
+
+    def begin_view(self, request, pk):
+
+        if not can_review(request.user):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        case = get_object_or_404(Case, pk=pk)
+        try:
+            begun = review_begin(case=case, actor=request.user)
+        except DecisionflowError as exc:
+            self.message_user(request, f"refused: {exc.message}", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
+        case.refresh_from_db(fields=["current_proposal"])
+        self.message_user(
+            request,
+            format_html(
+                "Review begun for {}: {} is waiting for your decision.", case.case_id, op_html(begun.operation_id)
+            ),
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
+
+    def history_view(self, request, object_id, extra_context=None):
+        """The timeline support leads read; view permission is enough, nothing here writes."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        case = get_object_or_404(Case.objects.select_related("policy"), pk=object_id)
+        history = selectors.case_history(case)
+        status = (
+            selectors.cases_with_status(Case.objects.filter(pk=case.pk)).values_list("review_status", flat=True).first()
+        )
+        # The case row was just read, and every case has a status (the Conditional has a default).
+        assert status is not None
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "case": case,
+            "is_nav_sidebar_enabled": False,
+            "title": f"History of {case.case_id}",
+            "subtitle": case.subject,
+            "history": history,
+            "status": status,
+            "status_label": selectors.STATUS_LABELS[status],
+            "can_review": can_review(request.user),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/cases/case/history.html", context)
+
+    # --- bulk Approve / Decline --------------------------------------------------------
+
+    def has_review_permission(self, request):
+        return can_review(request.user)
+
+    def changelist_view(self, request, extra_context=None):
+        # Without the permission the actions are not offered; a forged POST naming one is
+        # refused outright instead of falling back to "no action selected".
+        if (
+            request.method == "POST"
+            and request.POST.get("action") in DECIDE_ACTIONS
+            and not self.has_review_permission(request)
+        ):
+            raise PermissionDenied
+        # Seven columns and the filters need the width more than the nav does.
+        return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
+
+    @admin.action(description="Approve selected", permissions=["review"])
+    def approve_selected(self, request, queryset):
+        return self._decide_selected(request, queryset, approved=True)
+
+    @admin.action(description="Decline selected", permissions=["review"])
+    def decline_selected(self, request, queryset):
+        return self._decide_selected(request, queryset, approved=False)
+
+    def _decide_selected(self, request, queryset, *, approved: bool):
+        if not self.has_review_permission(request):
+            raise PermissionDenied
+        verb = "approve" if approved else "decline"
+        cases = list(queryset.order_by("case_id"))
+        if request.POST.get("post") == "yes":
+            return self._act(request, cases, approved=approved)
+        bodies = dict(
+            Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
+                "pk", "body"
+            )
+        )
+        rows = []
+        for case in cases:
+            body = bodies.get(case.current_proposal_id, "")
+            rows.append(
+                {
+                    "case": case,
+                    "operation_id": case.current_operation_id,
+                    "short_operation_id": identity.short(case.current_operation_id)
+                    if case.current_operation_id
+                    else None,
+                    "first_line": body.split("\n", 1)[0] if body else "",
+                    "status_label": selectors.STATUS_LABELS[case.review_status],
+                    "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
+                }
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{verb.capitalize()} {len(cases)} selected case{'s' if len(cases) != 1 else ''}?",
+            "verb": verb,
+            "action": f"{verb}_selected",
+            "rows": rows,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/cases/case/decide_selected_confirmation.html", context)
+
+    def _act(self, request, cases, *, approved: bool):
+        """Each row on its own: a row whose shown identity is no longer current is skipped."""
+        done = skipped = 0
+        for case in cases:
+            operation_id = request.POST.get(f"operation_id_{case.pk}", "")
+            prefix = f"{case.case_id}: "
+            if not operation_id:
+                skipped += 1
+                self.message_user(
+                    request,
+                    f"{prefix}skipped: no operation identity was shown for it (no review begun), nothing was written.",
+                    messages.WARNING,
+                )
+                continue
+            outcome = proposal_decide(case=case, operation_id=operation_id, approved=approved, reviewer=request.user)
+            if outcome.kind in ("committed", "declined", "replay"):
+                done += 1
+            else:
+                skipped += 1
+            for level, text in outcome_message(outcome, prefix=prefix):
+                self.message_user(request, text, level)
+        verb = "approve" if approved else "decline"
+        self.message_user(
+            request,
+            f"{verb} selected: {done} done, {skipped} skipped or refused.",
+            messages.SUCCESS if not skipped else messages.WARNING,
+        )
+        return None
