@@ -31,6 +31,10 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"] if 
 # Test-only switches (crash points, the lost-receipt fault) exist only when this is on.
 DECISIONFLOW_FAULT_INJECTION = env.bool("DECISIONFLOW_FAULT_INJECTION", default=False)
 
+# How long a decision or an edit waits for its case (the case lock, then row locks) before it
+# answers "busy" (API 409 case_busy, exit 6, an admin message). Bulk commands keep their own.
+DECISIONFLOW_DECISION_LOCK_TIMEOUT = env.float("DECISIONFLOW_DECISION_LOCK_TIMEOUT", default=3.0)
+
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
 

@@ -1,16 +1,20 @@
-"""The one application error type, with the exit codes the commands document.
+"""One error class per refusal, each carrying its exit code and its HTTP status.
 
 Every refusal carries a message an operator can act on. The admin shows it with
-``message_user``; commands turn it into a ``CommandError`` with ``exit_code``; the API maps
-``code`` to an HTTP status.
+``message_user``; commands exit with ``exit_code`` (docs/COMMANDS.md); the API answers
+``http_status`` with ``code`` in its JSON body (docs/API.md). The channels read these
+attributes and nothing else, so a new refusal is one new class here.
 """
 
 from __future__ import annotations
 
 
 class DecisionflowError(Exception):
-    code = "error"
+    """A failure of our own that is not the caller's fault (the workflow could not pause)."""
+
+    code = "internal_error"
     exit_code = 1
+    http_status = 500
 
     def __init__(self, message: str, **details):
         super().__init__(message)
@@ -21,16 +25,19 @@ class DecisionflowError(Exception):
 class InvalidInput(DecisionflowError):
     code = "invalid_request"
     exit_code = 1
+    http_status = 400
 
 
 class NotFound(DecisionflowError):
     code = "not_found"
     exit_code = 1
+    http_status = 404
 
 
 class PermissionRefused(DecisionflowError):
-    code = "permission_denied"
+    code = "forbidden"
     exit_code = 1
+    http_status = 403
 
 
 class StaleProposal(DecisionflowError):
@@ -38,6 +45,7 @@ class StaleProposal(DecisionflowError):
 
     code = "stale_proposal"
     exit_code = 4
+    http_status = 409
 
     def __init__(self, message: str, *, current_operation_id: str | None = None, **details):
         super().__init__(message, current_operation_id=current_operation_id, **details)
@@ -47,22 +55,71 @@ class StaleProposal(DecisionflowError):
 class AlreadyDecided(DecisionflowError):
     code = "already_decided"
     exit_code = 4
+    http_status = 409
 
 
 class ConflictingDecision(DecisionflowError):
+    """The opposite decision is already recorded for this operation; nothing was written.
+
+    ``result`` is the commit's own answer (the decision that stands, the effect count), so
+    that a channel can show the receipt beside the refusal.
+    """
+
     code = "conflicting_decision"
     exit_code = 3
+    http_status = 409
+
+    def __init__(self, message: str, *, result=None, **details):
+        super().__init__(message, **details)
+        self.result = result
 
 
 class WorkflowIncompatible(DecisionflowError):
-    """A pending review from another workflow version, or a checkpoint that fails its digest."""
+    """A pending review from another workflow version, or a checkpoint that fails its checks."""
 
     code = "workflow_incompatible"
     exit_code = 5
+    http_status = 409
+
+
+class CaseBusy(DecisionflowError):
+    """Another action on this case held its lock for longer than a decision waits.
+
+    Nothing was written (the attempt row aside); the same request can simply be sent again.
+    """
+
+    code = "case_busy"
+    exit_code = 6
+    http_status = 409
+    retry_after = 2  # seconds: the API's Retry-After
+
+
+class LockBusy(DecisionflowError):
+    """A bulk command's lock (reconcile, repair) is held by another run."""
+
+    code = "lock_busy"
+    exit_code = 1
+    http_status = 409
 
 
 class OutcomeUncertain(DecisionflowError):
-    """The commit step failed after it may have written: ask the effect store."""
+    """A failure once the commit may have run: only the effect store knows what happened."""
 
     code = "outcome_uncertain"
     exit_code = 42
+    http_status = 500
+
+
+# Every refusal class, for the API's error table and the docs.
+REFUSALS: tuple[type[DecisionflowError], ...] = (
+    InvalidInput,
+    PermissionRefused,
+    NotFound,
+    StaleProposal,
+    AlreadyDecided,
+    ConflictingDecision,
+    WorkflowIncompatible,
+    CaseBusy,
+    OutcomeUncertain,
+    DecisionflowError,
+)

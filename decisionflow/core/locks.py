@@ -23,19 +23,24 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from django.db import connection
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError, connection
 from filelock import FileLock, Timeout
 
-from decisionflow.core.errors import DecisionflowError
+from decisionflow.core.errors import CaseBusy, DecisionflowError, LockBusy
 
+log = logging.getLogger(__name__)
+
+# Bulk commands (repair) may wait this long; a decision waits only
+# DECISIONFLOW_DECISION_LOCK_TIMEOUT seconds (see decision_lock_timeout()).
 DEFAULT_TIMEOUT = 30.0
 
 
-class LockBusy(DecisionflowError):
-    """Another process holds the lock (and we were told not to wait, or waited too long)."""
-
-    code = "lock_busy"
-    exit_code = 1
+def decision_lock_timeout() -> float:
+    """How long a decision (or an edit) waits for its case before it answers "busy"."""
+    return float(getattr(settings, "DECISIONFLOW_DECISION_LOCK_TIMEOUT", 3.0))
 
 
 def _key(name: str) -> bytes:
@@ -55,11 +60,19 @@ def lock_dir() -> Path:
 
 
 @contextmanager
-def named_lock(name: str, *, what: str, timeout: float | None = DEFAULT_TIMEOUT):
+def named_lock(
+    name: str,
+    *,
+    what: str,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    busy: type[DecisionflowError] = LockBusy,
+    busy_message: str | None = None,
+):
     """Hold an exclusive lock called ``name``; ``timeout=0`` means do not wait at all.
 
-    Raises ``LockBusy`` (with ``what`` in the message) if the lock cannot be had in time.
+    Raises ``busy`` (``busy_message``, or one naming ``what``) if the lock cannot be had in time.
     """
+    message = busy_message or f"{what} is locked by another process; try again later"
     if connection.vendor == "postgresql":
         key = _advisory_key(name)
         deadline = time.monotonic() + (timeout or 0)
@@ -69,13 +82,12 @@ def named_lock(name: str, *, what: str, timeout: float | None = DEFAULT_TIMEOUT)
                 if cursor.fetchone()[0]:
                     break
                 if time.monotonic() >= deadline:
-                    raise LockBusy(f"{what} is locked by another process; try again later")
+                    raise busy(message)
                 time.sleep(0.05)
         try:
             yield
         finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+            _advisory_unlock(key, what)
     else:
         path = lock_dir() / f"{_key(name).hex()[:32]}.lock"
         # A fresh FileLock object per use: each one opens its own file description, so two
@@ -84,16 +96,40 @@ def named_lock(name: str, *, what: str, timeout: float | None = DEFAULT_TIMEOUT)
         try:
             lock.acquire(timeout=-1 if timeout is None else timeout)
         except Timeout:
-            raise LockBusy(f"{what} is locked by another process; try again later") from None
+            raise busy(message) from None
         try:
             yield
         finally:
             lock.release()
 
 
-def case_lock(case_id: str, *, timeout: float | None = DEFAULT_TIMEOUT):
-    """The per-case writer lock taken by begin, resume, edit and reconcile --repair."""
-    return named_lock(f"case:{case_id}", what=f"case {case_id}", timeout=timeout)
+def _advisory_unlock(key: int, what: str) -> None:
+    """Release a session advisory lock; on a dead connection there is nothing to release.
+
+    PostgreSQL drops a session's advisory locks when the session ends, so a connection lost
+    mid-decision has already released this one. Raising here would hide the real outcome of
+    the work done under the lock (which is what the caller must report), so it is logged.
+    """
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+    except DatabaseError as exc:
+        log.warning("releasing the lock on %s failed (%s); the server released it with the session", what, exc)
+
+
+def case_lock(case_id: str, *, timeout: float | None = None):
+    """The per-case writer lock taken by begin, resume, edit and reconcile --repair.
+
+    It waits ``decision_lock_timeout()`` seconds by default, then raises ``CaseBusy``: a
+    person clicking Approve gets an answer, never a page that waits forever.
+    """
+    return named_lock(
+        f"case:{case_id}",
+        what=f"case {case_id}",
+        busy_message=f"another action on case {case_id} is in progress; try again",
+        timeout=decision_lock_timeout() if timeout is None else timeout,
+        busy=CaseBusy,
+    )
 
 
 def reconcile_lock():

@@ -283,7 +283,8 @@ def test_the_store_saves_plain_json_only(begun):
 
 
 def test_the_case_lock_excludes_another_thread(transactional_db):
-    from decisionflow.core.locks import LockBusy, case_lock
+    from decisionflow.core.errors import CaseBusy
+    from decisionflow.core.locks import case_lock
 
     held, release, outcome = threading.Event(), threading.Event(), {}
 
@@ -299,7 +300,7 @@ def test_the_case_lock_excludes_another_thread(transactional_db):
         try:
             with case_lock("T-LOCK", timeout=0.2):
                 outcome["got"] = True
-        except LockBusy as exc:
+        except CaseBusy as exc:
             outcome["busy"] = exc.message
         finally:
             connections.close_all()
@@ -312,7 +313,7 @@ def test_the_case_lock_excludes_another_thread(transactional_db):
     other.join(10)
     release.set()
     thread.join(10)
-    assert outcome == {"busy": "case T-LOCK is locked by another process; try again later"}
+    assert outcome == {"busy": "another action on case T-LOCK is in progress; try again"}
     with case_lock("T-LOCK", timeout=0):  # released, so free again
         pass
 

@@ -3,7 +3,7 @@ from json.encoder import encode_basestring
 
 from cases.models import Case
 from decisionflow.core.commandline import WorkflowCommand
-from decisionflow.core.locks import case_lock, reconcile_lock
+from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
 from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
 
 
@@ -59,7 +59,8 @@ class Command(WorkflowCommand):
                 )
             for row in unrepaired:
                 # The repair writes; take the same per-case lock as begin/resume/edit.
-                with case_lock(row.case_id):
+                # A bulk repair keeps its own, longer wait: it is not a person waiting on a page.
+                with case_lock(row.case_id, timeout=DEFAULT_TIMEOUT):
                     effects_repair(rows=[row], dry_run=False)
                 self.report(operation_reconcile(row.operation_id), repaired=True)
 
