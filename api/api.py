@@ -16,6 +16,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 from ninja.responses import Status
 
 from decisionflow.core import errors
+from decisionflow.workflow.services import decision_record, review_edit
 
 from . import selectors, services
 from .auth import AUTH
@@ -45,17 +46,9 @@ api = NinjaAPI(
     docs_url="/docs",
 )
 
-# The status each application error answers with; the body carries the error's own code.
-STATUS = {
-    errors.InvalidInput: 400,
-    errors.PermissionRefused: 403,
-    errors.NotFound: 404,
-    errors.StaleProposal: 409,
-    errors.AlreadyDecided: 409,
-    errors.ConflictingDecision: 409,
-    errors.WorkflowIncompatible: 409,
-    errors.OutcomeUncertain: 500,
-}
+# The error table: every application error class carries its own status and code
+# (decisionflow/core/errors.py), so the table is built from the classes themselves.
+ERROR_TABLE = {cls.code: cls.http_status for cls in errors.REFUSALS}
 # Codes for the refusals that do not come from a service.
 HTTP_CODES = {
     400: "invalid_request",
@@ -78,14 +71,10 @@ def _reply(request, status: int, code: str, message: str, **extra):
 
 @api.exception_handler(errors.DecisionflowError)
 def _app_error(request, exc: errors.DecisionflowError):
-    status = next((s for cls, s in STATUS.items() if isinstance(exc, cls)), None)
-    if status is None:
-        # A plain DecisionflowError is the workflow failing (e.g. begin could not pause):
-        # not the client's fault, and nothing the client can fix by changing the request.
+    if type(exc) is errors.DecisionflowError:
+        # The workflow failing (e.g. begin could not pause): not the client's fault, and
+        # nothing the client can fix by changing the request.
         logger.error("workflow error in %s %s: %s", request.method, request.path, exc.message)
-        status, code = 500, "internal_error"
-    else:
-        code = "forbidden" if isinstance(exc, errors.PermissionRefused) else exc.code
     message = exc.message
     if isinstance(exc, errors.OutcomeUncertain):
         op = exc.details.get("operation_id")
@@ -93,14 +82,17 @@ def _app_error(request, exc: errors.DecisionflowError):
             f"; the commit may have happened: GET /api/operations/{op} to see what did, then retry "
             "(a retry is a replay, never a duplicate)"
         )
-    return _reply(
+    response = _reply(
         request,
-        status,
-        code,
+        exc.http_status,
+        exc.code,
         message,
         current_operation_id=getattr(exc, "current_operation_id", None),
         operation_id=exc.details.get("operation_id"),
     )
+    if isinstance(exc, errors.CaseBusy):
+        response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 @api.exception_handler(ValidationError)
@@ -200,18 +192,21 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
     opposite decision is 409 ``conflicting_decision``. After a 500 ``outcome_uncertain``,
     GET the operation, then retry: a retry is a replay, never a duplicate.
     """
-    result = services.decision_submit(
+    decided = decision_record(
         case=selectors.case_get(case_id),
         operation_id=payload.operation_id,
         approved=payload.approved,
         reviewer=request.auth,
+        channel="api",
         fault=services.fault_requested(request),
     )
+    commit = decided.commit
     return {
-        "status": result.status,
-        "replay": result.replay,
-        "effect_count": result.effect_count,
-        "operation_id": result.operation_id,
+        "status": commit.status,
+        "replay": commit.replay,
+        "effect_count": commit.effect_count,
+        "operation_id": commit.operation_id,
+        "outcome": decided.outcome.value,
     }
 
 
@@ -226,17 +221,22 @@ def case_edit(request, payload: EditIn, case_id: str = CaseId):
 
     A change of line endings only is no change: 200 with ``changed: false``.
     """
-    revision = services.edit_submit(
+    edited = review_edit(
         case=selectors.case_get(case_id),
         expected_operation_id=payload.expected_operation_id,
         body=payload.body,
         source_versions=payload.source_versions,
         editor=request.auth,
     )
+    revision = edited.revision
     data = {
         "changed": revision.changed,
         "proposal": selectors.proposal_data(revision.proposal),
         "pending": selectors.pending_data(revision.proposal.operation_id),
+        # The edit is saved either way; a review that could not be begun is begun by the
+        # first decision on the new proposal (or `manage.py begin`).
+        "review_begun": edited.begun is not None,
+        "review_error": edited.begin_error.message if edited.begin_error is not None else None,
     }
     return Status(201 if revision.changed else 200, data)
 

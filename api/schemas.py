@@ -98,6 +98,9 @@ class DecisionOut(Schema):
     replay: bool
     effect_count: int
     operation_id: str
+    outcome: Literal["committed", "declined", "replay"] = Field(
+        description="the decision service's outcome: the first approval, the first decline, or the same decision again"
+    )
 
 
 class PassageOut(Schema):
@@ -172,3 +175,9 @@ class EditOut(Schema):
     changed: bool
     proposal: ProposalOut
     pending: PendingOut | None
+    review_begun: bool = Field(
+        description="whether the review of the new proposal was begun; the edit is saved either way"
+    )
+    review_error: str | None = Field(
+        description="why beginning the review failed (the first decision on the new proposal begins it)"
+    )

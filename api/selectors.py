@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from cases.models import Case
 from decisionflow.core.errors import NotFound
+from decisionflow.workflow.selectors import decidable_operation_id
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
-from reviews.services import prepared_content
-
-
-def decidable_operation_id(case) -> str:
-    """The operation a decision must name now: the current proposal's, or, before the review
-    was ever begun, the identity ``begin`` will give the prepared proposal (computed, not written)."""
-    if case.current_proposal_id:
-        return case.current_proposal.operation_id
-    return prepared_content(case)["operation_id"]
 
 
 def case_get(case_id: str) -> Case:

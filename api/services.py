@@ -1,4 +1,4 @@
-"""API token writes, and the decision path the API takes into the review workflow."""
+"""API token writes, and the test-only fault header. Decisions and edits call the workflow's services."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from decisionflow.core import faults
-from decisionflow.core.errors import ConflictingDecision, InvalidInput
-from decisionflow.workflow import services as workflow
-from effects.services import CONFLICTING
-from reviews.models import PendingReview
 
 from .models import ApiToken
-from .selectors import decidable_operation_id
 
 TOKEN_PREFIX = "dft_"
 # last_used_at is advisory: writing it at most once a minute keeps busy clients (and the
@@ -70,62 +65,15 @@ def token_authenticate(plaintext: str):
 # Decisions and edits --------------------------------------------------------------------
 
 FAULT_HEADER = "X-Decisionflow-Fault"
-KNOWN_FAULTS = set(workflow.FAULTS)
 
 
 def fault_requested(request) -> str | None:
     """The test-only fault a request asks for, honoured only with DECISIONFLOW_FAULT_INJECTION on.
 
     With fault injection off (production) the header is ignored entirely, so no client can
-    make a real server fail on purpose.
+    make a real server fail on purpose. An unknown fault is refused by the decision service.
     """
     value = request.headers.get(FAULT_HEADER)
     if not value or not faults.enabled():
         return None
-    if value not in KNOWN_FAULTS:
-        raise InvalidInput(f"{FAULT_HEADER}: unknown fault {value[:50]!r}; known: {', '.join(sorted(KNOWN_FAULTS))}")
-    return value
-
-
-def decision_submit(*, case, operation_id: str, approved: bool, reviewer, fault: str | None = None):
-    """Approve or decline ``operation_id`` through the review workflow, as `manage.py resume` does.
-
-    If the request names the case's current proposal and its review was never begun, it is
-    begun first (``review_begin``): automation that imports a case and approves it needs no
-    second round trip, and beginning is idempotent per operation. A request naming any other
-    operation begins nothing, so a stale or unknown identity is refused with nothing written.
-    Returns the commit result; ``ConflictingDecision`` is raised as an error here because
-    over HTTP it is a refusal (409), not a success.
-    """
-    if (
-        operation_id == decidable_operation_id(case)
-        and not PendingReview.objects.filter(operation_id=operation_id).exists()
-    ):
-        workflow.review_begin(case=case, actor=reviewer)
-    outcome = workflow.review_resume(
-        case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel="api", fault=fault
-    )
-    result = outcome.result
-    if result.status == CONFLICTING:
-        decision = result.decision
-        if decision is not None:
-            what = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
-        else:
-            what = "the opposite decision is already recorded"
-        raise ConflictingDecision(
-            f"conflicting decision: {operation_id} was {what}; no decision or effect was written",
-            operation_id=operation_id,
-        )
-    return result
-
-
-def edit_submit(*, case, expected_operation_id: str, body=None, source_versions=None, editor):
-    """Revise the case's current proposal through the workflow; returns the RevisionResult."""
-    revision, _begun = workflow.review_edit(
-        case=case,
-        expected_operation_id=expected_operation_id,
-        body=body,
-        source_versions=source_versions,
-        editor=editor,
-    )
-    return revision
+    return value[:50]

@@ -2,7 +2,9 @@
 
 Exit codes (docs/COMMANDS.md): 0 success (a replay or a decline included), 1 usage or other
 error, 3 conflicting decision, 4 stale or not the recorded proposal, 5 incompatible workflow
-version or corrupt checkpoint, 42 the commit step failed so there is no receipt.
+version or a checkpoint that fails its checks, 6 the case is busy (try again), 7 an edit was
+saved but its review not begun, 42 the outcome is uncertain (ask reconcile). Each error
+class carries its own code (decisionflow/core/errors.py).
 
 Status lines go to stdout; an error is one clear message on stderr (plus, sometimes, a hint
 line), with no traceback and no "CommandError:" prefix, because scripts parse both streams.
@@ -24,6 +26,8 @@ EXIT_ERROR = 1
 EXIT_CONFLICT = 3
 EXIT_STALE = 4
 EXIT_INCOMPATIBLE = 5
+EXIT_BUSY = 6
+EXIT_SAVED_NOT_BEGUN = 7
 EXIT_NO_RECEIPT = 42
 
 REVIEWER_ENV = "DECISIONFLOW_REVIEWER"

@@ -17,16 +17,15 @@ overlap).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import logging
-
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, OperationalError, connection
 from filelock import FileLock, Timeout
 
 from decisionflow.core.errors import CaseBusy, DecisionflowError, LockBusy
@@ -135,3 +134,30 @@ def case_lock(case_id: str, *, timeout: float | None = None):
 def reconcile_lock():
     """One reconcile run at a time. It does not wait: a second cron run exits at once."""
     return named_lock("reconcile", what="reconcile", timeout=0)
+
+
+@contextmanager
+def sqlite_bounded_wait():
+    """On SQLite, a decision waits for the database's write lock no longer than for its case.
+
+    SQLite has no row locks: a writer waits for the whole database (the connection's busy
+    timeout, 30 s by default). Within a decision that wait is cut to
+    ``decision_lock_timeout()``, and a "database is locked" answer becomes ``CaseBusy``.
+    Other databases are unchanged (PostgreSQL bounds its waits with ``lock_timeout``).
+    """
+    if connection.vendor != "sqlite":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        previous = cursor.fetchone()[0]
+        cursor.execute(f"PRAGMA busy_timeout = {int(decision_lock_timeout() * 1000)}")
+    try:
+        yield
+    except OperationalError as exc:
+        if "locked" not in str(exc):
+            raise
+        raise CaseBusy("another action on this case is in progress (the database is locked); try again") from exc
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {int(previous)}")

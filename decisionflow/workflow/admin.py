@@ -9,11 +9,13 @@ the result. Approve and Decline (on the review page and in bulk) call
 from __future__ import annotations
 
 import json
+import logging
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
+from django.db import connection
 from django.db.models import Exists, OuterRef
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -25,17 +27,25 @@ from django.utils.safestring import mark_safe
 from cases.models import Case, SourceVersion
 from decisionflow.core import identity
 from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when
-from decisionflow.core.errors import DecisionflowError, InvalidInput, PermissionRefused, StaleProposal
+from decisionflow.core.errors import (
+    CaseBusy,
+    ConflictingDecision,
+    DecisionflowError,
+    OutcomeUncertain,
+    StaleProposal,
+)
 from effects.models import EffectRecord
-from effects.services import REVIEW_PERMISSION
+from effects.services import REVIEW_PERMISSION, operation_reconcile
 from reviews.admin import PROPOSAL_BIG_FIELDS
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
 
-from . import selectors, workplace
+from . import selectors
 from .forms import DecisionForm, ProposalEditForm
-from .services import review_begin, review_edit
-from .workplace import proposal_decide
+from .selectors import decidable_operation_id
+from .services import Outcome, decision_record, review_begin, review_edit
+
+log = logging.getLogger(__name__)
 
 
 def can_review(user) -> bool:
@@ -56,64 +66,41 @@ def current_proposal_link(operation_id: str | None):
     return format_html('<a href="{}" class="df-current-link">{}</a>', review_url(pk), identity.short(operation_id))
 
 
-def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> list[tuple[int, str]]:
-    """What the reviewer is told, as (level, safe HTML) pairs. Every value is escaped."""
-    op = identity.short(outcome.operation_id)
-    result, error = outcome.result, outcome.error
-    if outcome.kind in (workplace.COMMITTED, workplace.DECLINED_KIND):
-        # proposal_decide returns these kinds (and replay) only with a commit result.
-        assert result is not None
-        receipt = json.dumps(result.receipt(), separators=(",", ":"))
-        if outcome.kind == workplace.COMMITTED:
-            effect = EffectRecord.objects.filter(operation_id=outcome.operation_id).values_list("pk", flat=True).first()
-            link = format_html(
-                '<a href="{}">effect record {}</a>',
-                reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
-                op,
-            )
-            text = format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link)
-        else:
-            text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
-        return [(messages.SUCCESS, text)]
-    if outcome.kind == workplace.REPLAY:
-        # A replay is a decision that was already recorded: it always comes with it.
-        assert result is not None
-        decision = result.decision
-        assert decision is not None
-        verb = "approved" if decision.approved else "declined"
-        return [
-            (
-                messages.INFO,
-                format_html(
-                    "{}already {} by {} at {}, no new record ({})",
-                    prefix,
-                    verb,
-                    decision.reviewer.get_username(),
-                    when(decision.decided_at),
-                    op,
-                ),
-            )
-        ]
-    if outcome.kind == workplace.CONFLICT:
-        decision = getattr(result, "decision", None)
-        if decision is not None:
-            done = "approved" if decision.approved else "declined"
-            asked = "approval" if outcome.approved else "decline"
-            text = format_html(
-                "{}conflict: {} was already {} by {} at {}; your {} was refused and nothing was written.",
-                prefix,
-                op,
-                done,
-                decision.reviewer.get_username(),
-                when(decision.decided_at),
-                asked,
-            )
-        else:
-            text = format_html("{}conflict: {} Nothing was written.", prefix, error.message if error else "")
-        return [(messages.ERROR, text)]
-    if outcome.kind == workplace.STALE:
-        current = outcome.current_operation_id or getattr(error, "current_operation_id", None)
-        return [
+def _uncertain_state(operation_id: str) -> tuple[int, str]:
+    """After an uncertain outcome: what the effect store says now, read, never guessed."""
+    op = identity.short(operation_id)
+    try:
+        # The fault may have been the connection itself: a fresh one reads the truth.
+        connection.close_if_unusable_or_obsolete()
+        row = operation_reconcile(operation_id)
+    except Exception as exc:  # noqa: BLE001 - the database itself may be what failed
+        log.exception("reconciling %s after an uncertain decision also failed", operation_id)
+        return messages.WARNING, format_html(
+            "the effect store could not be read either ({}: {}); run `manage.py reconcile` for op {} before "
+            "trying again",
+            type(exc).__name__,
+            exc,
+            op,
+        )
+    if row is None:
+        return messages.WARNING, format_html("reconciled from the effect store: op {} is unknown", op)
+    level = messages.INFO if row.state in ("Committed", "Declined") else messages.WARNING
+    return level, format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects)
+
+
+def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -> tuple[bool, list[tuple[int, str]]]:
+    """Call the one decision service; whether it acted, and what happened as (level, safe HTML) pairs.
+
+    Every value is escaped. A refusal says that nothing was written; an uncertain outcome
+    says so and shows what reconcile reads, never a guess.
+    """
+    op = identity.short(operation_id)
+    try:
+        decided = decision_record(
+            case=case, operation_id=operation_id, approved=approved, reviewer=user, channel="admin"
+        )
+    except StaleProposal as exc:
+        return False, [
             (
                 messages.ERROR,
                 format_html(
@@ -121,37 +108,73 @@ def outcome_message(outcome: workplace.DecideOutcome, *, prefix: str = "") -> li
                     "open the current proposal and review it.",
                     prefix,
                     op,
-                    current_proposal_link(current),
+                    current_proposal_link(exc.current_operation_id or decidable_operation_id(case)),
                 ),
             )
         ]
-    if outcome.kind == workplace.UNCERTAIN:
-        row = outcome.reconciled
-        if outcome.reconcile_error:
-            state = format_html(
-                "the effect store could not be read either ({}); run `manage.py reconcile` for op {} "
-                "before trying again",
-                outcome.reconcile_error,
-                op,
+    except ConflictingDecision as exc:
+        decision = exc.result.decision if exc.result is not None else None
+        if decision is None:
+            return False, [(messages.ERROR, format_html("{}conflict: {} Nothing was written.", prefix, exc.message))]
+        return False, [
+            (
+                messages.ERROR,
+                format_html(
+                    "{}conflict: {} was already {} by {} at {}; your {} was refused and nothing was written.",
+                    prefix,
+                    op,
+                    "approved" if decision.approved else "declined",
+                    decision.reviewer.get_username(),
+                    when(decision.decided_at),
+                    "approval" if approved else "decline",
+                ),
             )
-        elif row is not None:
-            state = format_html(
-                "reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects
-            )
-        else:
-            state = format_html("reconciled from the effect store: op {} is unknown", op)
-        return [
+        ]
+    except CaseBusy:
+        return False, [(messages.ERROR, format_html("{}another action on this case is in progress; try again", prefix))]
+    except OutcomeUncertain as exc:
+        level, state = _uncertain_state(operation_id)
+        return False, [
             (
                 messages.WARNING,
-                format_html("{}outcome uncertain: reconciling ({})", prefix, error.message if error else "no receipt"),
+                format_html(
+                    "{}outcome uncertain: reconciling ({})", prefix, exc.message.removeprefix("outcome uncertain: ")
+                ),
             ),
-            (
-                messages.INFO if row is not None and row.state in ("Committed", "Declined") else messages.WARNING,
-                format_html("{}{}", prefix, state),
-            ),
+            (level, format_html("{}{}", prefix, state)),
         ]
-    # refused: permission, workflow version, not found, invalid input
-    return [(messages.ERROR, format_html("{}refused: {} Nothing was written.", prefix, error.message if error else ""))]
+    except DecisionflowError as exc:
+        # permission, workflow version or checkpoint, not found, invalid input
+        return False, [(messages.ERROR, format_html("{}refused: {} Nothing was written.", prefix, exc.message))]
+    except Exception as exc:  # noqa: BLE001 - anything unexpected: the effect store decides, not the exception
+        log.exception("admin decision on %s failed; reconciling", operation_id)
+        level, state = _uncertain_state(operation_id)
+        return False, [
+            (
+                messages.WARNING,
+                format_html("{}outcome uncertain: reconciling ({}: {})", prefix, type(exc).__name__, exc),
+            ),
+            (level, format_html("{}{}", prefix, state)),
+        ]
+    commit = decided.commit
+    receipt = json.dumps(commit.receipt(), separators=(",", ":"))
+    if decided.outcome == Outcome.REPLAY:
+        decision = commit.decision
+        assert decision is not None  # a replay is a decision that was already recorded
+        verb = "approved" if decision.approved else "declined"
+        who, at = decision.reviewer.get_username(), when(decision.decided_at)
+        text = format_html("{}already {} by {} at {}, no new record ({})", prefix, verb, who, at, op)
+        return True, [(messages.INFO, text)]
+    if decided.outcome == Outcome.DECLINED:
+        text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
+        return True, [(messages.SUCCESS, text)]
+    effect = EffectRecord.objects.filter(operation_id=operation_id).values_list("pk", flat=True).first()
+    link = format_html(
+        '<a href="{}">effect record {}</a>',
+        reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
+        op,
+    )
+    return True, [(messages.SUCCESS, format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link))]
 
 
 def mark_sentences(body: str, sentences: list[str]):
@@ -305,13 +328,13 @@ class ProposalAdmin(ViewOnlyAdmin):
                 for error in errors:
                     self.message_user(request, f"refused: {error}. Nothing was written.", messages.ERROR)
             return HttpResponseRedirect(review_url(pk))
-        outcome = workplace.proposal_decide(
+        _acted, said = decide(
             case=proposal.case,
             operation_id=form.cleaned_data["operation_id"],
             approved=form.approved,
-            reviewer=request.user,
+            user=request.user,
         )
-        for level, text in outcome_message(outcome):
+        for level, text in said:
             self.message_user(request, text, level)
         return HttpResponseRedirect(review_url(pk))
 
@@ -328,7 +351,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             if form.is_valid():
                 expected = form.cleaned_data["expected_operation_id"]
                 try:
-                    revision, _begun = review_edit(
+                    edited = review_edit(
                         case=case,
                         expected_operation_id=expected,
                         body=form.cleaned_data["body"],
@@ -346,36 +369,30 @@ class ProposalAdmin(ViewOnlyAdmin):
                         ),
                         messages.ERROR,
                     )
+                except CaseBusy:
+                    self.message_user(request, "another action on this case is in progress; try again", messages.ERROR)
                 except DecisionflowError as exc:
-                    # review_edit commits the revision before it begins the new review; if
-                    # begin failed, the new proposal exists and is current: say so.
-                    case.refresh_from_db(fields=["current_proposal"])
-                    moved = (
-                        case.current_proposal_id not in (None, proposal.pk)
-                        and Proposal.objects.filter(
-                            pk=case.current_proposal_id, parent_id=proposal.pk, author_id=request.user.pk
-                        ).exists()
-                    )
-                    if moved and not isinstance(exc, (PermissionRefused, InvalidInput)):
-                        self.message_user(
-                            request,
-                            format_html(
-                                "Saved as a new proposal, but beginning its review failed: {}. "
-                                "The first Approve or Decline on it begins the review again.",
-                                exc.message,
-                            ),
-                            messages.WARNING,
-                        )
-                        return HttpResponseRedirect(review_url(case.current_proposal_id))
                     self.message_user(request, f"refused: {exc.message} Nothing was written.", messages.ERROR)
                 else:
-                    new = revision.proposal
-                    if not revision.changed:
+                    new = edited.revision.proposal
+                    if not edited.revision.changed:
                         self.message_user(
                             request,
                             f"no change: the edit is identical to {new.short_operation_id} once line endings "
                             "are normalized, so no new proposal was made.",
                             messages.INFO,
+                        )
+                    elif edited.begin_error is not None:
+                        # The revision is saved and current; only its review could not begin.
+                        self.message_user(
+                            request,
+                            format_html(
+                                "Saved as a new proposal {}, but beginning its review failed: {}. "
+                                "The first Approve or Decline on it begins the review again.",
+                                op_html(new.operation_id),
+                                edited.begin_error.message,
+                            ),
+                            messages.WARNING,
                         )
                     else:
                         self.message_user(
@@ -663,12 +680,14 @@ class CaseAdmin(ViewOnlyAdmin):
                     messages.WARNING,
                 )
                 continue
-            outcome = proposal_decide(case=case, operation_id=operation_id, approved=approved, reviewer=request.user)
-            if outcome.kind in ("committed", "declined", "replay"):
+            acted, said = decide(
+                case=case, operation_id=operation_id, approved=approved, user=request.user, prefix=prefix
+            )
+            if acted:
                 done += 1
             else:
                 skipped += 1
-            for level, text in outcome_message(outcome, prefix=prefix):
+            for level, text in said:
                 self.message_user(request, text, level)
         verb = "approve" if approved else "decline"
         self.message_user(

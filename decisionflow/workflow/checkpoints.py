@@ -7,29 +7,39 @@ the review workflow sends is a plain dict, request events are stored through
 refused on load, never decoded. A value that is not plain JSON makes ``save`` raise (the
 engine then only logs a warning, which is why the host checks the pause checkpoint itself).
 
-``digest`` is the SHA-256 of the payload exactly as stored. A load whose payload no longer
-matches it (tampering, corruption, a hand edit) is refused with ``WorkflowIncompatible``.
+``digest`` is an HMAC-SHA256 of the payload exactly as stored, keyed from ``SECRET_KEY``
+(and accepted under any of ``SECRET_KEY_FALLBACKS``, so the secret can be rotated the way
+Django rotates everything else it signs). A load whose payload no longer matches it
+(tampering, corruption, a hand edit, a row forged by someone who can write the table but
+does not hold the secret) is refused with ``WorkflowIncompatible``. Every process that
+shares a database must therefore share the secret.
 
 The engine calls only ``save`` and ``load``; the other four methods of its storage protocol
-are here for the host and for operators.
+are here for the host and for operators. Two small stores sit beside the database one:
+``PauseBuffer`` keeps a ``begin`` run's checkpoints in memory so that only the pause is
+written, and ``BoundCheckpoint`` hands an answered run the one checkpoint the host has
+already verified, and keeps what the engine saves during that run in memory (nothing
+after the commit is needed for recovery: the effect store is the truth from then on).
 """
 
 from __future__ import annotations
 
-import hashlib
+import hmac
 import json
 from typing import Any
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowEvent, WorkflowMessage
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils.crypto import salted_hmac
 
 from decisionflow.core.errors import WorkflowIncompatible
 from decisionflow.core.faults import crash_point
 from reviews.models import WorkflowCheckpoint
 
-FORMAT = "decisionflow.checkpoint.v1"
+FORMAT = "decisionflow.checkpoint.v2"  # v2: the digest is an HMAC
 
 # The only payload types a request or a response may have: the workflow's messages are
 # plain dicts. A request event naming any other type is refused instead of resolved.
@@ -44,8 +54,18 @@ class CheckpointRefused(WorkflowIncompatible):
     """A stored checkpoint that cannot be trusted or read: tampered, corrupt or not JSON-only."""
 
 
-def payload_digest(payload: str) -> str:
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+_HMAC_SALT = "decisionflow.workflow.checkpoint"
+
+
+def payload_digest(payload: str, *, secret: str | None = None) -> str:
+    """The HMAC stored beside a payload, keyed from ``SECRET_KEY`` (or the given secret)."""
+    return salted_hmac(_HMAC_SALT, payload, secret=secret, algorithm="sha256").hexdigest()
+
+
+def digest_verifies(payload: str, digest: str) -> bool:
+    """Whether ``digest`` was made from ``payload`` with the secret or one of its fallbacks."""
+    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    return any(hmac.compare_digest(payload_digest(payload, secret=secret), digest) for secret in secrets)
 
 
 def _strict_json(value: Any, where: str) -> Any:
@@ -146,10 +166,10 @@ def _refuse_pickle_markers(value: Any, where: str = "payload") -> None:
 
 def decode_checkpoint(*, checkpoint_id: str, payload: str, digest: str) -> EngineCheckpoint:
     """Rebuild an engine checkpoint from a stored row, refusing anything untrustworthy."""
-    if payload_digest(payload) != digest:
+    if not digest_verifies(payload, digest):
         raise CheckpointRefused(
-            f"checkpoint {checkpoint_id} is corrupt or was modified: its content no longer matches "
-            "the digest stored beside it; refusing to resume from it"
+            f"checkpoint {checkpoint_id} is corrupt or was modified: its content does not match the "
+            "HMAC stored beside it (or it was signed with another SECRET_KEY); refusing to resume from it"
         )
     try:
         document = json.loads(payload)
@@ -268,6 +288,10 @@ class DatabaseCheckpointStorage:
                 raise
         return checkpoint.checkpoint_id
 
+    def write(self, checkpoint: EngineCheckpoint) -> str:
+        """Store one checkpoint now, on the caller's connection and transaction."""
+        return self._save_sync(checkpoint, encode_checkpoint(checkpoint))
+
     def load_sync(self, checkpoint_id: str) -> EngineCheckpoint:
         row = (
             WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id)
@@ -295,3 +319,60 @@ class DatabaseCheckpointStorage:
             count += 1
             current = row["previous_checkpoint_id"]
         return count
+
+
+class PauseBuffer:
+    """A ``begin`` run's checkpoints, kept in memory until the host knows which one is the pause.
+
+    The engine saves one before the first superstep and one after each; only the pause is
+    needed to resume, so the host writes that one (``DatabaseCheckpointStorage.write``) in
+    the same transaction as the proposal and the pending review, and drops the rest. Every
+    checkpoint is still encoded on save, so a value that is not plain JSON fails here exactly
+    as it would in the database store.
+    """
+
+    def __init__(self) -> None:
+        self.saved: list[EngineCheckpoint] = []
+
+    async def save(self, checkpoint: EngineCheckpoint) -> str:
+        encode_checkpoint(checkpoint)
+        self.saved.append(checkpoint)
+        return checkpoint.checkpoint_id
+
+    async def load(self, checkpoint_id: str) -> EngineCheckpoint:
+        for checkpoint in self.saved:
+            if checkpoint.checkpoint_id == checkpoint_id:
+                return checkpoint
+        raise CheckpointRefused(f"checkpoint {checkpoint_id} was not saved by this run")
+
+    async def list_checkpoints(self, *, workflow_name: str) -> list[EngineCheckpoint]:
+        return [c for c in self.saved if c.workflow_name == workflow_name]
+
+    async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
+        return [c.checkpoint_id for c in self.saved if c.workflow_name == workflow_name]
+
+    async def delete(self, checkpoint_id: str) -> bool:
+        return False
+
+    async def get_latest(self, *, workflow_name: str) -> EngineCheckpoint | None:
+        mine = [c for c in self.saved if c.workflow_name == workflow_name]
+        return mine[-1] if mine else None
+
+
+class BoundCheckpoint(PauseBuffer):
+    """The one checkpoint an answered run may restore: already loaded and verified by the host.
+
+    The engine restores through ``load``, so it gets exactly the object the binding checks
+    looked at (no second read that could differ). What it saves during the answered run
+    stays in memory: once the commit has happened, recovery reads the effect store, not a
+    checkpoint, so an answered run writes no checkpoint rows.
+    """
+
+    def __init__(self, checkpoint: EngineCheckpoint) -> None:
+        super().__init__()
+        self.checkpoint = checkpoint
+
+    async def load(self, checkpoint_id: str) -> EngineCheckpoint:
+        if checkpoint_id != self.checkpoint.checkpoint_id:
+            raise CheckpointRefused(f"checkpoint {checkpoint_id} is not the one this resume was bound to")
+        return self.checkpoint

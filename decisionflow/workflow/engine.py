@@ -15,19 +15,19 @@ Every message is a plain dict, so checkpoints are JSON only (see ``checkpoints.p
 host functions that drive the graph are in ``services.py``.
 """
 
-from typing import Never
+from dataclasses import dataclass
+from typing import Any, Never
 
 from agent_framework import Executor, WorkflowBuilder, WorkflowContext, WorkflowRunState, handler, response_handler
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
+from django.db import OperationalError, connection
 
 from cases.models import Case
 from decisionflow.core import identity
 from decisionflow.core.faults import LostReceipt, crash_point
-from effects.services import effect_commit
+from effects.services import CommitResult, effect_commit
 from reviews.services import proposal_create
-
-from .checkpoints import DatabaseCheckpointStorage
 
 # The workflow's own version. It is recorded with every pending review, and a pending review
 # from another version is never resumed by this code. Bump it whenever a message's shape or
@@ -38,9 +38,6 @@ WORKFLOW_NAME = "decisionflow-review"
 PREPARE_ID = "prepare"
 HUMAN_REVIEW_ID = "human-review-v1"
 COMMIT_ID = "commit"
-
-FAULT_LOSE_RECEIPT = "lose-receipt"
-FAULTS = (FAULT_LOSE_RECEIPT,)
 
 _STATUS_NAMES = {
     WorkflowRunState.IDLE_WITH_PENDING_REQUESTS: "PendingRequests",
@@ -65,10 +62,22 @@ def review_request_id(operation_id: str) -> str:
 # --- executors --------------------------------------------------------------------------
 
 
-def _prepare_sync(message: dict) -> dict:
-    case = Case.objects.get(pk=message["case_pk"])
-    actor_pk = message.get("actor_pk")
-    actor = get_user_model().objects.filter(pk=actor_pk).first() if actor_pk else None
+@dataclass
+class Begin:
+    """What the host hands the prepare step of one begin run, outside every message."""
+
+    case: Case
+    actor: Any = None
+
+
+def _prepare_sync(message: dict, begin: Begin | None) -> dict:
+    # The host's own case object when it is the one the message names (no second read).
+    case = begin.case if begin is not None and begin.case.pk == message["case_pk"] else None
+    if case is None:
+        case = Case.objects.get(pk=message["case_pk"])
+    actor = begin.actor if begin is not None else None
+    if actor is None and message.get("actor_pk"):
+        actor = get_user_model().objects.filter(pk=message["actor_pk"]).first()
     proposal = proposal_create(case=case, author=actor)
     # Issue 7: killed after the proposal is written, before anything records a pending review.
     crash_point("begin-after-proposal")
@@ -83,12 +92,13 @@ def _prepare_sync(message: dict) -> dict:
 
 
 class Prepare(Executor):
-    def __init__(self):
+    def __init__(self, begin: Begin | None = None):
         super().__init__(id=PREPARE_ID)
+        self._begin = begin
 
     @handler
     async def prepare(self, message: dict, ctx: WorkflowContext[dict]) -> None:
-        await ctx.send_message(await sync_to_async(_prepare_sync, thread_sensitive=True)(message))
+        await ctx.send_message(await sync_to_async(_prepare_sync, thread_sensitive=True)(message, self._begin))
 
 
 class HumanReview(Executor):
@@ -114,49 +124,83 @@ class HumanReview(Executor):
         )
 
 
-def _commit_sync(decision: dict, fault: str | None) -> dict:
-    pk = decision.get("reviewer_pk")
-    reviewer = get_user_model().objects.filter(pk=pk).first() if pk is not None else None
+FAULT_LOSE_RECEIPT = "lose-receipt"
+FAULT_LOSE_CONNECTION = "lose-connection"
+FAULTS = (FAULT_LOSE_RECEIPT, FAULT_LOSE_CONNECTION)
+
+
+@dataclass
+class Answer:
+    """What the host hands the commit step of one answered run, outside every message.
+
+    The reviewer object is the one the channel authenticated (its permission cache already
+    filled), so the commit looks nobody up again; the receipt comes back as the object the
+    review core returned, never packed into a dict and rebuilt. None of this reaches a
+    message or a checkpoint.
+    """
+
+    reviewer: Any
+    fault: str | None = None
+    commit_started: bool = False
+    result: CommitResult | None = None
+
+
+def _lose_connection() -> None:
+    """Test fault: the connection dropped right after COMMIT, before the answer came back.
+
+    The session ends (so PostgreSQL releases its advisory locks, as it would for a real
+    network failure) and the caller gets the error a lost connection gives.
+    """
+    connection.close()
+    raise OperationalError("the connection to the database was lost after the commit")
+
+
+def _commit_sync(decision: dict, answer: Answer) -> CommitResult:
+    reviewer = answer.reviewer
+    if getattr(reviewer, "pk", None) != decision.get("reviewer_pk"):
+        # The answer names a reviewer other than the one the channel authenticated.
+        reviewer = None
     result = effect_commit(
         operation_id=decision["operation_id"],
         approved=decision["approved"],
         reviewer=reviewer,
         channel=decision["channel"],
     )
-    if fault == FAULT_LOSE_RECEIPT:
+    if answer.fault == FAULT_LOSE_RECEIPT:
         # The transaction is durable by now; only the receipt goes missing.
         raise LostReceipt(f"the receipt for {identity.short(decision['operation_id'])} was lost after commit")
-    return {
-        "status": result.status,
-        "replay": result.replay,
-        "effect_count": result.effect_count,
-        "operation_id": result.operation_id,
-        "decision_pk": result.decision.pk if result.decision is not None else None,
-    }
+    if answer.fault == FAULT_LOSE_CONNECTION:
+        _lose_connection()
+    return result
 
 
 class Commit(Executor):
-    def __init__(self, fault: str | None = None, writer=None):
+    def __init__(self, answer: Answer | None = None):
         super().__init__(id=COMMIT_ID)
-        # Host-side only, never part of a message or a checkpoint: the test fault, and the
-        # effect writer (always ``effect_commit``, except in the demo's naive-key control).
-        self._fault = fault
-        self._writer = writer or _commit_sync
+        self._answer = answer
 
     @handler
     async def commit(self, decision: dict, ctx: WorkflowContext[Never, dict]) -> None:
-        await ctx.yield_output(await sync_to_async(self._writer, thread_sensitive=True)(decision, self._fault))
+        answer = self._answer
+        if answer is None:
+            raise RuntimeError("the commit step ran without an answer from the host")
+        # From here on a failure may come after the commit statement ran: the host reports
+        # it as an uncertain outcome, never as a refusal.
+        answer.commit_started = True
+        answer.result = await sync_to_async(_commit_sync, thread_sensitive=True)(decision, answer)
+        await ctx.yield_output(answer.result.receipt())
 
 
-def build_workflow(storage: DatabaseCheckpointStorage, *, fault: str | None = None, writer=None):
-    prepare, review, commit = Prepare(), HumanReview(), Commit(fault, writer)
+def build_workflow(*, begin: Begin | None = None, answer: Answer | None = None, checkpoint_storage=None):
+    """The graph; ``begin`` and ``checkpoint_storage`` for a begin run, ``answer`` for a resume."""
+    prepare, review, commit = Prepare(begin), HumanReview(), Commit(answer)
     return (
-        WorkflowBuilder(name=WORKFLOW_NAME, start_executor=prepare, checkpoint_storage=storage)
+        WorkflowBuilder(name=WORKFLOW_NAME, start_executor=prepare, checkpoint_storage=checkpoint_storage)
         .add_edge(prepare, review)
         .add_edge(review, commit)
         .build()
     )
 
 
-def graph_signature_hash() -> str:
-    return build_workflow(DatabaseCheckpointStorage()).graph_signature_hash
+# The graph never changes within a process; its hash is computed once.
+GRAPH_SIGNATURE_HASH = build_workflow().graph_signature_hash

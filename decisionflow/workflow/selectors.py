@@ -18,6 +18,7 @@ from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, operations_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
+from reviews.services import prepared_content
 
 if TYPE_CHECKING:
     # A type-checking-only dependency (requirements/test.in), used in annotations only.
@@ -139,3 +140,14 @@ def case_history(case: Case) -> CaseHistory:
     # Within one transaction the timestamps can tie; show cause before consequence.
     events.sort(key=lambda e: (e.at, _ORDER[e.kind], e.obj.pk))
     return CaseHistory(case, events, list(operations_reconcile(case_ids=[case.case_id])))
+
+
+def decidable_operation_id(case: Case) -> str:
+    """The operation a decision must name now: the current proposal's, or, before the review
+    was ever begun, the identity ``begin`` will give the prepared proposal (computed, not written)."""
+    if case.current_proposal_id:
+        current = case.current_proposal if Case.current_proposal.is_cached(case) else None
+        if current is not None:  # loaded with the case: no query
+            return current.operation_id
+        return Proposal.objects.values_list("operation_id", flat=True).get(pk=case.current_proposal_id)
+    return prepared_content(case)["operation_id"]

@@ -1,43 +1,50 @@
-"""The review workflow on agent-framework, and the host functions that drive it.
+"""Begin, edit, and the one decision service that every channel calls.
 
-Graph: ``prepare`` -> ``human-review-v1`` -> ``commit``.
+The admin's Approve and Decline, ``POST /api/cases/{id}/decision`` and ``manage.py resume``
+all call ``decision_record`` with the same rules: the same "begin if needed", the same
+outcome enum, the same error classes. They differ only in how they parse and show.
 
-- ``prepare`` builds the proposal through ``proposal_create`` and computes its operation
-  identity once.
-- ``human-review-v1`` asks for a decision with a typed ``request_info``: the request (a
-  plain dict) carries the case and the operation identity, the response (a plain dict) is
-  the decision. The request ID is derived from the operation identity, so a re-emitted
-  request names the operation twice over.
-- ``commit`` calls the review core's ``effect_commit``. It is the only step with a side
-  effect, and it yields the receipt as the workflow's output.
+A decision, in order, on one screen:
 
-Every message is a plain dict, so checkpoints are JSON only (see ``checkpoints.py``).
+1. ``case_lock``: one writer per case, waited for at most
+   ``DECISIONFLOW_DECISION_LOCK_TIMEOUT`` seconds (then ``CaseBusy``).
+2. Begin if needed: the named operation is the case's decidable one (its current proposal,
+   or the one ``begin`` would prepare) and has no pending review yet.
+3. Bind before running: the pending review's pause checkpoint is loaded, its HMAC checked,
+   and it must hold exactly one pending request, for this case and this operation, from
+   this workflow version and graph, and nothing else in flight. Otherwise the resume is
+   refused (``WorkflowIncompatible``) and nothing runs.
+4. One engine run, one sync-to-async crossing: ``run(checkpoint_id=…, responses=…)``
+   restores the bound checkpoint and answers it; its commit step calls ``effect_commit``
+   with the reviewer the channel authenticated, and ``effect_commit`` marks the pending
+   review completed in the same transaction.
+5. The truth after a fault: once the commit step has started, any failure is
+   ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
 
-The host functions (``review_begin``, ``review_resume``, ``review_edit``) are synchronous, for
-views, admin actions and commands. They drive the async engine with ``async_to_sync``; the
-executors reach the ORM through ``sync_to_async(thread_sensitive=True)``, which under
+The executors reach the ORM through ``sync_to_async(thread_sensitive=True)``, which under
 ``async_to_sync`` runs on the calling thread, so all database work uses the caller's
-connection and transaction.
-
-The engine is trusted for nothing it does silently (see ENGINE_NOTES.md): a checkpoint save
-that fails only logs a warning, and a run can end without output or failure. So the host
-checks that the pause checkpoint exists, loads and carries the request; that a resumed run
-re-emits the request for exactly the recorded operation; and that an answered run produced
-an output. Silence is an error, not success.
+connection and transaction (and, in tests, the test transaction).
 """
 
+from __future__ import annotations
+
+import enum
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowRunState
 from agent_framework.exceptions import WorkflowCheckpointException
 from asgiref.sync import async_to_sync
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from cases.models import Case
 from decisionflow.core import faults, identity
 from decisionflow.core.errors import (
+    CaseBusy,
+    ConflictingDecision,
     DecisionflowError,
     InvalidInput,
     NotFound,
@@ -45,38 +52,66 @@ from decisionflow.core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
-from decisionflow.core.locks import case_lock
-from effects.services import CommitResult, reviewer_check
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from decisionflow.core.locks import case_lock, sqlite_bounded_wait
+from effects.models import CommitAttempt
+from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
+from reviews.models import PendingReview, Proposal
 from reviews.services import RevisionResult, proposal_revise
 
-from .checkpoints import DatabaseCheckpointStorage
+from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
 from .engine import (
     FAULT_LOSE_RECEIPT,
     FAULTS,
+    GRAPH_SIGNATURE_HASH,
+    HUMAN_REVIEW_ID,
     WORKFLOW_VERSION,
+    Answer,
+    Begin,
     build_workflow,
     review_request_id,
     status_name,
 )
+from .selectors import decidable_operation_id
 
-# --- results ----------------------------------------------------------------------------
+log = logging.getLogger(__name__)
+
+PAUSED = status_name(WorkflowRunState.IDLE_WITH_PENDING_REQUESTS)
+
+
+class Outcome(enum.StrEnum):
+    """How a decision ended, for every channel. A refusal is an error class instead."""
+
+    COMMITTED = "committed"  # the first approval: decision and effect written
+    DECLINED = "declined"  # the first decline: decision written, no effect
+    REPLAY = "replay"  # the same decision again: nothing new written
 
 
 @dataclass(frozen=True)
 class BeginResult:
     status: str  # "PendingRequests"
     operation_id: str
-    checkpoints: int  # saved by this run, or recorded for the existing pending review
+    checkpoints: int  # checkpoint rows written by this begin (0 when it found one)
     pending_review: PendingReview
     created: bool  # False when begin found an existing pending review for this operation
 
 
 @dataclass(frozen=True)
-class ResumeResult:
-    request_reemitted: bool
-    result: CommitResult
-    resumed_status: str = "PendingRequests"  # the run's state after the restore, before the answer
+class DecisionResult:
+    outcome: Outcome
+    commit: CommitResult  # the review core's receipt, exactly as it returned it
+    checkpoint_id: str  # the pause checkpoint the answer was bound to
+    begun: bool  # this call began the review first
+
+    @property
+    def operation_id(self) -> str:
+        return self.commit.operation_id
+
+
+@dataclass(frozen=True)
+class EditResult:
+    revision: RevisionResult
+    begun: BeginResult | None  # None when nothing changed, or when beginning failed
+    begin_error: DecisionflowError | None = None  # the edit is saved even then
 
 
 # --- begin ------------------------------------------------------------------------------
@@ -90,40 +125,36 @@ def _existing_begin(case: Case) -> BeginResult | None:
     pending = PendingReview.objects.filter(operation_id=operation_id).first()
     if pending is None:
         return None
-    return BeginResult(
-        status=status_name(WorkflowRunState.IDLE_WITH_PENDING_REQUESTS),
-        operation_id=operation_id,
-        checkpoints=DatabaseCheckpointStorage().lineage_length(pending.checkpoint_id),
-        pending_review=pending,
-        created=False,
-    )
+    return BeginResult(status=PAUSED, operation_id=operation_id, checkpoints=0, pending_review=pending, created=False)
 
 
-def _pause_is_usable(pending: PendingReview) -> bool:
-    """Whether a recorded pause can be resumed: its checkpoint loads and carries the request."""
+def _pause_is_usable(case: Case, pending: PendingReview) -> bool:
+    """Whether a recorded pause can be resumed: it passes every binding check."""
     try:
-        checkpoint = DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)
+        _bound_checkpoint(case, pending)
     except WorkflowIncompatible:
         return False
-    request = checkpoint.pending_request_info_events.get(review_request_id(pending.operation_id))
-    return request is not None and request.data.get("operation_id") == pending.operation_id
+    return True
 
 
-async def _begin_run(message: dict):
-    storage = DatabaseCheckpointStorage()
-    workflow = build_workflow(storage)
+async def _run(workflow, **kwargs):
+    return await workflow.run(**kwargs)
+
+
+def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
+    session_id = f"ws-{uuid.uuid4().hex}"
+    buffer = PauseBuffer()
+    workflow = build_workflow(begin=Begin(case=case, actor=actor), checkpoint_storage=buffer)
+    message = {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id}
     try:
-        result = await workflow.run(message)
+        result = async_to_sync(_run)(workflow, message=message)
     except DecisionflowError:
+        raise
+    except DatabaseError:
         raise
     except Exception as exc:
         raise DecisionflowError(f"begin: the workflow failed in prepare: {type(exc).__name__}: {exc}") from exc
-    requests = result.get_request_info_events()
-    state = result.get_final_state()
-    pause = None
-    if requests:
-        pause = await workflow.resolve_pause_checkpoint_id([r.request_id for r in requests])
-    return storage, state, requests, pause
+    return session_id, result.get_final_state(), result.get_request_info_events(), buffer
 
 
 def _begin_locked(case: Case, actor) -> BeginResult:
@@ -131,7 +162,7 @@ def _begin_locked(case: Case, actor) -> BeginResult:
     if (
         existing is not None
         and existing.pending_review.workflow_version == WORKFLOW_VERSION
-        and _pause_is_usable(existing.pending_review)
+        and _pause_is_usable(case, existing.pending_review)
     ):
         if existing.pending_review.status == PendingReview.Status.SUPERSEDED:
             # An edit came back to this very operation (e.g. the text was restored): it is
@@ -139,13 +170,23 @@ def _begin_locked(case: Case, actor) -> BeginResult:
             PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=PendingReview.Status.PENDING)
             existing.pending_review.refresh_from_db()
         return existing
+    try:
+        # One durable transaction: the proposal, the pause checkpoint and the pending review
+        # are written together or not at all.
+        with transaction.atomic():
+            return _begin_write(case, actor, existing)
+    except IntegrityError:
+        # Another process recorded this operation first (the case lock makes that rare).
+        raced = _existing_begin(case)
+        if raced is None:
+            raise
+        return raced
 
-    session_id = f"ws-{uuid.uuid4().hex}"
-    message = {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id}
-    storage, state, requests, pause = async_to_sync(_begin_run)(message)
-    # `prepare` worked on its own copy of the case; show the caller where it points now.
+
+def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult:
+    session_id, state, requests, buffer = _begin_run(case, actor)
+    # `prepare` worked on the case; show the caller where it points now.
     case.refresh_from_db(fields=["current_proposal"])
-
     if state != WorkflowRunState.IDLE_WITH_PENDING_REQUESTS or len(requests) != 1:
         raise DecisionflowError(
             f"begin: the workflow ended {status_name(state)} with {len(requests)} review request(s) instead of "
@@ -155,26 +196,24 @@ def _begin_locked(case: Case, actor) -> BeginResult:
     operation_id = request.data.get("operation_id")
     if request.request_id != review_request_id(operation_id):
         raise DecisionflowError(f"begin: unexpected review request {request.request_id!r}; nothing was recorded")
-
-    # The engine only logs a warning when a checkpoint save fails, so prove the pause is
-    # durable: it must be the last checkpoint this run saved, load (digest and all) and
-    # carry the request for this operation.
-    if pause is None or not storage.saved or storage.saved[-1] != pause:
+    # The engine only logs a warning when a checkpoint save fails, so prove the pause
+    # exists: the last checkpoint of this run, carrying the request for this operation.
+    pause = buffer.saved[-1] if buffer.saved else None
+    if pause is None or request.request_id not in pause.pending_request_info_events:
         raise WorkflowIncompatible(
             f"begin: the pause checkpoint for case {case.case_id} was not saved (the engine only logged a "
             "warning); no pending review was recorded, run begin again"
         )
-    loaded = storage.load_sync(pause)
-    stored_request = loaded.pending_request_info_events.get(request.request_id)
-    if stored_request is None or stored_request.data.get("operation_id") != operation_id:
+    try:
+        DatabaseCheckpointStorage().write(pause)
+    except DatabaseError as exc:
         raise WorkflowIncompatible(
-            f"begin: the pause checkpoint {pause} does not carry the review request for "
-            f"{identity.short(operation_id)}; no pending review was recorded"
-        )
-
+            f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "
+            f"{exc}); no pending review was recorded, run begin again"
+        ) from exc
     fields = {
         "workflow_session_id": session_id,
-        "checkpoint_id": pause,
+        "checkpoint_id": pause.checkpoint_id,
         "workflow_version": WORKFLOW_VERSION,
     }
     if existing is not None:
@@ -186,22 +225,11 @@ def _begin_locked(case: Case, actor) -> BeginResult:
             status=PendingReview.Status.PENDING, **fields
         )
         existing.pending_review.refresh_from_db()
-        return BeginResult(status_name(state), operation_id, len(storage.saved), existing.pending_review, True)
-    try:
-        with transaction.atomic():
-            pending = PendingReview.objects.create(
-                case=case,
-                proposal_id=request.data["proposal_pk"],
-                operation_id=operation_id,
-                **fields,
-            )
-    except IntegrityError:
-        # Another process recorded this operation first (the lock makes that rare).
-        raced = _existing_begin(case)
-        if raced is None:
-            raise
-        return raced
-    return BeginResult(status_name(state), operation_id, len(storage.saved), pending, True)
+        return BeginResult(PAUSED, operation_id, 1, existing.pending_review, True)
+    pending = PendingReview.objects.create(
+        case=case, proposal_id=request.data["proposal_pk"], operation_id=operation_id, **fields
+    )
+    return BeginResult(PAUSED, operation_id, 1, pending, True)
 
 
 def review_begin(*, case: Case, actor=None) -> BeginResult:
@@ -210,178 +238,259 @@ def review_begin(*, case: Case, actor=None) -> BeginResult:
     Invariant: one pending review per operation. Begin for a case that is already pending
     on its current operation reports that pending review and writes nothing, unless that
     pause cannot be resumed (another workflow version, a missing or refused checkpoint):
-    then it pauses again and moves the pending review to the new checkpoint. Raises
-    ``WorkflowIncompatible`` if the pause checkpoint was not durably saved (then no pending
-    review is recorded). Holds the case lock for the whole run.
+    then it pauses again and moves the pending review to the new checkpoint. The proposal,
+    the pause checkpoint (the only one written) and the pending review commit together;
+    ``WorkflowIncompatible`` if the pause could not be stored, and then nothing is
+    recorded. Holds the case lock for the whole run.
     """
     with case_lock(case.case_id):
         return _begin_locked(case, actor)
 
 
-# --- resume -----------------------------------------------------------------------------
+# --- bind before running ----------------------------------------------------------------
+
+
+def _pending_review(case: Case, operation_id: str) -> PendingReview:
+    pending = PendingReview.objects.filter(case=case, operation_id=operation_id).first()
+    if pending is not None:
+        return pending
+    older = Proposal.objects.filter(case=case, operation_id=operation_id).exists()
+    current = decidable_operation_id(case)
+    if older and current != operation_id:
+        raise StaleProposal(
+            f"stale: {identity.short(operation_id)} is not the current proposal of case {case.case_id}; "
+            f"the current one is {identity.short(current or '')}",
+            current_operation_id=current,
+        )
+    raise NotFound(
+        f"no pending review for case {case.case_id} and operation {identity.short(operation_id)}; "
+        f"the case's decidable operation is {identity.short(current or '')}"
+    )
+
+
+def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
+    """Prove that ``pending``'s checkpoint is the pause of this case's review of this operation.
+
+    Runs before the engine executes anything. Refuses (``WorkflowIncompatible``) a pause of
+    another workflow version or graph, a checkpoint whose HMAC does not verify, one whose
+    pending request names another case or operation, and one holding any message in flight
+    (a checkpoint saved mid-commit still carries the approval it was delivering).
+    """
+    op = identity.short(pending.operation_id)
+    if pending.workflow_version != WORKFLOW_VERSION:
+        raise WorkflowIncompatible(
+            f"incompatible workflow version: the pending review of {op} was recorded by workflow "
+            f"{pending.workflow_version}, this is {WORKFLOW_VERSION}; it will not be resumed across versions. "
+            f"Run `manage.py begin {case.case_id}` to pause it again on {WORKFLOW_VERSION}"
+        )
+    where = f"checkpoint {pending.checkpoint_id}"
+    checkpoint = DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)  # HMAC, JSON only, no pickle
+    if checkpoint.graph_signature_hash != GRAPH_SIGNATURE_HASH:
+        raise WorkflowIncompatible(
+            f"incompatible workflow graph: {where} was saved by another graph "
+            f"({checkpoint.graph_signature_hash[:12]}…, this is {GRAPH_SIGNATURE_HASH[:12]}…); nothing ran"
+        )
+    in_flight = sum(len(messages) for messages in checkpoint.messages.values())
+    if in_flight:
+        raise WorkflowIncompatible(
+            f"{where} is not a pause: it holds {in_flight} message(s) in flight; refusing to resume it, nothing ran"
+        )
+    wanted = review_request_id(pending.operation_id)
+    requests = checkpoint.pending_request_info_events
+    request = requests.get(wanted)
+    data = request.data if request is not None and isinstance(request.data, dict) else {}
+    if (
+        set(requests) != {wanted}
+        or request is None
+        or request.source_executor_id != HUMAN_REVIEW_ID
+        or data.get("case_id") != case.case_id
+        or data.get("case_pk") != case.pk
+        or data.get("operation_id") != pending.operation_id
+    ):
+        named = ", ".join(sorted(requests)) or "no request"
+        raise WorkflowIncompatible(
+            f"{where} does not belong to case {case.case_id} and operation {op}: it holds {named[:200]}; "
+            "refusing to resume it, nothing ran"
+        )
+    if data.get("workflow_version") != WORKFLOW_VERSION:
+        raise WorkflowIncompatible(
+            f"incompatible workflow version: {where} holds a request of workflow "
+            f"{data.get('workflow_version')!r}, this is {WORKFLOW_VERSION}; nothing ran"
+        )
+    return checkpoint
+
+
+# --- answer -----------------------------------------------------------------------------
 
 
 def _jsonable(value: Any) -> Any:
     """The decision as the response message carries it. Non-JSON values become their repr,
     so the review core still sees (and refuses, and records) a non-boolean."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or isinstance(value, bool | int | float | str):
         return value
     return repr(value)
 
 
-async def _resume_run(workflow, pending: PendingReview, case_id: str, response: dict):
-    operation_id = pending.operation_id
+def _answer(
+    checkpoint: EngineCheckpoint, *, operation_id: str, approved, reviewer, channel: str, fault
+) -> CommitResult:
+    """Restore the bound checkpoint and answer its request: one engine run, one crossing."""
+    answer = Answer(reviewer=reviewer, fault=fault)
+    workflow = build_workflow(answer=answer)
+    response = {
+        "approved": _jsonable(approved),
+        "reviewer_pk": getattr(reviewer, "pk", None) if getattr(reviewer, "is_authenticated", False) else None,
+        "channel": str(channel)[:20],
+    }
+    short = identity.short(operation_id)
     try:
-        first = await workflow.run(checkpoint_id=pending.checkpoint_id)
-    except WorkflowCheckpointException as exc:
-        cause = exc.__cause__
-        if isinstance(cause, DecisionflowError):
-            raise cause from None
-        raise WorkflowIncompatible(f"resume: checkpoint {pending.checkpoint_id} cannot be restored: {exc}") from exc
-
-    requests = first.get_request_info_events()
-    wanted = review_request_id(operation_id)
-    carried = [r.data.get("operation_id") if isinstance(r.data, dict) else None for r in requests]
-    if (
-        len(requests) != 1
-        or requests[0].request_id != wanted
-        or carried[0] != operation_id
-        or requests[0].data.get("case_id") != case_id
-    ):
-        raise StaleProposal(
-            f"stale: the request re-emitted from checkpoint {pending.checkpoint_id} carries "
-            f"{', '.join(identity.short(str(c)) for c in carried) or 'no operation'}, not the recorded "
-            f"{identity.short(operation_id)}; nothing was answered"
+        run = async_to_sync(_run)(
+            workflow,
+            checkpoint_id=checkpoint.checkpoint_id,
+            responses={review_request_id(operation_id): response},
+            checkpoint_storage=BoundCheckpoint(checkpoint),
         )
-    if requests[0].data.get("workflow_version") != WORKFLOW_VERSION:
-        raise WorkflowIncompatible(
-            f"incompatible workflow version: checkpoint {pending.checkpoint_id} holds a request of workflow "
-            f"{requests[0].data.get('workflow_version')!r}, this is {WORKFLOW_VERSION}; nothing was answered"
-        )
-    resumed = {"resumed_status": status_name(first.get_final_state()), "request_reemitted": True}
-
-    try:
-        second = await workflow.run(responses={wanted: response})
-    except DecisionflowError as exc:
-        # A refusal from the review core (stale, not a boolean, no permission): it wrote no
-        # decision and no effect, and recorded the attempt.
-        exc.details.update(resumed)
+    except DecisionflowError:
+        # Refusals of the review core (stale, not a boolean, no permission, busy) are raised
+        # before its transaction writes; it recorded the attempt. OutcomeUncertain passes too.
         raise
+    except WorkflowCheckpointException as exc:
+        raise WorkflowIncompatible(f"resume: checkpoint {checkpoint.checkpoint_id} cannot be restored: {exc}") from exc
     except Exception as exc:
-        raise OutcomeUncertain(
-            f"executor failed: {type(exc).__name__}",
-            operation_id=operation_id,
-            error=f"{type(exc).__name__}: {exc}",
-            **resumed,
+        if answer.commit_started:
+            raise OutcomeUncertain(
+                f"outcome uncertain: the commit step failed after it may have written ({type(exc).__name__}); "
+                f"run `manage.py reconcile` to see whether {short} committed",
+                operation_id=operation_id,
+                error=f"{type(exc).__name__}: {exc}",
+            ) from exc
+        raise WorkflowIncompatible(
+            f"resume: checkpoint {checkpoint.checkpoint_id} could not be restored and answered "
+            f"({type(exc).__name__}: {exc}); the commit step did not run"
         ) from exc
-
-    failures = [e for e in second if e.type in ("executor_failed", "failed")]
-    if failures:
-        raise OutcomeUncertain(f"executor failed: {failures[0].type}", operation_id=operation_id, **resumed)
-    outputs = second.get_outputs()
-    if len(outputs) != 1 or not isinstance(outputs[0], dict):
+    failures = [event for event in run if event.type in ("executor_failed", "failed")]
+    if failures or answer.result is None or len(run.get_outputs()) != 1:
+        if not answer.commit_started:
+            raise WorkflowIncompatible(
+                f"resume: the answered run of checkpoint {checkpoint.checkpoint_id} ended "
+                f"{status_name(run.get_final_state())} before the commit step; nothing was written"
+            )
+        # Silence is not success.
         raise OutcomeUncertain(
-            f"resume: the answered run ended {status_name(second.get_final_state())} with "
-            f"{len(outputs)} output(s) and no failure; silence is not success. Run "
-            f"`manage.py reconcile` to see whether {identity.short(operation_id)} committed",
+            f"outcome uncertain: the answered run ended {status_name(run.get_final_state())} without a receipt; "
+            f"run `manage.py reconcile` to see whether {short} committed",
             operation_id=operation_id,
-            **resumed,
         )
-    return resumed, outputs[0]
+    return answer.result
 
 
-def review_resume(
+# --- the one decision service -----------------------------------------------------------
+
+
+def _check_fault(fault: str | None) -> None:
+    if fault is None:
+        return
+    if fault not in FAULTS:
+        raise InvalidInput(f"unknown fault {fault!r}; the faults are {', '.join(FAULTS)}")
+    if not faults.enabled():
+        raise InvalidInput(f"the fault {fault} is accepted only when DECISIONFLOW_FAULT_INJECTION=1")
+
+
+def _outcome(commit: CommitResult) -> Outcome:
+    if commit.replay:
+        return Outcome.REPLAY
+    return Outcome.DECLINED if commit.status == DECLINED else Outcome.COMMITTED
+
+
+def _conflict(commit: CommitResult) -> ConflictingDecision:
+    decision = commit.decision
+    if decision is not None:
+        done = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
+    else:
+        done = "already decided the other way"
+    return ConflictingDecision(
+        f"conflicting decision: {identity.short(commit.operation_id)} was {done}; no decision or effect was written",
+        result=commit,
+        operation_id=commit.operation_id,
+    )
+
+
+def decision_record(
     *,
     case: Case,
     operation_id: str,
     approved: bool,
     reviewer,
-    channel: str = "command",
+    channel: str,
     fault: str | None = None,
-) -> ResumeResult:
-    """Resume the recorded pause of ``operation_id`` in this process and answer it.
+) -> DecisionResult:
+    """Approve or decline ``operation_id`` of ``case`` as ``reviewer``: the one decision service.
 
-    Checks, in order: a pending review exists for this case and operation (``NotFound``,
-    or ``StaleProposal`` when the operation is an older proposal of the case); it was
-    recorded by this ``WORKFLOW_VERSION`` and its checkpoint loads intact
-    (``WorkflowIncompatible``); the re-emitted request carries exactly the recorded
-    operation (``StaleProposal``). The answer then goes to the review core, which refuses
-    a non-boolean, a reviewer without permission, or an operation that is no longer
-    current, and records every attempt. ``ConflictingDecision`` comes back as a result.
-    A failed commit step, or a run that ends without output, is ``OutcomeUncertain``: the
-    receipt is missing, and only reconcile can say what happened.
+    ``reviewer`` is the user the channel authenticated. Begins the review first when the
+    named operation is the case's decidable one and was never begun (for every channel
+    alike). Returns the outcome (committed, declined, replay); every refusal is an error
+    class carrying its exit code and HTTP status: ``StaleProposal``, ``NotFound``,
+    ``PermissionRefused``, ``InvalidInput``, ``WorkflowIncompatible`` (the pause fails a
+    binding check: nothing ran), ``CaseBusy`` (another action held the case past the
+    timeout), ``ConflictingDecision`` (the opposite decision stands; it carries the
+    receipt) and ``OutcomeUncertain`` (the commit may have happened: ask reconcile).
 
-    The same pause can be resumed any number of times; the effect is written once.
+    Invariant: one decision and at most one effect per operation, whatever the channel,
+    however often it is called. Every refusal writes no decision and no effect, and is
+    recorded as a commit attempt.
     """
-    return resume_with(
-        case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, fault=fault
-    )
-
-
-def resume_with(*, case, operation_id, approved, reviewer, channel, fault, writer=None) -> ResumeResult:
-    """``review_resume`` with a replaceable effect writer: only the demo's naive-key control
-    passes one, so that it runs the very same resume path with a different key."""
-    if fault is not None:
-        if fault not in FAULTS:
-            raise InvalidInput(f"unknown fault {fault!r}; the only fault is {FAULT_LOSE_RECEIPT}")
-        if not faults.enabled():
-            raise InvalidInput(f"--fault {fault} is accepted only when DECISIONFLOW_FAULT_INJECTION=1")
-
-    with case_lock(case.case_id):
-        pending = PendingReview.objects.filter(case=case, operation_id=str(operation_id)).first()
-        if pending is None:
-            older = Proposal.objects.filter(case=case, operation_id=str(operation_id)).exists()
-            case.refresh_from_db(fields=["current_proposal"])
-            current = (
-                Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+    operation_id = str(operation_id)
+    _check_fault(fault)
+    answer_started = False
+    try:
+        with case_lock(case.case_id), sqlite_bounded_wait():
+            pending = PendingReview.objects.filter(case=case, operation_id=operation_id).first()
+            begun = False
+            if pending is None and identity.is_operation_id(operation_id):
+                reviewer_check(reviewer)  # nobody without the permission begins anything
+                if operation_id == decidable_operation_id(case):
+                    pending = _begin_locked(case, reviewer).pending_review
+                    begun = True
+            if pending is None:
+                pending = _pending_review(case, operation_id)
+            checkpoint = _bound_checkpoint(case, pending)
+            answer_started = True
+            commit = _answer(
+                checkpoint,
+                operation_id=operation_id,
+                approved=approved,
+                reviewer=reviewer,
+                channel=channel,
+                fault=fault,
             )
-            if older and current != operation_id:
-                raise StaleProposal(
-                    f"stale: {identity.short(str(operation_id))} is not the current proposal of case "
-                    f"{case.case_id}; the current one is {identity.short(current or '')}",
-                    current_operation_id=current,
-                )
-            raise NotFound(
-                f"no pending review for case {case.case_id} and operation {identity.short(str(operation_id))}; "
-                "run begin first"
-            )
-        if pending.workflow_version != WORKFLOW_VERSION:
-            raise WorkflowIncompatible(
-                f"incompatible workflow version: the pending review of {identity.short(pending.operation_id)} was "
-                f"recorded by workflow {pending.workflow_version}, this is {WORKFLOW_VERSION}; it will not be "
-                f"resumed across versions. Run `manage.py begin {case.case_id}` to pause it again on "
-                f"{WORKFLOW_VERSION}"
-            )
+    except OutcomeUncertain:
+        raise
+    except DecisionflowError as exc:
+        if not answer_started or isinstance(exc, WorkflowIncompatible):
+            # The review core records its own refusals; these happened before it ran.
+            _record_refusal(case, operation_id, approved, reviewer, channel, exc)
+        raise
+    if commit.status == CONFLICTING:
+        raise _conflict(commit)
+    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=checkpoint.checkpoint_id, begun=begun)
 
-        storage = DatabaseCheckpointStorage()
-        workflow = build_workflow(storage, fault=fault, writer=writer)
-        checkpoint = storage.load_sync(pending.checkpoint_id)  # refuses missing/tampered/pickled
-        if checkpoint.graph_signature_hash != workflow.graph_signature_hash:
-            raise WorkflowIncompatible(
-                f"incompatible workflow graph: checkpoint {pending.checkpoint_id} was saved by another graph "
-                f"({checkpoint.graph_signature_hash[:12]}…, this is {workflow.graph_signature_hash[:12]}…)"
-            )
 
-        response = {
-            "approved": _jsonable(approved),
-            "reviewer_pk": getattr(reviewer, "pk", None) if getattr(reviewer, "is_authenticated", False) else None,
-            "channel": str(channel)[:20],
-        }
-        resumed, output = async_to_sync(_resume_run)(workflow, pending, case.case_id, response)
-
-        result = CommitResult(
-            status=output["status"],
-            replay=output["replay"],
-            effect_count=output["effect_count"],
-            operation_id=output["operation_id"],
-            decision=ReviewDecision.objects.filter(pk=output["decision_pk"]).first(),
+def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
+    outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+    try:
+        attempt_record(
+            operation_id=operation_id,
+            case=case,
+            approved=approved,
+            reviewer=reviewer,
+            channel=channel,
+            outcome=outcome,
+            detail=f"{exc.code}: {exc.message}",
         )
-        PendingReview.objects.filter(pk=pending.pk, status=PendingReview.Status.PENDING).update(
-            status=PendingReview.Status.COMPLETED
-        )
-        return ResumeResult(
-            request_reemitted=resumed["request_reemitted"], result=result, resumed_status=resumed["resumed_status"]
-        )
+    except (CaseBusy, DatabaseError) as error:
+        # The refusal stands whether or not the audit row could be written (a busy case
+        # may still hold the row lock the attempt's foreign key needs).
+        log.warning("could not record the refused attempt on %s: %s", operation_id, error)
 
 
 # --- edit -------------------------------------------------------------------------------
@@ -394,15 +503,15 @@ def review_edit(
     body: str | None = None,
     source_versions: dict[str, int] | None = None,
     editor,
-) -> tuple[RevisionResult, BeginResult | None]:
+) -> EditResult:
     """Revise the current proposal (``proposal_revise``) and begin the workflow for the new one.
 
     The editor needs the review permission. A stale ``expected_operation_id`` is refused
     and writes nothing. When the revision changes the identity, the case's other pending
     reviews are marked superseded (resuming one is refused as stale by the review core),
-    and the workflow is begun for the new proposal; ``None`` is returned in its place when
-    nothing changed. The revision commits before begin runs: if begin fails, the new
-    proposal is current and ``begin`` can be run again.
+    and the workflow is begun for the new proposal. The revision commits before begin
+    runs: if begin fails, the new proposal is saved and current, and the result says so
+    (``begin_error``); the first decision on it, or ``manage.py begin``, begins it.
     """
     reviewer_check(editor)
     with case_lock(case.case_id):
@@ -419,5 +528,22 @@ def review_edit(
                     operation_id=revision.proposal.operation_id
                 ).update(status=PendingReview.Status.SUPERSEDED)
         if not revision.changed:
-            return revision, None
-        return revision, _begin_locked(case, editor)
+            return EditResult(revision, None)
+        try:
+            return EditResult(revision, _begin_locked(case, editor))
+        except DecisionflowError as exc:
+            log.warning("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
+            return EditResult(revision, None, exc)
+
+
+__all__ = [
+    "FAULT_LOSE_RECEIPT",
+    "FAULTS",
+    "BeginResult",
+    "DecisionResult",
+    "EditResult",
+    "Outcome",
+    "decision_record",
+    "review_begin",
+    "review_edit",
+]

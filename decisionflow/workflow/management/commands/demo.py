@@ -17,6 +17,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from unittest import mock
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -25,7 +26,9 @@ from django.utils import timezone
 from cases.selectors import case_by_id
 from decisionflow.core import identity
 from decisionflow.core.commandline import WorkflowCommand
-from decisionflow.core.faults import LostReceipt
+from decisionflow.workflow import engine
+from decisionflow.workflow.services import decision_record
+from effects.services import CommitResult
 
 FIRST_CASE = "T-1042"
 SECOND_CASE = "T-1077"
@@ -39,23 +42,15 @@ def _short_ops(text: str) -> str:
     return _OP.sub(lambda m: identity.short(m.group(0)), text)
 
 
-def _naive_writer(decision: dict, fault: str | None) -> dict:
-    """The control's commit step: the effect keyed by a fresh random ID per attempt."""
-    operation_id = decision["operation_id"]
+def _naive_commit(*, operation_id: str, approved, reviewer, channel: str) -> CommitResult:
+    """The control's commit: the effect keyed by a fresh random ID per attempt, not the operation."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {NAIVE_TABLE} (effect_key, operation_id, recorded_at) VALUES (%s, %s, %s)",
             [uuid.uuid4().hex, operation_id, timezone.now().isoformat()],
         )
-    if fault is not None:
-        raise LostReceipt("the receipt was lost after commit")
-    return {
-        "status": "Committed",
-        "replay": False,  # a random key cannot tell a retry from a first attempt
-        "effect_count": _naive_count(operation_id),
-        "operation_id": operation_id,
-        "decision_pk": None,
-    }
+    # A random key cannot tell a retry from a first attempt: never a replay.
+    return CommitResult("Committed", False, _naive_count(operation_id), operation_id)
 
 
 def _naive_count(operation_id: str) -> int:
@@ -100,21 +95,19 @@ class Command(WorkflowCommand):
         if step == "count":
             self.stdout.write(f"reconcile: case={case_id} op={operation_id} effects={_naive_count(operation_id)}")
             return
-        from decisionflow.workflow.services import resume_with
-
-        outcome = resume_with(
-            case=case_by_id(case_id),
-            operation_id=operation_id,
-            approved=True,
-            reviewer=None,
-            channel="demo-naive",
-            fault=fault,
-            writer=_naive_writer,
-        )
-        self.stdout.write(
-            f"approve: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}"
-        )
-        self.stdout.write("result=" + json.dumps(outcome.result.receipt(), separators=(",", ":")))
+        # The very same decision path, with one change made here and not in production code:
+        # the commit step's effect writer, swapped for this demo process only.
+        with mock.patch.object(engine, "effect_commit", _naive_commit):
+            self.stdout.write("approve: resumed status=PendingRequests requestBound=True")
+            decided = decision_record(
+                case=case_by_id(case_id),
+                operation_id=operation_id,
+                approved=True,
+                reviewer=None,
+                channel="demo-naive",
+                fault=fault,
+            )
+        self.stdout.write("result=" + json.dumps(decided.commit.receipt(), separators=(",", ":")))
 
     # --- the parent: the story ----------------------------------------------------------
 
@@ -197,7 +190,10 @@ class Command(WorkflowCommand):
             "",
             [*approve, "--fault", "lose-receipt"],
             rc=42,
-            expect=["approve: resumed status=PendingRequests requestReemitted=True", "executor failed: LostReceipt"],
+            expect=[
+                "approve: resumed status=PendingRequests requestBound=True",
+                "outcome uncertain: the commit step failed after it may have written (LostReceipt)",
+            ],
             note="the effect exists, the receipt was lost",
         )
         self.step(
@@ -211,7 +207,7 @@ class Command(WorkflowCommand):
             "",
             approve,
             rc=0,
-            expect=["approve: resumed status=PendingRequests requestReemitted=True", replay],
+            expect=["approve: resumed status=PendingRequests requestBound=True", replay],
             note="a replay, not a second effect",
         )
         self.step("", approve, rc=0, expect=[replay], show="result=", note="and again")
@@ -261,7 +257,7 @@ class Command(WorkflowCommand):
             "",
             [*naive, "--fault", "lose-receipt"],
             rc=42,
-            expect=["executor failed: LostReceipt"],
+            expect=["outcome uncertain: the commit step failed after it may have written (LostReceipt)"],
             show="result=",
             note="naive key (control): the receipt is lost",
         )

@@ -3,7 +3,7 @@ import sys
 from pathlib import Path
 
 from cases.selectors import case_by_id
-from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.commandline import EXIT_SAVED_NOT_BEGUN, WorkflowCommand
 from decisionflow.core.errors import InvalidInput
 from decisionflow.workflow.services import review_edit
 
@@ -18,8 +18,9 @@ class Command(WorkflowCommand):
         "defaults to $DECISIONFLOW_REVIEWER and needs the review permission. Prints "
         "`edit: op=<new operation id> origin=human_edit|evidence_change`, then the `begin:` line of the new "
         "pause. An edit that changes nothing prints `edit: op=<op> unchanged`. Exit codes: 0 ok; 1 error; "
-        "4 stale (OP is not the current proposal) or already decided, and nothing is written; 5 the new "
-        "pause checkpoint was not saved."
+        "4 stale (OP is not the current proposal) or already decided, and nothing is written; 6 the case "
+        "is busy (another action holds it), nothing is written, try again; 7 the edit is saved and current "
+        "but its review was not begun (run `begin`)."
     )
 
     def add_arguments(self, parser):
@@ -58,19 +59,26 @@ class Command(WorkflowCommand):
         body = None if body_file is None else self._read(body_file)
         case = case_by_id(case_id)
         user = self.user(editor, option="--editor", role="editor")
-        revision, begun = review_edit(
+        edited = review_edit(
             case=case,
             expected_operation_id=expected_operation_id,
             body=body,
             source_versions=source_versions or None,
             editor=user,
         )
+        revision, begun = edited.revision, edited.begun
         if not revision.changed:
             self.stdout.write(f"edit: op={revision.proposal.operation_id} unchanged")
             return
-        # review_edit begins the workflow whenever the revision changed the proposal.
-        assert begun is not None
         self.stdout.write(f"edit: op={revision.proposal.operation_id} origin={revision.proposal.origin}")
+        if begun is None:
+            # Saved and current; only its review is not begun. Say so, and how to finish.
+            reason = edited.begin_error.message if edited.begin_error is not None else "unknown"
+            self.fail(
+                EXIT_SAVED_NOT_BEGUN,
+                f"edit: saved, but the review of the new proposal was not begun: {reason}",
+                f"edit: run `manage.py begin {case_id}` (or decide on it: the first decision begins it)",
+            )
         self.stdout.write(f"begin: status={begun.status} op={begun.operation_id} checkpoints={begun.checkpoints}")
 
     def _read(self, body_file: str) -> str:

@@ -1,10 +1,9 @@
 import json
 
 from cases.selectors import case_by_id
-from decisionflow.core.commandline import EXIT_CONFLICT, WorkflowCommand
-from decisionflow.core.errors import DecisionflowError, OutcomeUncertain, WorkflowIncompatible
-from decisionflow.workflow.services import FAULTS, review_resume
-from effects.services import CONFLICTING
+from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.errors import ConflictingDecision, OutcomeUncertain, WorkflowIncompatible
+from decisionflow.workflow.services import FAULTS, decision_record
 
 
 class Command(WorkflowCommand):
@@ -12,12 +11,13 @@ class Command(WorkflowCommand):
         "Resume a paused review in this process and answer it: "
         "`python manage.py resume CASE_ID --operation-id OP (--approve | --decline) [--reviewer USERNAME]`. "
         "Exactly one of --approve/--decline is required: no decision is not consent. The reviewer defaults "
-        "to $DECISIONFLOW_REVIEWER. Prints `approve: resumed status=PendingRequests requestReemitted=True` "
-        '(or `decline:`) and `result={"Status":...,"Replay":...,"EffectCount":...}`. The same pause may be '
+        "to $DECISIONFLOW_REVIEWER. A case whose current proposal was never begun is begun first, as in the "
+        "admin and the API. Prints `approve: resumed status=PendingRequests requestBound=True` (or "
+        '`decline:`) and `result={"Status":...,"Replay":...,"EffectCount":...}`. The same pause may be '
         "resumed any number of times; a second approval is a replay. Exit codes: 0 committed, replayed or "
         "declined; 1 error; 3 conflicting decision; 4 stale, or not the recorded proposal; 5 incompatible "
-        "workflow version or corrupt checkpoint; 42 the commit step failed, so there is no receipt "
-        "(run `manage.py reconcile CASE_ID`)."
+        "workflow version, or a checkpoint that fails its checks (nothing ran); 6 the case is busy, try "
+        "again; 42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
     )
 
     def add_arguments(self, parser):
@@ -44,8 +44,11 @@ class Command(WorkflowCommand):
         self.case_id = case_id
         case = case_by_id(case_id)
         user = self.user(reviewer, option="--reviewer", role="reviewer")
+        # What the binding check proved before anything ran: the pause checkpoint holds exactly
+        # one pending request, for this case and this operation (docs/COMMANDS.md).
+        bound = f"{self.verb}: resumed status=PendingRequests requestBound=True"
         try:
-            outcome = review_resume(
+            decided = decision_record(
                 case=case,
                 operation_id=operation_id,
                 approved=bool(approve),
@@ -53,18 +56,16 @@ class Command(WorkflowCommand):
                 channel="command",
                 fault=fault,
             )
-        except DecisionflowError as exc:
-            # The resume itself may have happened before the failure: say so, truthfully.
-            if exc.details.get("request_reemitted"):
-                self.stdout.write(f"{self.verb}: resumed status={exc.details['resumed_status']} requestReemitted=True")
+        except ConflictingDecision as exc:
+            self.stdout.write(bound)
+            if exc.result is not None:
+                self.stdout.write("result=" + json.dumps(exc.result.receipt(), separators=(",", ":")))
             raise
-        self.stdout.write(
-            f"{self.verb}: resumed status={outcome.resumed_status} requestReemitted={outcome.request_reemitted}"
-        )
-        receipt = json.dumps(outcome.result.receipt(), separators=(",", ":"))
-        self.stdout.write(f"result={receipt}")
-        if outcome.result.status == CONFLICTING:
-            self.fail(EXIT_CONFLICT, f"conflicting decision: {operation_id} was already decided the other way")
+        except OutcomeUncertain:
+            self.stdout.write(bound)
+            raise
+        self.stdout.write(bound)
+        self.stdout.write("result=" + json.dumps(decided.commit.receipt(), separators=(",", ":")))
 
     def hints(self, exc):
         if isinstance(exc, WorkflowIncompatible):
