@@ -89,10 +89,17 @@ test-postgres: $(VENV)/.test
 # Benchmarks: ratios against raw baselines measured in the same run, written to
 # docs/PERFORMANCE.md. Uses its own databases (decisionflow_bench* on BENCH_POSTGRES_URL,
 # default the local server, and a temporary SQLite file); ~15 minutes on 2 cores.
+# The side-by-side benchmark runs the LangGraph peer (bench/peer/) in its own venv, .venv-peer,
+# from requirements/peer.txt; LangGraph is never installed in the project's venv.
 BENCH_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432
 BENCH_ARGS ?=
-bench: $(VENV)/.bench
+bench: $(VENV)/.bench .venv-peer/.installed
 	BENCH_POSTGRES_URL="$(BENCH_POSTGRES_URL)" $(PY) -m bench.run $(BENCH_ARGS)
+
+.venv-peer/.installed: requirements/peer.txt
+	$(PYTHON) -m venv .venv-peer
+	.venv-peer/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/peer.txt
+	touch $@
 
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the

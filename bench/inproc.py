@@ -86,7 +86,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
                     "kind": "missing",
                     "bench": name,
                     "vendor": vendor,
-                    "error": "decisionflow.workflow (review_begin/review_resume) is not available yet",
+                    "error": "decisionflow.workflow (review_begin/decision_record) is not available yet",
                 }
             )
             log(f"bench {name} ({vendor}): skipped, the workflow is not available")

@@ -462,7 +462,7 @@ def workflow_available() -> bool:
         from decisionflow.workflow import services as workflow
     except ImportError:
         return False
-    return hasattr(workflow, "review_begin") and hasattr(workflow, "review_resume")
+    return hasattr(workflow, "review_begin") and hasattr(workflow, "decision_record")
 
 
 def bench_begin(*, runs: int, n: int, vendor: str) -> dict:
@@ -515,8 +515,8 @@ def _begin_result_op(begin_result, case) -> str:
 
 
 def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
-    """``review_resume`` + approve from the recorded checkpoint vs the bare ``effect_commit``."""
-    from decisionflow.workflow.services import review_begin, review_resume
+    """``decision_record`` (approve) from the recorded checkpoint vs the bare ``effect_commit``."""
+    from decisionflow.workflow.services import decision_record, review_begin
 
     reviewer = bench_reviewer()
     token = run_token()
@@ -524,7 +524,7 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
     res = result(
         f"resume_{vendor}",
         f"5. workflow: resume + approve in-process, {db}",
-        subject="`workflow.review_resume(approved=True)`: load checkpoint, re-emitted request, commit step",
+        subject="`workflow.decision_record(approved=True)`: load checkpoint, re-emitted request, commit step",
         baseline="the bare `effect_commit` on a fresh approval",
         kind="cost",
         unit="ms/op",
@@ -537,7 +537,13 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
         subject_sets.append([(c, _begin_result_op(review_begin(case=c), c)) for c in cases])
     baseline_sets = [make_cases(n, prefix=f"{token}-rb{i}", proposals=True) for i in range(runs)]
     for c in make_cases(min(2, n), prefix=f"{token}-rw", proposals=False):
-        review_resume(case=c, operation_id=_begin_result_op(review_begin(case=c), c), approved=True, reviewer=reviewer)
+        decision_record(
+            case=c,
+            operation_id=_begin_result_op(review_begin(case=c), c),
+            approved=True,
+            reviewer=reviewer,
+            channel="bench",
+        )
     _commit_loop(_ops(make_cases(min(2, n), prefix=f"{token}-rx", proposals=True)), reviewer, expect_replay=False)
 
     def b(i):
@@ -549,7 +555,7 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
     def s(i):
         t = time.perf_counter()
         for c, op in subject_sets[i]:
-            review_resume(case=c, operation_id=op, approved=True, reviewer=reviewer)
+            decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="bench")
         return (time.perf_counter() - t) / n * 1000
 
     for sv, bv in paired(runs, b, s):
@@ -600,7 +606,7 @@ def _table_stats() -> dict:
 
 def bench_storage(*, n: int, vendor: str) -> dict:
     """Checkpoint bytes per paused case; rows and bytes per finished case (begin + approve)."""
-    from decisionflow.workflow.services import review_begin, review_resume
+    from decisionflow.workflow.services import decision_record, review_begin
     from reviews.models import WorkflowCheckpoint
 
     reviewer = bench_reviewer()
@@ -616,7 +622,7 @@ def bench_storage(*, n: int, vendor: str) -> dict:
         len(p.encode()) for p in WorkflowCheckpoint.objects.values_list("payload", flat=True).order_by("-id")[:ck_rows]
     )
     for c, op in begun:
-        review_resume(case=c, operation_id=op, approved=True, reviewer=reviewer)
+        decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="bench")
     after = _table_stats()
     per_table = {
         t: {

@@ -13,6 +13,8 @@ ORDER = [
     "replay_postgresql",
     "resume_postgresql",
     "begin_postgresql",
+    "side_resume",
+    "side_begin",
     "process_start",
     "reconcile_command",
     "reconcile_service",
@@ -150,6 +152,197 @@ def _spread(s: dict) -> str:
     return f"{s['min']:.2f}–{s['max']:.2f} (±{s['spread'] * 50:.0f}%)" if s["spread"] is not None else "—"
 
 
+# --- the goals, one row each ---------------------------------------------------------------
+
+
+def _not_measured(by_key: dict, *keys: str) -> str:
+    for key in keys:
+        r = by_key.get(key)
+        if r and r.get("kind") in ("error", "missing"):
+            first = (r.get("error", "").strip().splitlines() or [""])[-1]
+            return f"not measured: {first[:160]}"
+    return "not measured in this run"
+
+
+def _ratio_goal_row(by_key: dict, label: str, goal: tuple[str, float], key: str, *also: str) -> str:
+    op, value = goal
+    r = by_key.get(key)
+    if not r or r.get("kind") not in ("speed", "cost") or not r.get("ratios"):
+        return f"| {label} | {_not_measured(by_key, key, *also)} | {op} {value:g}× | — |"
+    s = summary(r["ratios"])
+    sv, bv = summary(r["subject_values"]), summary(r["baseline_values"])
+    ok = s["median"] >= value if op == "≥" else s["median"] <= value
+    return (
+        f"| {label} | **{s['median']:.2f}×**, median of {s['n']} runs ({s['min']:.2f}–{s['max']:.2f}; "
+        f"{_fmt(sv['median'], r['unit'])} vs {_fmt(bv['median'], r['unit'])}) | {op} {value:g}× | "
+        f"{'**met**' if ok else '**missed**'} |"
+    )
+
+
+def _count_goal_rows(by_key: dict) -> list[str]:
+    c = by_key.get("side_counts")
+    if not c or c.get("kind") != "counts":
+        why = _not_measured(by_key, "side_counts", "side_resume")
+        return [
+            f"| statements per resume, with durable commits | {why} | ≤ 12 statements, ≤ 2 durable commits | — |",
+            f"| checkpoint rows written per resume | {why} | ≤ 1 | — |",
+        ]
+    g, r = c["goals"], c["resume"]
+    st, dc, ck = r["statements"]["max"], r["durable_commits"]["max"], r["checkpoint_rows"]["max"]
+    ok = st <= g["statements"] and dc <= g["durable_commits"]
+    return [
+        f"| statements per resume, with durable commits (`{c['service']}`) | **{st} statements, {dc} durable "
+        f"commit{'' if dc == 1 else 's'}** "
+        f"(most over {c['n']} resumes) | ≤ {g['statements']} statements, ≤ {g['durable_commits']} durable commits | "
+        f"{'**met**' if ok else '**missed**'} |",
+        f"| checkpoint rows written per resume | **{ck}** (most over {c['n']} resumes) | ≤ {g['checkpoint_rows']} | "
+        f"{'**met**' if ck <= g['checkpoint_rows'] else '**missed**'} |",
+    ]
+
+
+def goals_table(by_key: dict) -> list[str]:
+    """The goals of the resume-path work, one row each: measured value, goal, met or missed."""
+    return [
+        "## Goals",
+        "",
+        "| goal | measured | target | met? |",
+        "|---|---|---|---|",
+        _ratio_goal_row(
+            by_key,
+            "resume + approve + commit, ours ÷ LangGraph (median ms per call)",
+            ("≤", 1.0),
+            "side_resume",
+            "side_peer",
+        ),
+        _ratio_goal_row(by_key, "begin, ours ÷ LangGraph (median ms per call)", ("≤", 1.0), "side_begin", "side_peer"),
+        _ratio_goal_row(by_key, "commit, 1 connection, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_postgresql"),
+        _ratio_goal_row(by_key, "commit, 8 connections, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_concurrent"),
+        _ratio_goal_row(by_key, "replay ÷ raw conflicting inserts (replays/s)", ("≥", 0.5), "replay_postgresql"),
+        *_count_goal_rows(by_key),
+        "",
+    ]
+
+
+# --- 11 and 12: side by side with LangGraph --------------------------------------------------
+
+
+def _ms(values: list[float]) -> str:
+    return f"{summary(values)['median']:.2f} ms" if values else "—"
+
+
+def side_by_side_section(by_key: dict) -> list[str]:
+    resume, begin = by_key.get("side_resume"), by_key.get("side_begin")
+    peer, counts = by_key.get("side_peer"), by_key.get("side_counts")
+    if not resume or resume.get("kind") != "cost":
+        return []
+    service = (counts or {}).get("service") or "the decision service"
+    lines = [
+        "## 11–12. Side by side with LangGraph (PostgreSQL)",
+        "",
+        "The LangGraph peer (bench/peer/langgraph_hitl.py: `prepare` → `review` with `interrupt()` → `commit`, "
+        "an `INSERT ... ON CONFLICT (operation_id) DO NOTHING`, on LangGraph's PostgreSQL checkpointer) runs in "
+        "its own virtual environment (`.venv-peer`, from requirements/peer.txt) as one process per round, on its "
+        "own database on the same server, with `--durability sync` so that both sides commit durably before a "
+        "call returns. Rounds alternate, peer then ours, "
+        f"{resume['n']} fresh cases per round: begin for every case, then resume + approve + commit for every "
+        "case, each call timed in-process with `perf_counter`, one after another (no process start on either "
+        f"side). Ours: `review_begin(case=case, actor=None)`, then `{service}(case=..., operation_id=..., "
+        'approved=True, reviewer=..., channel="bench")` with a reviewer of the Reviewers group whose permission '
+        "was checked once before (as the admin and the API do). A round's figure is the median (and the p90, "
+        "nearest rank) of its calls; a ratio is ours ÷ the peer's in the same pair of rounds; the table shows "
+        "the median over rounds.",
+        "",
+    ]
+    if peer and peer.get("kind") in ("missing", "error"):
+        lines += [f"**The LangGraph peer was not measured in this run**: {peer['error'].strip()[-300:]}", ""]
+    lines += [
+        "| call | ours: median | ours: p90 | LangGraph: median | LangGraph: p90 | ours ÷ LangGraph (median; rounds min–max) | goal |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, r in (("resume + approve + commit", resume), ("begin", begin)):
+        if not r or r.get("kind") != "cost":
+            continue
+        if r["ratios"]:
+            s = summary(r["ratios"])
+            ratio = f"**{s['median']:.2f}×** ({s['min']:.2f}–{s['max']:.2f})"
+        else:
+            ratio = "—"
+        lines.append(
+            f"| {label} | {_ms(r['ours_only']['median_ms'])} | {_ms(r['ours_only']['p90_ms'])} | "
+            f"{_ms(r['baseline_values'])} | {_ms(r['baseline_p90'])} | {ratio} | ≤ 1.0× |"
+        )
+    lines.append("")
+    if peer and peer.get("kind") == "peer" and peer["rounds"]:
+        lines += [
+            "Per round, median / p90 in ms (begin; resume + approve + commit):",
+            "",
+            "| round | LangGraph begin | ours begin | LangGraph resume | ours resume |",
+            "|---|---|---|---|---|",
+        ]
+        for i, pr in enumerate(peer["rounds"]):
+            ob = f"{begin['subject_values'][i]:.2f} / {begin['subject_p90'][i]:.2f}" if begin else "—"
+            orr = f"{resume['subject_values'][i]:.2f} / {resume['subject_p90'][i]:.2f}"
+            lines.append(
+                f"| {i + 1} | {pr['begin']['median_ms']:.2f} / {pr['begin']['p90_ms']:.2f} | {ob} | "
+                f"{pr['resume']['median_ms']:.2f} / {pr['resume']['p90_ms']:.2f} | {orr} |"
+            )
+        v = peer.get("versions", {})
+        lines += [
+            "",
+            f"Peer: LangGraph {v.get('langgraph')}, langgraph-checkpoint-postgres "
+            f"{v.get('langgraph-checkpoint-postgres')}, psycopg {v.get('psycopg')}, Python {v.get('python')}; "
+            f"`{peer['command']}` per round (5 warm-up cases each, not timed).",
+            "",
+        ]
+    if counts and counts.get("kind") == "counts":
+        g = counts["goals"]
+
+        def cell(phase: str, key: str) -> str:
+            m = counts[phase][key]
+            return f"{m['median']:g}" if m["median"] == m["max"] else f"{m['median']:g} (most {m['max']:g})"
+
+        lines += [
+            f"What one call sends and writes (ours, counted over {counts['n']} fresh cases after the timed rounds, "
+            "not timed):",
+            "",
+            "| per call | statements | commits | durable commits | of them autocommit statements | checkpoint rows written |",
+            "|---|---|---|---|---|---|",
+        ]
+        for label, phase in ((f"resume (`{service}`)", "resume"), ("begin (`review_begin`), context", "begin")):
+            lines.append(
+                f"| {label} | {cell(phase, 'statements')} | {cell(phase, 'commits')} | "
+                f"{cell(phase, 'durable_commits')} | {cell(phase, 'autocommit_statements')} | "
+                f"{cell(phase, 'checkpoint_rows')} |"
+            )
+        lines.append(
+            f"| goal for a resume | ≤ {g['statements']} | | ≤ {g['durable_commits']} | | ≤ {g['checkpoint_rows']} |"
+        )
+        per_case = counts["begin"]["checkpoint_rows"]["median"] + counts["resume"]["checkpoint_rows"]["median"]
+        peer_rows = counts.get("peer_checkpoint_rows_per_case")
+        lines += [
+            "",
+            f"Checkpoint rows per case, begin and resume together: ours {per_case:g}"
+            + (
+                f", LangGraph {peer_rows:g} (its three tables: checkpoints, checkpoint_blobs, checkpoint_writes)."
+                if peer_rows is not None
+                else " (the peer's figure was not measured in this run)."
+            ),
+            "",
+            "How these are counted: *statements* are every statement Django sends on the connection, as "
+            "`connection.execute_wrapper` sees them (queries, writes, SAVEPOINT/RELEASE, the advisory lock and "
+            "unlock; psycopg's implicit BEGIN and the COMMIT are not statements there). *Commits* are the "
+            "transactions that ended in a commit: each `connection.commit()` (what `transaction.atomic` calls on "
+            "its way out), counted by wrapping the connection's commit, plus each statement run in autocommit "
+            "mode, which is its own transaction. *Durable commits* are those that wait for a WAL flush because "
+            "the transaction wrote or locked a row: for an explicit transaction the server says so just before "
+            "the COMMIT (`pg_current_xact_id_if_assigned()`, sent outside the count); an autocommit statement "
+            "counts when it is an INSERT/UPDATE/DELETE (or a row lock) that touched a row. *Checkpoint rows* are "
+            "`reviews.WorkflowCheckpoint` rows before and after the call.",
+            "",
+        ]
+    return lines
+
+
 def render(info: dict, results: list[dict]) -> str:
     by_key = {r["key"]: r for r in results}
     lines = [
@@ -173,6 +366,7 @@ def render(info: dict, results: list[dict]) -> str:
         f"PostgreSQL {info.get('postgresql')} on loopback "
         f"({', '.join(f'{k}={v}' for k, v in info.get('pg_settings', {}).items())}), SQLite {info.get('sqlite')}",
         "",
+        *goals_table({r["key"]: r for r in results}),
         "## Summary",
         "",
         "| # and measure | what runs | baseline | ratio (median) | runs: min–max | goal | met? | measure (median) | baseline (median) |",
@@ -239,13 +433,15 @@ def render(info: dict, results: list[dict]) -> str:
             "",
         ]
 
+    lines += side_by_side_section(by_key)
+
     st = by_key.get("storage_postgresql")
     if st and st.get("kind") == "storage":
         lines += [
             "## Storage per case (PostgreSQL)",
             "",
             f"Measured over {st['n']} fresh cases taken through `review_begin` and then an approving "
-            "`review_resume` (the case import's own rows included: case, passages, findings).",
+            "`decision_record` (the case import's own rows included: case, passages, findings).",
             "",
             f"- Checkpoints per paused case: {st['checkpoint_rows_per_paused_case']:.1f} rows, "
             f"**{st['checkpoint_payload_bytes_per_paused_case']:,.0f} bytes** of JSON payload "
@@ -318,13 +514,19 @@ def render(info: dict, results: list[dict]) -> str:
         "",
         "## How to read and re-run",
         "",
-        "- `make bench` runs `python -m bench.run`: about 5 minutes on this 2-core machine when the "
+        "- `make bench` runs `python -m bench.run`: about 7 minutes on this 2-core machine (~2 of them side by "
+        "side with LangGraph) when the "
         "million-operation database is kept from an earlier run (it is, while intact: `--fresh` reloads "
         "it), and up to ~15 minutes on a busy machine when it has to be loaded (~75-100 s for the load).",
-        "- It uses its own databases: `decisionflow_bench` and `decisionflow_bench_reconcile` on the "
+        "- It uses its own databases: `decisionflow_bench`, `decisionflow_bench_side` (with the LangGraph "
+        "peer's own `decisionflow_bench_peer`, created and dropped by the peer) and "
+        "`decisionflow_bench_reconcile` on the "
         "PostgreSQL server at `BENCH_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432`), and a "
-        "temporary SQLite file. `--skip postgres,sqlite,process,reconcile` leaves parts out; "
-        "`--json FILE` keeps the raw numbers.",
+        "temporary SQLite file. `--skip postgres,side,sqlite,process,reconcile` leaves parts out; "
+        "`--side-n` and `--side-rounds` size the side-by-side run; `--json FILE` keeps the raw numbers.",
+        "- The side-by-side run needs the peer's virtual environment, `.venv-peer`, which `make bench` builds "
+        "(`make .venv-peer/.installed`: requirements/peer.txt, with hashes). Without it the peer is reported "
+        "as not measured and the rest still runs.",
         "- Speed ratios are the measure's rate divided by the baseline's; cost ratios are the measure's "
         'time divided by the baseline\'s. "runs: min–max" is the range of the per-run ratios.',
         "",

@@ -4,9 +4,11 @@
 
 It uses its own databases only: on PostgreSQL (BENCH_POSTGRES_URL, default
 postgres://postgres@127.0.0.1:5432) it drops and recreates ``decisionflow_bench`` (the
-review-core, workflow and admin benchmarks, over 100,000 bulk-loaded cases) and
+review-core, workflow and admin benchmarks, over 100,000 bulk-loaded cases),
+``decisionflow_bench_side`` (our side of the side-by-side run with the LangGraph peer, which
+creates and drops its own ``decisionflow_bench_peer``; see bench/side_by_side.py) and
 ``decisionflow_bench_reconcile`` (1,000,000 operations; kept between runs when its contents
-are exactly what this run would load, unless --fresh); on SQLite, a temporary file. Both
+are exactly what this run would load, unless --fresh); on SQLite, a temporary file. All
 are migrated with ``manage.py migrate``. Nothing here reads or writes a test database.
 """
 
@@ -90,6 +92,34 @@ def inproc(database_url: str, scale: str, only: str | None = None) -> list[dict]
         if only:
             cmd += ["--only", only]
         subprocess.run(cmd, cwd=ROOT, env=env_for(database_url), check=True)
+        return json.loads(Path(out).read_text())
+    finally:
+        Path(out).unlink(missing_ok=True)
+
+
+# --- 11 and 12. side by side with the LangGraph peer ------------------------------------
+
+
+def bench_side_by_side(
+    base: str, scale: str, *, name: str, peer_db: str, n: int | None = None, rounds: int | None = None
+) -> list[dict]:
+    """Our begin and resume against the LangGraph peer's, interleaved, on the same server:
+    our side in one process on its own database ``name``; the peer (in .venv-peer) started
+    by that process once per round, on ``peer_db``. See bench/side_by_side.py."""
+    url = pg_url(base, name)
+    log(f"side by side: recreating {name} and migrating; the LangGraph peer uses {peer_db}")
+    pg_recreate(base, name)
+    migrate(url)
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        out = fh.name
+    cmd = [PY, "-m", "bench.side_by_side", "--scale", scale, "--out", out]
+    cmd += ["--peer-url", pg_url(base, "postgres"), "--peer-db", peer_db]
+    if n:
+        cmd += ["--n", str(n)]
+    if rounds:
+        cmd += ["--rounds", str(rounds)]
+    try:
+        subprocess.run(cmd, cwd=ROOT, env=env_for(url), check=True)
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
@@ -324,7 +354,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--db-prefix", default="decisionflow_bench")
     parser.add_argument("--fresh", action="store_true", help="reload the reconcile database even if it is intact")
-    parser.add_argument("--skip", default="", help="comma-separated: postgres,sqlite,process,reconcile")
+    parser.add_argument("--skip", default="", help="comma-separated: postgres,side,sqlite,process,reconcile")
+    parser.add_argument("--side-n", type=int, help="side by side: cases per round (default 300; smoke 20)")
+    parser.add_argument("--side-rounds", type=int, help="side by side: rounds per side (default 5; smoke 3)")
     parser.add_argument("--render", metavar="JSON", help="only re-render the report from a --json file")
     args = parser.parse_args(argv)
     if args.render:
@@ -336,19 +368,19 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     info = machine(args.postgres)
     results: list[dict] = []
-    if not skip >= {"postgres", "reconcile"}:
+    if not skip >= {"postgres", "reconcile", "side"}:
         try:
             pg_admin(args.postgres).close()
         except Exception as exc:
             # Without a server the SQLite and process figures are still worth having.
             log(f"no PostgreSQL at {args.postgres} ({exc}); measuring without it")
-            skip |= {"postgres", "reconcile"}
+            skip |= {"postgres", "reconcile", "side"}
             results.append(
                 {
                     "key": "postgres",
                     "kind": "missing",
                     "bench": "postgres",
-                    "error": f"no PostgreSQL server answered at {args.postgres}: benchmarks 1-6, 8 and 9 not run",
+                    "error": f"no PostgreSQL server answered at {args.postgres}: benchmarks 1-6, 8, 9, 11 and 12 not run",
                 }
             )
 
@@ -365,6 +397,24 @@ def main(argv=None) -> int:
         with psycopg.connect(url) as conn:
             load_operations(conn, sizes["admin_cases"], prefix="L")
         results += inproc(url, args.scale)
+
+    if "side" not in skip:
+        try:
+            results += bench_side_by_side(
+                args.postgres,
+                args.scale,
+                name=f"{args.db_prefix}_side",
+                peer_db=f"{args.db_prefix}_peer",
+                n=args.side_n,
+                rounds=args.side_rounds,
+            )
+        except Exception as exc:
+            import traceback
+
+            results.append(
+                {"key": "side_resume", "kind": "error", "bench": "side_by_side", "error": traceback.format_exc(limit=6)}
+            )
+            log(f"side by side FAILED: {exc}")
 
     if "sqlite" not in skip:
         with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
