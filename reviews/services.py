@@ -95,15 +95,19 @@ def proposal_create(*, case: Case, author=None) -> Proposal:
     moved on (an edit made another proposal current), the current proposal is returned
     unchanged: preparing again never rolls the pointer back.
     """
-    with transaction.atomic():
+    # No savepoint of its own: inside a caller's transaction (begin) a failure here fails
+    # the whole of it anyway; alone, this is its own transaction.
+    with transaction.atomic(savepoint=False):
         proposal = _find_or_insert(
             {**prepared_content(case), "origin": Origin.PREPARED, "parent": None, "author": author}
         )
         # Compare-and-swap from "no proposal yet".
-        Case.objects.filter(pk=case.pk, current_proposal__isnull=True).update(current_proposal=proposal)
+        if Case.objects.filter(pk=case.pk, current_proposal__isnull=True).update(current_proposal=proposal):
+            case.current_proposal = proposal  # swapped just now: the caller's object follows
+            return proposal
         case.refresh_from_db(fields=["current_proposal"])
         current = case.current_proposal
-        # Set just now by the swap above, or already set before it: never None here.
+        # Already set before the swap: never None here.
         assert current is not None
         return current
 

@@ -289,16 +289,36 @@ class DatabaseCheckpointStorage:
         return checkpoint.checkpoint_id
 
     def write(self, checkpoint: EngineCheckpoint) -> str:
-        """Store one checkpoint now, on the caller's connection and transaction."""
-        return self._save_sync(checkpoint, encode_checkpoint(checkpoint))
+        """Store one new checkpoint now, in the caller's transaction (begin's pause).
+
+        A plain insert, no savepoint: its id is a fresh UUID, and if the insert fails the
+        caller's whole transaction (proposal, pending review) must fail with it.
+        """
+        payload = encode_checkpoint(checkpoint)
+        WorkflowCheckpoint.objects.create(
+            checkpoint_id=checkpoint.checkpoint_id,
+            workflow_name=checkpoint.workflow_name,
+            graph_signature_hash=checkpoint.graph_signature_hash,
+            previous_checkpoint_id=checkpoint.previous_checkpoint_id,
+            iteration_count=checkpoint.iteration_count,
+            payload=payload,
+            digest=payload_digest(payload),
+        )
+        # Issue 7: a process killed while the pause is being saved, before it commits.
+        crash_point("begin-during-checkpoint-save")
+        return checkpoint.checkpoint_id
+
+    # The columns ``load_sync`` reads, for a caller that reads them in its own query.
+    COLUMNS = ("payload", "digest", "graph_signature_hash", "workflow_name")
 
     def load_sync(self, checkpoint_id: str) -> EngineCheckpoint:
-        row = (
-            WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id)
-            .values("payload", "digest", "graph_signature_hash", "workflow_name")
-            .first()
-        )
-        if row is None:
+        row = WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).values(*self.COLUMNS).first()
+        return self.from_row(checkpoint_id, row)
+
+    @staticmethod
+    def from_row(checkpoint_id: str, row: dict | None) -> EngineCheckpoint:
+        """Decode a stored row (``COLUMNS``), refusing one that is missing or untrustworthy."""
+        if row is None or row.get("payload") is None:
             raise CheckpointRefused(f"checkpoint {checkpoint_id} does not exist")
         checkpoint = decode_checkpoint(checkpoint_id=checkpoint_id, payload=row["payload"], digest=row["digest"])
         if (checkpoint.graph_signature_hash, checkpoint.workflow_name) != (

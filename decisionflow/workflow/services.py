@@ -6,18 +6,19 @@ outcome enum, the same error classes. They differ only in how they parse and sho
 
 A decision, in order, on one screen:
 
-1. ``case_lock``: one writer per case, waited for at most
-   ``DECISIONFLOW_DECISION_LOCK_TIMEOUT`` seconds (then ``CaseBusy``).
+1. The pending review of the named operation, with its checkpoint row, in one query.
 2. Begin if needed: the named operation is the case's decidable one (its current proposal,
-   or the one ``begin`` would prepare) and has no pending review yet.
+   or the one ``begin`` would prepare) and has no pending review yet. Only this takes the
+   case lock, waited for at most ``DECISIONFLOW_DECISION_LOCK_TIMEOUT`` seconds.
 3. Bind before running: the pending review's pause checkpoint is loaded, its HMAC checked,
    and it must hold exactly one pending request, for this case and this operation, from
    this workflow version and graph, and nothing else in flight. Otherwise the resume is
    refused (``WorkflowIncompatible``) and nothing runs.
 4. One engine run, one sync-to-async crossing: ``run(checkpoint_id=…, responses=…)``
    restores the bound checkpoint and answers it; its commit step calls ``effect_commit``
-   with the reviewer the channel authenticated, and ``effect_commit`` marks the pending
-   review completed in the same transaction.
+   with the reviewer the channel authenticated. ``effect_commit`` takes the case row lock
+   (bounded by ``lock_timeout``: ``CaseBusy``), writes in one statement and marks the
+   pending review completed in the same transaction.
 5. The truth after a fault: once the commit step has started, any failure is
    ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
 
@@ -39,6 +40,7 @@ from agent_framework import WorkflowRunState
 from agent_framework.exceptions import WorkflowCheckpointException
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 
 from cases.models import Case
 from decisionflow.core import faults, identity
@@ -55,7 +57,7 @@ from decisionflow.core.errors import (
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
 from effects.models import CommitAttempt
 from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
-from reviews.models import PendingReview, Proposal
+from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
@@ -184,9 +186,8 @@ def _begin_locked(case: Case, actor) -> BeginResult:
 
 
 def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult:
+    # `prepare` works on this very case object, so it points at the new proposal afterwards.
     session_id, state, requests, buffer = _begin_run(case, actor)
-    # `prepare` worked on the case; show the caller where it points now.
-    case.refresh_from_db(fields=["current_proposal"])
     if state != WorkflowRunState.IDLE_WITH_PENDING_REQUESTS or len(requests) != 1:
         raise DecisionflowError(
             f"begin: the workflow ended {status_name(state)} with {len(requests)} review request(s) instead of "
@@ -250,19 +251,23 @@ def review_begin(*, case: Case, actor=None) -> BeginResult:
 # --- bind before running ----------------------------------------------------------------
 
 
-def _pending_review(case: Case, operation_id: str) -> PendingReview:
-    pending = PendingReview.objects.filter(case=case, operation_id=operation_id).first()
-    if pending is not None:
-        return pending
+def _pending_with_checkpoint(case: Case, operation_id: str) -> PendingReview | None:
+    """The operation's pending review with its checkpoint row's columns, in one query."""
+    stored = WorkflowCheckpoint.objects.filter(checkpoint_id=OuterRef("checkpoint_id"))
+    columns = {f"checkpoint_{c}": Subquery(stored.values(c)[:1]) for c in DatabaseCheckpointStorage.COLUMNS}
+    return PendingReview.objects.filter(case=case, operation_id=operation_id).annotate(**columns).first()
+
+
+def _no_pending_review(case: Case, operation_id: str) -> DecisionflowError:
     older = Proposal.objects.filter(case=case, operation_id=operation_id).exists()
     current = decidable_operation_id(case)
     if older and current != operation_id:
-        raise StaleProposal(
+        return StaleProposal(
             f"stale: {identity.short(operation_id)} is not the current proposal of case {case.case_id}; "
             f"the current one is {identity.short(current or '')}",
             current_operation_id=current,
         )
-    raise NotFound(
+    return NotFound(
         f"no pending review for case {case.case_id} and operation {identity.short(operation_id)}; "
         f"the case's decidable operation is {identity.short(current or '')}"
     )
@@ -284,7 +289,12 @@ def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
             f"Run `manage.py begin {case.case_id}` to pause it again on {WORKFLOW_VERSION}"
         )
     where = f"checkpoint {pending.checkpoint_id}"
-    checkpoint = DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)  # HMAC, JSON only, no pickle
+    # HMAC, JSON only, no pickle; from the columns read with the pending review, if they were.
+    columns = {c: getattr(pending, f"checkpoint_{c}", None) for c in DatabaseCheckpointStorage.COLUMNS}
+    if columns["payload"] is not None:
+        checkpoint = DatabaseCheckpointStorage.from_row(pending.checkpoint_id, columns)
+    else:
+        checkpoint = DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)
     if checkpoint.graph_signature_hash != GRAPH_SIGNATURE_HASH:
         raise WorkflowIncompatible(
             f"incompatible workflow graph: {where} was saved by another graph "
@@ -443,16 +453,13 @@ def decision_record(
     _check_fault(fault)
     answer_started = False
     try:
-        with case_lock(case.case_id), sqlite_bounded_wait():
-            pending = PendingReview.objects.filter(case=case, operation_id=operation_id).first()
+        with sqlite_bounded_wait():
+            pending = _pending_with_checkpoint(case, operation_id)
             begun = False
             if pending is None and identity.is_operation_id(operation_id):
-                reviewer_check(reviewer)  # nobody without the permission begins anything
-                if operation_id == decidable_operation_id(case):
-                    pending = _begin_locked(case, reviewer).pending_review
-                    begun = True
+                pending, begun = _begin_if_decidable(case, operation_id, reviewer)
             if pending is None:
-                pending = _pending_review(case, operation_id)
+                raise _no_pending_review(case, operation_id)
             checkpoint = _bound_checkpoint(case, pending)
             answer_started = True
             commit = _answer(
@@ -473,6 +480,24 @@ def decision_record(
     if commit.status == CONFLICTING:
         raise _conflict(commit)
     return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=checkpoint.checkpoint_id, begun=begun)
+
+
+def _begin_if_decidable(case: Case, operation_id: str, reviewer) -> tuple[PendingReview | None, bool]:
+    """Begin the review of ``operation_id`` if it is the case's decidable operation.
+
+    Only here does a decision take the case lock (begin writes the proposal and the pause);
+    a decision on a begun review is ordered by the case row lock inside its commit.
+    """
+    reviewer_check(reviewer)  # nobody without the permission begins anything
+    if operation_id != decidable_operation_id(case):
+        return None, False
+    with case_lock(case.case_id):
+        # Another decision may have begun it while we waited for the lock.
+        pending = _pending_with_checkpoint(case, operation_id)
+        if pending is not None:
+            return pending, False
+        _begin_locked(case, reviewer)
+        return _pending_with_checkpoint(case, operation_id), True
 
 
 def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
