@@ -83,8 +83,8 @@ class EditIn(Strict):
 class ErrorOut(Schema):
     code: str = Field(
         description="stable, machine-readable: invalid_request, unauthorized, forbidden, not_found, "
-        "stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
-        "too_large, outcome_uncertain, internal_error"
+        "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
+        "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error"
     )
     message: str
     current_operation_id: str | None = Field(

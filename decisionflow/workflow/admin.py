@@ -70,8 +70,10 @@ def _uncertain_state(operation_id: str) -> tuple[int, str]:
     """After an uncertain outcome: what the effect store says now, read, never guessed."""
     op = identity.short(operation_id)
     try:
-        # The fault may have been the connection itself: a fresh one reads the truth.
-        connection.close_if_unusable_or_obsolete()
+        # The fault may have been the connection itself: a fresh one reads the truth. Never
+        # inside a transaction (ATOMIC_REQUESTS): closing would throw the caller's away.
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
         row = operation_reconcile(operation_id)
     except Exception as exc:  # noqa: BLE001 - the database itself may be what failed
         log.exception("reconciling %s after an uncertain decision also failed", operation_id)

@@ -252,10 +252,10 @@ def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client
     short_history = len(ctx.captured_queries)
     current = case.current_proposal
     for n in range(3):
-        revision, _ = review_edit(
+        edited = review_edit(
             case=case, expected_operation_id=current.operation_id, body=current.body + f"\nLine {n}.", editor=reviewer
         )
-        current = revision.proposal
+        current = edited.revision.proposal
     reviewer_client.post(
         reverse("admin:reviews_proposal_decide", args=[current.pk]),
         {"operation_id": current.operation_id, "decision": "approve"},
@@ -330,13 +330,13 @@ def test_history_for_support_leads(lead_client, reviewer_client, reviewer, begun
     from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
-    revision, _ = review_edit(
+    edited = review_edit(
         case=case,
         expected_operation_id=old.operation_id,
         body=old.body + "\nWe will call you <today>.",
         editor=reviewer,
     )
-    new = revision.proposal
+    new = edited.revision.proposal
     decide = reverse("admin:reviews_proposal_decide", args=[new.pk])
     reviewer_client.post(
         reverse("admin:reviews_proposal_decide", args=[old.pk]),

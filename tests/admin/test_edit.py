@@ -73,9 +73,9 @@ def test_stale_edit_is_refused_with_a_link_and_writes_nothing(reviewer_client, r
     from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
-    first, _ = review_edit(
+    first = review_edit(
         case=case, expected_operation_id=old.operation_id, body=old.body + "\nFirst.", editor=reviewer
-    )
+    ).revision
     before = counts()
     response = reviewer_client.post(edit_url(old), form_data(old, body=old.body + "\nSecond."))
     assert response.status_code == 200  # the form comes back with the editor's text kept
@@ -129,3 +129,40 @@ def test_empty_body_is_refused(reviewer_client, begun, case):
     assert response.status_code == 200
     assert "refused:" in " ".join(messages_of(response)) or "This field is required" in response.content.decode()
     assert counts() == before
+
+
+def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client, begun, case, monkeypatch):
+    """The revision commits before begin runs: a failed begin leaves the edit saved and current."""
+    from django.db import DatabaseError
+
+    from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
+    from reviews.models import WorkflowCheckpoint
+
+    def disk_full(self, checkpoint):
+        raise DatabaseError("could not extend file: No space left on device")
+
+    monkeypatch.setattr(DatabaseCheckpointStorage, "write", disk_full)
+    old = case.current_proposal
+    checkpoints = WorkflowCheckpoint.objects.count()
+    response = reviewer_client.post(edit_url(old), form_data(old, body=old.body + "\nEdited."), follow=True)
+    case.refresh_from_db()
+    new = case.current_proposal
+    assert new.pk != old.pk and new.body == old.body + "\nEdited."
+    assert response.redirect_chain[-1][0] == reverse("admin:reviews_proposal_review", args=[new.pk])
+    text = " ".join(messages_of(response))
+    assert text.startswith("Saved as a new proposal ") and short(new.operation_id) in text
+    assert "but beginning its review failed" in text and "No space left on device" in text
+    assert "its review has begun" not in text
+    assert not PendingReview.objects.filter(operation_id=new.operation_id).exists()
+    assert PendingReview.objects.get(operation_id=old.operation_id).status == PendingReview.Status.SUPERSEDED
+    assert WorkflowCheckpoint.objects.count() == checkpoints
+
+    # The first Approve on it begins the review, then decides it.
+    monkeypatch.undo()
+    decided = reviewer_client.post(
+        reverse("admin:reviews_proposal_decide", args=[new.pk]),
+        {"operation_id": new.operation_id, "decision": "approve"},
+        follow=True,
+    )
+    assert "Committed:" in " ".join(messages_of(decided))
+    assert PendingReview.objects.get(operation_id=new.operation_id).status == PendingReview.Status.COMPLETED

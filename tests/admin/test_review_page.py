@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from decisionflow.core.identity import short
 from effects.models import CommitAttempt, EffectRecord
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 
 from .conftest import counts, messages_of
 
@@ -20,6 +20,16 @@ T1042_OP = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fb
 
 def review(pk):
     return reverse("admin:reviews_proposal_review", args=[pk])
+
+
+def with_fault(monkeypatch, settings, fault):
+    """The admin's decisions carry a test fault (the API takes it from a header; the admin has none)."""
+    import functools
+
+    from decisionflow.workflow import admin as workplace
+
+    settings.DECISIONFLOW_FAULT_INJECTION = True
+    monkeypatch.setattr(workplace, "decision_record", functools.partial(workplace.decision_record, fault=fault))
 
 
 def decide(client, proposal, decision, operation_id=None):
@@ -120,13 +130,13 @@ def test_stale_approve_names_the_current_proposal_and_writes_nothing(reviewer_cl
     from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
-    revision, _ = review_edit(
+    edited = review_edit(
         case=case,
         expected_operation_id=old.operation_id,
         body=old.body + "\n\nP.S. A fix is planned for 4.2.1.",
         editor=reviewer,
     )
-    new = revision.proposal
+    new = edited.revision.proposal
     before = counts()
     response = decide(reviewer_client, old, "approve")
     text = " ".join(messages_of(response))
@@ -193,30 +203,59 @@ def test_case_never_begun_offers_start_review(reviewer_client, case):
     assert PendingReview.objects.count() == 1 and Proposal.objects.count() == 1
 
 
+# After an uncertain outcome the admin reads the effect store on a usable connection, closing
+# the one it has if it is unusable or not in autocommit: as in a real request, these tests
+# run in autocommit (a test transaction would be closed under them).
+uncertain = pytest.mark.django_db(transaction=True)
+
+
+@uncertain
 def test_lost_receipt_is_reported_uncertain_then_reconciled(reviewer_client, begun, case, monkeypatch, settings):
     """The commit step writes, then the receipt is lost: never success, never failure."""
-    from decisionflow.workflow import services as workflow
-
-    settings.DECISIONFLOW_FAULT_INJECTION = True
-    real = workflow.review_resume
-    monkeypatch.setattr(workflow, "review_resume", lambda **kw: real(**kw, fault="lose-receipt"))
-    response = decide(reviewer_client, case.current_proposal, "approve")
+    proposal = case.current_proposal
+    with_fault(monkeypatch, settings, "lose-receipt")
+    response = decide(reviewer_client, proposal, "approve")
     text = messages_of(response)
-    assert text[0].startswith("outcome uncertain: reconciling")
-    assert "state=Committed effects=1" in text[1]
+    assert text[0].startswith(
+        "outcome uncertain: reconciling (the commit step failed after it may have written (LostReceipt)"
+    )
+    assert "manage.py reconcile" in text[0]
+    assert text[1] == f"reconciled from the effect store: op {short(proposal.operation_id)} state=Committed effects=1"
     assert "Committed:" not in " ".join(text)
     assert EffectRecord.objects.count() == 1
+    # Clicking Approve again is safe: a replay, never a second effect.
+    monkeypatch.undo()
+    again = " ".join(messages_of(decide(reviewer_client, proposal, "approve")))
+    assert "already approved by reviewer" in again and "no new record" in again
+    assert EffectRecord.objects.count() == 1 and ReviewDecision.objects.count() == 1
 
 
+@uncertain
+def test_lost_connection_after_the_commit_is_reconciled_on_a_fresh_connection(
+    reviewer_client, begun, case, monkeypatch, settings
+):
+    """The connection dies right after COMMIT: the admin reads the truth on a new one."""
+    proposal = case.current_proposal
+    with_fault(monkeypatch, settings, "lose-connection")
+    text = messages_of(decide(reviewer_client, proposal, "approve"))
+    assert text[0].startswith(
+        "outcome uncertain: reconciling (the commit step failed after it may have written (OperationalError)"
+    )
+    assert text[1] == f"reconciled from the effect store: op {short(proposal.operation_id)} state=Committed effects=1"
+    assert EffectRecord.objects.filter(operation_id=proposal.operation_id).count() == 1
+
+
+@uncertain
 def test_unexpected_failure_is_reported_uncertain(reviewer_client, begun, case, monkeypatch):
-    from decisionflow.workflow import services as workflow
+    """Anything but a refusal (here a bug in the service) is uncertain, and the effect store decides."""
+    from decisionflow.workflow import admin as workplace
 
     def boom(**kwargs):
         raise RuntimeError("connection reset")
 
-    monkeypatch.setattr(workflow, "review_resume", boom)
+    monkeypatch.setattr(workplace, "decision_record", boom)
     text = messages_of(decide(reviewer_client, case.current_proposal, "approve"))
-    assert text[0].startswith("outcome uncertain: reconciling") and "connection reset" in text[0]
+    assert text[0] == "outcome uncertain: reconciling (RuntimeError: connection reset)"
     assert "state=Pending effects=0" in text[1]
 
 
@@ -233,9 +272,9 @@ def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
     assert "audits &amp; reports" in html
 
 
+@uncertain
 def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, monkeypatch):
-    from decisionflow.workflow import services as workflow
-    from decisionflow.workflow import workplace
+    from decisionflow.workflow import admin as workplace
 
     def boom(**kwargs):
         raise RuntimeError("server closed the connection")
@@ -243,7 +282,7 @@ def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, mon
     def reconcile_down(operation_id):
         raise RuntimeError("database unavailable")
 
-    monkeypatch.setattr(workflow, "review_resume", boom)
+    monkeypatch.setattr(workplace, "decision_record", boom)
     monkeypatch.setattr(workplace, "operation_reconcile", reconcile_down)
     text = messages_of(decide(reviewer_client, case.current_proposal, "approve"))
     assert text[0].startswith("outcome uncertain: reconciling")
@@ -251,13 +290,103 @@ def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, mon
     assert "manage.py reconcile" in text[1]
 
 
-def test_stale_from_the_workflow_check_still_links_the_current_proposal(reviewer_client, begun, case, monkeypatch):
+def test_stale_without_a_named_current_operation_still_links_the_current_proposal(
+    reviewer_client, begun, case, monkeypatch
+):
+    """A stale refusal that does not name the current operation: the admin looks it up for the link."""
     from decisionflow.core.errors import StaleProposal
-    from decisionflow.workflow import services as workflow
+    from decisionflow.workflow import admin as workplace
 
-    def reemitted_other(**kwargs):
-        raise StaleProposal("stale: the request re-emitted from checkpoint ck carries another operation")
+    def stale(**kwargs):
+        raise StaleProposal("stale: the case moved on")
 
-    monkeypatch.setattr(workflow, "review_resume", reemitted_other)
+    monkeypatch.setattr(workplace, "decision_record", stale)
     text = " ".join(messages_of(decide(reviewer_client, case.current_proposal, "approve")))
     assert "stale:" in text and review(case.current_proposal_id) in text
+
+
+def _rewrite_pause(begun, old: str, new: str):
+    """Rewrite the pause checkpoint and sign it again with the server's key (a valid HMAC)."""
+    from decisionflow.workflow.checkpoints import payload_digest
+
+    row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
+    assert old in row.payload
+    payload = row.payload.replace(old, new)
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=payload, digest=payload_digest(payload))
+
+
+def _another_operation(begun):
+    # Signed correctly, but its request is for another operation: it used to be re-emitted
+    # and refused as stale; now the binding check refuses it before anything runs.
+    _rewrite_pause(begun, begun.operation_id, "op-v1-" + "a" * 64)
+    return "does not belong to case T-1042"
+
+
+def _tampered(begun):
+    row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=row.payload.replace("T-1042", "T-1043"))
+    return "corrupt or was modified"
+
+
+def _old_version(begun):
+    PendingReview.objects.filter(pk=begun.pending_review.pk).update(workflow_version="review-v1")
+    return "incompatible workflow version"
+
+
+@pytest.mark.parametrize("breakage", [_another_operation, _tampered, _old_version], ids=lambda f: f.__name__[1:])
+def test_a_pause_that_fails_its_binding_check_is_refused_and_nothing_runs(reviewer_client, begun, case, breakage):
+    why = breakage(begun)
+    before, checkpoints = counts(), WorkflowCheckpoint.objects.count()
+    text = " ".join(messages_of(decide(reviewer_client, case.current_proposal, "approve")))
+    assert text.startswith("refused: ") and why in text and text.endswith("Nothing was written.")
+    assert counts() == {**before, "attempts": before["attempts"] + 1}  # one attempt row, nothing else
+    attempt = CommitAttempt.objects.get()
+    assert (attempt.outcome, attempt.channel) == ("refused", "admin")
+    assert attempt.detail.startswith("workflow_incompatible: ")
+    assert WorkflowCheckpoint.objects.count() == checkpoints
+    assert PendingReview.objects.get().status == PendingReview.Status.PENDING
+
+
+def test_a_busy_case_answers_at_once_and_writes_nothing(reviewer_client, proposal, settings):
+    """Another action holds the case longer than a decision waits: "try again", nothing written.
+
+    The proposal was never begun, so the first decision must begin it, under the case lock
+    that another action (a begin, an edit) is holding here.
+    """
+    import threading
+    import time
+
+    from django.db import connections
+
+    from decisionflow.core.locks import case_lock
+
+    settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with case_lock(proposal.case.case_id, timeout=5):
+                held.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        before = counts()
+        started = time.monotonic()
+        text = messages_of(decide(reviewer_client, proposal, "approve"))
+        assert time.monotonic() - started < 3
+    finally:
+        release.set()
+        thread.join(10)
+    assert text == ["another action on this case is in progress; try again"]
+    after = counts()
+    assert {k: v for k, v in after.items() if k != "attempts"} == {k: v for k, v in before.items() if k != "attempts"}
+    assert after["attempts"] == before["attempts"] + 1
+    attempt = CommitAttempt.objects.get()
+    assert (attempt.outcome, attempt.channel) == ("refused", "admin") and attempt.detail.startswith("case_busy: ")
+    # Once the other action is done, the same click goes through.
+    assert "Committed:" in " ".join(messages_of(decide(reviewer_client, proposal, "approve")))

@@ -63,6 +63,7 @@ def _assert_one_effect(results):
         b["status"] == "Committed" and b["effect_count"] == 1 and b["operation_id"] == DEMO_OP for b in bodies
     ), bodies
     assert sorted(b["replay"] for b in bodies) == [False] + [True] * (THREADS - 1)
+    assert sorted(b["outcome"] for b in bodies) == ["committed"] + ["replay"] * (THREADS - 1)
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
     assert ReviewDecision.objects.filter(operation_id=DEMO_OP).count() == 1
     outcomes = sorted(CommitAttempt.objects.filter(operation_id=DEMO_OP).values_list("outcome", flat=True))

@@ -1,4 +1,4 @@
-"""Approve and decline over HTTP: the same service path as `manage.py resume`.
+"""Approve and decline over HTTP: the same service (`decision_record`) as `manage.py resume` and the admin.
 
 Once is tested twice here; concurrently in test_concurrency.py.
 """
@@ -22,21 +22,36 @@ def attempts(**filters):
 
 def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
     from effects.models import EffectRecord
-    from reviews.models import PendingReview
+    from reviews.models import PendingReview, WorkflowCheckpoint
 
     assert api.get("/api/cases/T-1042").json()["operation_id"] == DEMO_OP  # computed; nothing written yet
     assert snapshot()["proposals"] == 0
 
     first = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
     assert first.status_code == 200, first.content
-    assert first.json() == {"status": "Committed", "replay": False, "effect_count": 1, "operation_id": DEMO_OP}
+    assert first.json() == {
+        "status": "Committed",
+        "replay": False,
+        "effect_count": 1,
+        "operation_id": DEMO_OP,
+        "outcome": "committed",
+    }
     assert PendingReview.objects.get(operation_id=DEMO_OP).status == "completed"
+    # Begin wrote exactly one checkpoint (the pause); the answered run wrote none.
+    assert WorkflowCheckpoint.objects.count() == 1
 
     after_first = snapshot()
     second = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
     assert second.status_code == 200
-    assert second.json() == {"status": "Committed", "replay": True, "effect_count": 1, "operation_id": DEMO_OP}
+    assert second.json() == {
+        "status": "Committed",
+        "replay": True,
+        "effect_count": 1,
+        "operation_id": DEMO_OP,
+        "outcome": "replay",
+    }
     assert snapshot() == after_first
+    assert WorkflowCheckpoint.objects.count() == 1
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
     effect = EffectRecord.objects.get()
     assert effect.reviewer == reviewer  # the authenticated user, never a field in the body
@@ -58,9 +73,15 @@ def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
 def test_decline_then_replay_then_conflict(api, proposal):
     declined = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False})
     assert declined.status_code == 200, declined.content
-    assert declined.json() == {"status": "Declined", "replay": False, "effect_count": 0, "operation_id": DEMO_OP}
+    assert declined.json() == {
+        "status": "Declined",
+        "replay": False,
+        "effect_count": 0,
+        "operation_id": DEMO_OP,
+        "outcome": "declined",
+    }
     again = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False})
-    assert again.json()["replay"] is True
+    assert (again.json()["replay"], again.json()["outcome"], again.json()["status"]) == (True, "replay", "Declined")
 
     before = snapshot()
     body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}), 409, "conflicting_decision")
@@ -75,10 +96,10 @@ def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer)
     from decisionflow.workflow.services import review_begin, review_edit
 
     review_begin(case=proposal.case, actor=reviewer)
-    revision, _ = review_edit(
+    edited = review_edit(
         case=proposal.case, expected_operation_id=DEMO_OP, body=proposal.body + "\nOne more line.", editor=reviewer
     )
-    new_op = revision.proposal.operation_id
+    new_op = edited.revision.proposal.operation_id
     before = snapshot()
 
     for approved in (True, False):
@@ -141,6 +162,10 @@ def test_lost_receipt_sequence_over_http(api, proposal, settings):
     )
     body = assert_error(lost, 500, "outcome_uncertain")
     assert body["operation_id"] == DEMO_OP
+    assert body["message"].startswith(
+        "outcome uncertain: the commit step failed after it may have written (LostReceipt)"
+    )
+    assert f"GET /api/operations/{DEMO_OP}" in body["message"]
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1  # the effect exists; the receipt was lost
 
     looked_up = api.get(f"/api/operations/{DEMO_OP}")
@@ -150,9 +175,40 @@ def test_lost_receipt_sequence_over_http(api, proposal, settings):
 
     retry = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
     assert retry.status_code == 200
-    assert retry.json() == {"status": "Committed", "replay": True, "effect_count": 1, "operation_id": DEMO_OP}
+    assert retry.json() == {
+        "status": "Committed",
+        "replay": True,
+        "effect_count": 1,
+        "operation_id": DEMO_OP,
+        "outcome": "replay",
+    }
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
     assert attempts()[-1] == ("replay", "api")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lost_connection_after_the_commit_over_http(api, proposal, settings):
+    """The connection drops right after COMMIT: 500 outcome_uncertain, and the truth is in the effect store.
+
+    Transactional: the fault closes the connection, which a test transaction would not survive.
+    """
+    from django.db import connection
+
+    from effects.models import EffectRecord
+
+    settings.DECISIONFLOW_FAULT_INJECTION = True
+    lost = api.post(
+        DECISION, {"operation_id": DEMO_OP, "approved": True}, headers={"X-Decisionflow-Fault": "lose-connection"}
+    )
+    body = assert_error(lost, 500, "outcome_uncertain")
+    assert body["message"].startswith(
+        "outcome uncertain: the commit step failed after it may have written (OperationalError)"
+    )
+    connection.close()
+    assert api.get(f"/api/operations/{DEMO_OP}").json()["state"] == "Committed"
+    retry = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
+    assert (retry.status_code, retry.json()["outcome"]) == (200, "replay")
+    assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
 
 
 def test_session_post_with_csrf_token_is_accepted(reviewer, proposal):
@@ -174,9 +230,22 @@ def test_session_post_with_csrf_token_is_accepted(reviewer, proposal):
 
 @pytest.mark.parametrize("approved", [True, False])
 def test_same_path_as_the_resume_command(api, proposal, reviewer, approved):
-    """A decision made over HTTP and one made by review_resume are the same operation: the second is a replay."""
-    from decisionflow.workflow.services import review_resume
+    """A decision made over HTTP and one made by `manage.py resume` are the same operation: either second is a replay."""
+    import io
+    import json
 
-    assert api.post(DECISION, {"operation_id": DEMO_OP, "approved": approved}).status_code == 200
-    again = review_resume(case=proposal.case, operation_id=DEMO_OP, approved=approved, reviewer=reviewer)
-    assert again.result.replay is True
+    from django.core.management import call_command
+
+    def resume():
+        out = io.StringIO()
+        verb = "--approve" if approved else "--decline"
+        call_command("resume", "T-1042", "--operation-id", DEMO_OP, verb, "--reviewer", "reviewer", stdout=out)
+        return json.loads(out.getvalue().split("result=", 1)[1])
+
+    first = api.post(DECISION, {"operation_id": DEMO_OP, "approved": approved})
+    assert first.status_code == 200
+    assert first.json()["outcome"] == ("committed" if approved else "declined")
+    assert resume()["Replay"] is True
+    again = api.post(DECISION, {"operation_id": DEMO_OP, "approved": approved})
+    assert (again.json()["outcome"], again.json()["replay"]) == ("replay", True)
+    assert [channel for _, channel in attempts()] == ["api", "command", "api"]

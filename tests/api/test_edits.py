@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import snapshot
 
 from .conftest import DEMO_OP, assert_error
@@ -22,6 +24,7 @@ def test_edit_body_makes_a_new_current_proposal(api, proposal):
     assert new["author"] == "reviewer"
     assert new["unchecked_sentences"] == ["We are sorry for the trouble."]
     assert data["pending"]["status"] == "pending"  # the workflow was begun for the new proposal
+    assert (data["review_begun"], data["review_error"]) == (True, None)
 
     case = api.get("/api/cases/T-1042").json()
     assert case["operation_id"] == new["operation_id"] == case["proposal"]["operation_id"]
@@ -41,6 +44,8 @@ def test_line_endings_only_is_no_change(api, proposal):
     assert response.status_code == 200, response.content
     assert response.json()["changed"] is False
     assert response.json()["proposal"]["operation_id"] == DEMO_OP
+    # Nothing new to review: nothing was begun, and nothing failed.
+    assert (response.json()["review_begun"], response.json()["review_error"]) == (False, None)
     assert snapshot() == before
 
 
@@ -51,6 +56,63 @@ def test_move_evidence_version(api, proposal):
     assert new["origin"] == "evidence_change"
     assert {p["source_id"]: p["version"] for p in new["passages"]} == {"HOLD-7": 4, "KB-311": 3}
     assert new["body"] == proposal.body
+
+
+def _checkpoint_insert_fails(monkeypatch):
+    from django.db import DatabaseError
+
+    from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
+
+    def disk_full(self, checkpoint):
+        raise DatabaseError("could not extend file: No space left on device")
+
+    monkeypatch.setattr(DatabaseCheckpointStorage, "write", disk_full)
+    return "No space left on device"
+
+
+def _begin_refused(monkeypatch):
+    from decisionflow.core.errors import WorkflowIncompatible
+    from decisionflow.workflow import services
+
+    def refused(case, actor):
+        raise WorkflowIncompatible("begin: the pause checkpoint for case T-1042 was not saved")
+
+    monkeypatch.setattr(services, "_begin_locked", refused)
+    return "the pause checkpoint for case T-1042 was not saved"
+
+
+@pytest.mark.parametrize("failure", [_checkpoint_insert_fails, _begin_refused], ids=lambda f: f.__name__[1:])
+def test_edit_whose_review_cannot_be_begun_is_saved_201(api, proposal, reviewer, monkeypatch, failure):
+    """Begin fails after the revision committed: 201, review_begun false, the new proposal saved and current."""
+    from decisionflow.workflow.services import review_begin
+    from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
+
+    review_begin(case=proposal.case, actor=reviewer)
+    checkpoints = WorkflowCheckpoint.objects.count()
+    why = failure(monkeypatch)
+    body = proposal.body + "\n\nWe are sorry for the trouble."
+    response = api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": body})
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["changed"] is True and data["review_begun"] is False
+    assert why in data["review_error"]
+    assert data["pending"] is None
+    new_op = data["proposal"]["operation_id"]
+    assert new_op != DEMO_OP and data["proposal"]["body"] == body
+    # Saved and current; the old pause is superseded; begin left nothing half-written.
+    assert Proposal.objects.filter(operation_id=new_op).exists()
+    case = api.get("/api/cases/T-1042").json()
+    assert case["operation_id"] == case["proposal"]["operation_id"] == new_op
+    assert case["pending"] is None
+    assert not PendingReview.objects.filter(operation_id=new_op).exists()
+    assert PendingReview.objects.get(operation_id=DEMO_OP).status == "superseded"
+    assert WorkflowCheckpoint.objects.count() == checkpoints
+
+    # The first decision on the new proposal begins its review, then decides it.
+    monkeypatch.undo()
+    decided = api.post("/api/cases/T-1042/decision", {"operation_id": new_op, "approved": True})
+    assert (decided.status_code, decided.json()["outcome"]) == (200, "committed")
+    assert PendingReview.objects.filter(operation_id=new_op).count() == 1
 
 
 def test_edit_refusals_write_nothing(api, proposal):

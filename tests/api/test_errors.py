@@ -1,8 +1,9 @@
 """Every row of the error table, each time asserting that nothing was written.
 
 Refusals at the API layer (400, 401, 403, 413) must not reach the workflow at all: the
-decision and edit services are replaced by a tripwire, and the commit-attempt log stays
-as it was. Refusals from the review core (404, 409) go through the real workflow.
+decision and edit services the endpoints call are replaced by a tripwire, and the
+commit-attempt log stays as it was. Refusals from the decision service (404, 409) go
+through the real workflow. The table in docs/API.md is checked against ``ERROR_TABLE``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ EDITS = "/api/cases/T-1042/edits"
 @pytest.fixture
 def tripwire(monkeypatch):
     """Fail loudly if a refusal that belongs to the API layer reached a service."""
-    import api.services
+    import api.api
 
     def called(**kwargs):
         raise AssertionError(f"the service was called for a request the API layer must refuse: {kwargs}")
 
-    monkeypatch.setattr(api.services, "decision_submit", called)
-    monkeypatch.setattr(api.services, "edit_submit", called)
+    monkeypatch.setattr(api.api, "decision_record", called)
+    monkeypatch.setattr(api.api, "review_edit", called)
 
 
 @pytest.fixture
@@ -259,6 +260,75 @@ def test_404_unknown_case_and_operation(api, before):
     assert snapshot() == {k: v for k, v in before.items() if k != "attempts"}
 
 
+# 409 --------------------------------------------------------------------------------------
+
+
+def _pause_for_another_operation():
+    """Rewrite the pause so its request is for another operation, signed with the server's key."""
+    from decisionflow.workflow.checkpoints import payload_digest
+    from reviews.models import PendingReview, WorkflowCheckpoint
+
+    row = WorkflowCheckpoint.objects.get(checkpoint_id=PendingReview.objects.get().checkpoint_id)
+    payload = row.payload.replace(DEMO_OP, "op-v1-" + "a" * 64)
+    assert payload != row.payload
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=payload, digest=payload_digest(payload))
+
+
+def test_409_workflow_incompatible_when_the_pause_fails_its_binding_check(api, before):
+    """A checkpoint naming another operation (valid HMAC) is refused before anything runs."""
+    from effects.models import CommitAttempt
+    from reviews.models import WorkflowCheckpoint
+
+    _pause_for_another_operation()
+    rows = WorkflowCheckpoint.objects.count()
+    body = assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}), 409, "workflow_incompatible")
+    assert "does not belong to case T-1042" in body["message"] and "nothing ran" in body["message"]
+    assert full_snapshot() == {**before, "attempts": before["attempts"] + 1}  # the attempt row, nothing else
+    attempt = CommitAttempt.objects.get()
+    assert (attempt.outcome, attempt.channel) == ("refused", "api")
+    assert attempt.detail.startswith("workflow_incompatible: ")
+    assert WorkflowCheckpoint.objects.count() == rows
+
+
+def test_409_case_busy_with_retry_after(api, case, settings):
+    """Another action holds the case (here: the review must be begun, and begin is locked out)."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    from decisionflow.core.errors import CaseBusy
+    from decisionflow.core.locks import case_lock
+
+    settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with case_lock("T-1042", timeout=5):
+                held.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        before = full_snapshot()
+        started = time.monotonic()
+        response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
+        assert time.monotonic() - started < 3
+    finally:
+        release.set()
+        thread.join(10)
+    assert_error(response, 409, "case_busy")
+    assert response["Retry-After"] == str(CaseBusy.retry_after)
+    assert full_snapshot() == {**before, "attempts": before["attempts"] + 1}
+    # The same request again, once the case is free: it goes through.
+    assert api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}).json()["outcome"] == "committed"
+
+
 # 413 --------------------------------------------------------------------------------------
 
 
@@ -298,7 +368,7 @@ def test_405_wrong_method_is_json_with_allow(api, before):
 
 def test_500_is_json_too(api, before, monkeypatch):
     """A workflow failure or a bug still answers in the JSON error shape (and is logged)."""
-    from api import services as api_services
+    from api import api as endpoints
     from decisionflow.core.errors import DecisionflowError
 
     def workflow_failed(**kwargs):
@@ -308,6 +378,34 @@ def test_500_is_json_too(api, before, monkeypatch):
         raise ZeroDivisionError("oops")
 
     for failure in (workflow_failed, bug):
-        monkeypatch.setattr(api_services, "decision_submit", failure)
+        monkeypatch.setattr(endpoints, "decision_record", failure)
         assert_error(api.post(DECISION, {"operation_id": DEMO_OP, "approved": True}), 500, "internal_error")
     assert full_snapshot() == before
+
+
+# The table in docs/API.md ----------------------------------------------------------------
+
+
+def test_docs_error_table_lists_every_code_with_its_status():
+    """Every code the API can answer from an error class is in docs/API.md, with its status."""
+    import re
+    from pathlib import Path
+
+    from api.api import ERROR_TABLE, HTTP_CODES
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "API.md").read_text()
+    errors = docs.split("\n## Errors\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", errors, re.M)
+    documented: dict[str, set[int]] = {}
+    for status, code in rows:
+        documented.setdefault(code, set()).add(int(status))
+    assert ERROR_TABLE, "the error table is built from the error classes"
+    for code, status in ERROR_TABLE.items():
+        assert documented.get(code) == {status}, f"docs/API.md: {code} should be listed with status {status}"
+    # The refusals that come from HTTP itself (authentication, method, size) are there too,
+    # and nothing is documented that the API cannot answer.
+    answered = {**{code: status for status, code in HTTP_CODES.items()}, **ERROR_TABLE}
+    for code in ("unauthorized", "method_not_allowed", "too_large"):
+        assert documented.get(code) == {answered[code]}, code
+    assert set(documented) <= set(answered), set(documented) - set(answered)
+    assert "Retry-After" in errors.split("`case_busy`", 1)[1].split("\n", 1)[0]

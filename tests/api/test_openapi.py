@@ -21,6 +21,14 @@ def test_openapi_json_describes_the_endpoints(client, db):
     assert body["properties"]["approved"]["type"] == "boolean"
     assert body["properties"]["operation_id"]["pattern"] == "^op-v1-[0-9a-f]{64}$"
     assert schema["components"]["securitySchemes"]["TokenAuth"] == {"type": "http", "scheme": "bearer"}
+    # Every decision says its outcome; every edit says whether its review was begun.
+    components = schema["components"]["schemas"]
+    decided = components["DecisionOut"]
+    assert "outcome" in decided["required"]
+    assert decided["properties"]["outcome"]["enum"] == ["committed", "declined", "replay"]
+    edited = components["EditOut"]
+    assert {"review_begun", "review_error"} <= set(edited["required"])
+    assert edited["properties"]["review_begun"]["type"] == "boolean"
     # The test-only fault header is not part of the public contract.
     assert "X-Decisionflow-Fault" not in response.content.decode()
 

@@ -133,27 +133,27 @@ def test_evidence_only_change_with_identical_text_refuses_the_old_tab(demo, logi
 def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(demo, login, live_server, screenshot_dir):
     from django.contrib.auth import get_user_model
 
-    from decisionflow.workflow.services import review_edit, review_resume
+    from decisionflow.workflow.services import decision_record, review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
     old = demo.current_proposal
-    revision, _ = in_thread(
+    edited = in_thread(
         review_edit,
         case=demo,
         expected_operation_id=old.operation_id,
         body=old.body.replace("Kind regards,", "We will call you on Monday.\n\nKind regards,"),
         editor=reviewer,
     )
-    new = revision.proposal
+    new = edited.revision.proposal
     from decisionflow.core.errors import StaleProposal
 
     with pytest.raises(StaleProposal):  # a stale tab's approval: refused, recorded in the history
         in_thread(
-            review_resume, case=demo, operation_id=old.operation_id, approved=True, reviewer=reviewer, channel="admin"
+            decision_record, case=demo, operation_id=old.operation_id, approved=True, reviewer=reviewer, channel="admin"
         )
     for approved in (True, True):  # committed, then a replay
         in_thread(
-            review_resume,
+            decision_record,
             case=demo,
             operation_id=new.operation_id,
             approved=approved,
