@@ -26,6 +26,10 @@ if not SECRET_KEY:
         )
     SECRET_KEY = "django-insecure-local-development-only"
 
+# Old secrets still accepted when verifying what was signed with them (sessions, checkpoint
+# HMACs), so the secret can be rotated without refusing every pending review at once.
+SECRET_KEY_FALLBACKS = env.list("SECRET_KEY_FALLBACKS", default=[])
+
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"] if DEBUG else [])
 
 # Test-only switches (crash points, the lost-receipt fault) exist only when this is on.

@@ -57,7 +57,7 @@ from decisionflow.core.errors import (
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
 from effects.models import CommitAttempt
 from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
-from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
+from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
@@ -222,9 +222,11 @@ def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult
         # checkpoint is gone or refused (the refused row stays, as evidence): this run
         # replaces where it waits. A decision already made stays made: the review core
         # turns a second approval into a replay.
-        PendingReview.objects.filter(pk=existing.pending_review.pk).update(
-            status=PendingReview.Status.PENDING, **fields
-        )
+        # A decided operation's pause is moved too (so a retry finds it), but it stays
+        # completed: re-pausing never makes a decided review look pending again.
+        decided = ReviewDecision.objects.filter(operation_id=operation_id).exists()
+        status = PendingReview.Status.COMPLETED if decided else PendingReview.Status.PENDING
+        PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=status, **fields)
         existing.pending_review.refresh_from_db()
         return BeginResult(PAUSED, operation_id, 1, existing.pending_review, True)
     pending = PendingReview.objects.create(

@@ -1,4 +1,4 @@
-"""`manage.py demo`: the lost-receipt story of DESIGN.md, one process per step.
+"""`manage.py demo`: the lost-receipt story (docs/COMMANDS.md), one process per step.
 
 Each step is a separate ``manage.py`` child process on a scratch SQLite file, so nothing
 survives in memory between steps: only the database does. The last part is the control
@@ -61,7 +61,7 @@ def _naive_count(operation_id: str) -> int:
 
 class Command(WorkflowCommand):
     help = (
-        "Replay the lost-receipt story of DESIGN.md on a scratch SQLite database: `python manage.py demo`. "
+        "Replay the lost-receipt story (docs/COMMANDS.md) on a scratch SQLite database: `python manage.py demo`. "
         "Every step is a separate manage.py process: begin, approve with a lost receipt (exit 42), "
         "reconcile, approve again (a replay), approve again, a decline on a second case, an approval of that "
         "case (ConflictingDecision), a decline after the approval, and finally the control experiment with "
