@@ -8,8 +8,14 @@ database, as the pipeline's import would):
 - approve: GET the case, then the same approval sent to BOTH hosts at once, then once more:
   exactly one answer may say ``replay: false``;
 - decline: decline on one host, then approve on the other: 409 ``conflicting_decision``;
-- stale: GET the case, edit it (a new operation), approve the old operation on the other
-  host (409 ``stale_proposal`` naming the new one), then approve the new one.
+- stale: GET the case, edit it (a new operation, its review begun: ``review_begun``),
+  approve the old operation on the other host (409 ``stale_proposal`` naming the new one),
+  then approve the new one.
+
+Every decision answer's ``outcome`` must match its receipt (committed, declined, replay).
+A 409 ``case_busy`` (another action held the case past its timeout) is the documented
+"try again": the client waits ``Retry-After`` and sends the same request again, a bounded
+number of times, and the busy answers are counted with the expected 409s.
 
 Only the 409s listed above are expected; any other non-2xx answer is an error. Afterwards
 the servers are stopped and ``manage.py reconcile --all --json`` must show every operation
@@ -23,7 +29,9 @@ Usage (``make reliability`` runs the first form for 60 s)::
     python reliability/load.py --database-url postgres://...  # an existing, migrated database
 
 Exit status 0 when every check holds; the summary is printed and, with --json, written.
-Every address is 127.0.0.1; every loop is bounded in time and in count.
+Every address is 127.0.0.1; every loop is bounded in time and in count. Both hosts and this
+script share one SECRET_KEY: checkpoint digests are HMACs keyed from it, so a pause begun
+on one host (or here) must verify on the other.
 """
 
 from __future__ import annotations
@@ -47,7 +55,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 MAX_ROUNDS_PER_CLIENT = 100_000  # a bound on count, beside the bound on time
-EXPECTED_409 = {"conflicting_decision", "stale_proposal"}
+EXPECTED_409 = {"conflicting_decision", "stale_proposal", "case_busy"}
+BUSY = "case_busy"
+MAX_BUSY_RETRIES = 5  # a busy case is "try again": bounded, after Retry-After
+# What a first decision's ``outcome`` must be, from its status (a replay says "replay").
+OUTCOMES = {"Committed": "committed", "Declined": "declined"}
+# One secret for every process this script starts (and for this script, when it begins a
+# review itself): checkpoint digests are HMACs keyed from SECRET_KEY.
+SHARED_SECRET = secrets.token_urlsafe(50)
 
 
 # --- setup ---------------------------------------------------------------------------------
@@ -137,13 +152,17 @@ class Servers:
         threads: int,
         log_dir: Path,
         extra_env: dict | None = None,
+        secret_key: str | None = None,
     ):
+        """Start one gunicorn per port. Every host gets ``secret_key`` (default: the one
+        secret of this process), never a secret of its own: a checkpoint one host signed must
+        verify on every other host that shares the database."""
         self.procs = []
         env = dict(
             os.environ,
             DATABASE_URL=database_url,
             DEBUG="0",
-            SECRET_KEY=secrets.token_urlsafe(50),
+            SECRET_KEY=secret_key or SHARED_SECRET,
             ALLOWED_HOSTS=HOST,
             SECURE_SSL_REDIRECT="0",
             LOG_LEVEL="WARNING",
@@ -251,7 +270,26 @@ class Client:
     def __init__(self, port: int, token: str, tally: Tally):
         self.port, self.token, self.tally = port, token, tally
 
+    def decide(self, case_id: str, operation_id: str, approved: bool, what: str) -> tuple[int | None, dict]:
+        """POST a decision; on 409 ``case_busy`` wait Retry-After and send it again (bounded)."""
+        path = f"/api/cases/{case_id}/decision"
+        body = {"operation_id": operation_id, "approved": approved}
+        status, payload, retry_after = self.request("POST", path, body, what=what)
+        for _ in range(MAX_BUSY_RETRIES):
+            if status != 409 or payload.get("code") != BUSY:
+                break
+            with self.tally.lock:
+                self.tally.expected_409[BUSY] += 1
+            time.sleep(min(float(retry_after or 1), 5.0))
+            status, payload, retry_after = self.request("POST", path, body, what=f"{what} (again after busy)")
+        return status, payload
+
     def call(self, method: str, path: str, body=None, what="") -> tuple[int | None, dict]:
+        status, payload, _retry_after = self.request(method, path, body, what=what)
+        return status, payload
+
+    def request(self, method: str, path: str, body=None, what="") -> tuple[int | None, dict, str | None]:
+        """One request; (status, JSON body, Retry-After), or (None, {}, None) when the answer is lost."""
         headers = {"Authorization": f"Bearer {self.token}", "Host": HOST}
         data = None if body is None else json.dumps(body)
         if data is not None:
@@ -265,11 +303,12 @@ class Client:
             response = conn.getresponse()
             raw = response.read()
             status = response.status
+            retry_after = response.getheader("Retry-After")
         except (OSError, http.client.HTTPException):
             # The answer is lost; reconcile tells what happened to the operation.
             with self.tally.lock:
                 self.tally.transport_errors += 1
-            return None, {}
+            return None, {}, None
         finally:
             conn.close()
         try:
@@ -277,7 +316,7 @@ class Client:
         except ValueError:
             payload = {"raw": raw[:200].decode("utf-8", "replace")}
         self.tally.answer(what, status, payload, time.monotonic() - started)
-        return status, payload
+        return status, payload, retry_after
 
 
 def expect(tally, what, status, body, wanted_status, wanted_code=None) -> bool:
@@ -291,6 +330,9 @@ def expect(tally, what, status, body, wanted_status, wanted_code=None) -> bool:
 
 
 def decided(tally, op, body, outcome):
+    wanted = "replay" if body.get("replay") else OUTCOMES.get(body.get("status"))
+    if body.get("outcome") != wanted:
+        tally.unexpected_answer("decision outcome does not match its receipt", 200, body)
     with tally.lock:
         tally.told[op] = outcome
         if body.get("replay") is False:
@@ -305,23 +347,14 @@ def scenario_approve(here, there, tally, case_id):
     answers = [None, None]
 
     def send(i, client):
-        answers[i] = client.call(
-            "POST",
-            f"/api/cases/{case_id}/decision",
-            {"operation_id": op, "approved": True},
-            what="approve (racing duplicate)",
-        )
+        answers[i] = client.decide(case_id, op, True, what="approve (racing duplicate)")
 
     racers = [threading.Thread(target=send, args=(i, c)) for i, c in enumerate((here, there))]
     for t in racers:
         t.start()
     for t in racers:
         t.join(180)
-    answers.append(
-        here.call(
-            "POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True}, what="approve (duplicate)"
-        )
-    )
+    answers.append(here.decide(case_id, op, True, what="approve (duplicate)"))
     for answer in answers:
         if answer is None or answer[0] is None:
             with tally.lock:
@@ -339,18 +372,14 @@ def scenario_decline(here, there, tally, case_id):
     if not expect(tally, "get case", status, case, 200):
         return
     op = case["operation_id"]
-    status, body = here.call(
-        "POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": False}, what="decline"
-    )
+    status, body = here.decide(case_id, op, False, what="decline")
     if status is None:
         with tally.lock:
             tally.uncertain.add(op)
         return
     if expect(tally, "decline", status, body, 200) and body.get("status") == "Declined":
         decided(tally, op, body, "Declined")
-    status, body = there.call(
-        "POST", f"/api/cases/{case_id}/decision", {"operation_id": op, "approved": True}, what="approve after decline"
-    )
+    status, body = there.decide(case_id, op, True, what="approve after decline")
     expect(tally, "approve after decline", status, body, 409, "conflicting_decision")
 
 
@@ -364,16 +393,15 @@ def scenario_stale(here, there, tally, case_id, rng):
     if not expect(tally, "edit", status, body, 201):
         return
     new = body["proposal"]["operation_id"]
-    status, body = there.call(
-        "POST", f"/api/cases/{case_id}/decision", {"operation_id": old, "approved": True}, what="stale approval"
-    )
+    if body.get("review_begun") is not True:
+        # Saved, but its review was not begun: nothing under load should cause that.
+        tally.unexpected_answer("edit saved without beginning its review", status, body)
+    status, body = there.decide(case_id, old, True, what="stale approval")
     if expect(tally, "stale approval", status, body, 409, "stale_proposal") and body.get("current_operation_id") != new:
         tally.unexpected_answer("stale approval names the wrong current operation", status, body)
     status, body = there.call("POST", f"/api/cases/{case_id}/edits", edit, what="stale edit")
     expect(tally, "stale edit", status, body, 409, "stale_proposal")
-    status, body = there.call(
-        "POST", f"/api/cases/{case_id}/decision", {"operation_id": new, "approved": True}, what="approve after edit"
-    )
+    status, body = there.decide(case_id, new, True, what="approve after edit")
     if status is None:
         with tally.lock:
             tally.uncertain.add(new)
@@ -500,6 +528,9 @@ def main(argv=None) -> int:
     if not 1 <= args.clients <= 64 or not 0 < args.seconds <= 900:
         parser.error("--clients must be 1..64 and --seconds 0..900")
 
+    # This script begins reviews itself (the stale scenario), so it signs checkpoints with the
+    # same secret as the hosts; children started below (migrate, reconcile) inherit it.
+    os.environ["SECRET_KEY"] = SHARED_SECRET
     database_url = args.database_url
     if args.create_database:
         database_url = create_database(args.admin_url, args.create_database)

@@ -41,21 +41,26 @@ LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POINTS = {
     "begin-after-proposal": (
         "`begin`",
-        "after the proposal is written, before the pending review",
-        "decisionflow/workflow.py `_prepare_sync`",
-        "Pending, no pending review",
+        "inside begin's one transaction, after the proposal is written, before the pause and the pending review",
+        "decisionflow/workflow/engine.py `_prepare_sync`",
+        "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
     "begin-during-checkpoint-save": (
         "`begin`",
-        "while the pause checkpoint is being saved (row inserted, not committed)",
-        "decisionflow/checkpoints.py `_save_sync`",
-        "Pending, no pending review",
+        "inside begin's one transaction, the pause checkpoint inserted, not committed",
+        "decisionflow/workflow/checkpoints.py `DatabaseCheckpointStorage.write`",
+        "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
-    "commit-before-decision": ("`resume`", "before the decision insert", "effects/services.py `_commit`", "Pending"),
+    "commit-before-decision": (
+        "`resume`",
+        "before the decision insert",
+        "effects/services.py `_commit_postgresql` / `_commit_orm_writes`",
+        "Pending",
+    ),
     "commit-after-decision": (
         "`resume`",
         "inside the commit transaction, after the decision, before the effect",
-        "effects/services.py `_commit`",
+        "effects/services.py `_commit_postgresql` / `_commit_orm`",
         "Pending (the transaction rolled back)",
     ),
     "commit-after-transaction": (
@@ -79,7 +84,9 @@ SECURITY = {
     "test_api_routes_change_nothing_without_the_review_permission": "6 credentials (none, support lead, staff, inactive user, revoked token, forged token) x 4 API writes: "
     "401/403 JSON, nothing written",
     "test_api_session_post_without_csrf_changes_nothing": "a logged-in reviewer's session POSTing to the API without the CSRF token: 403, nothing written",
-    "test_commands_and_services_refuse_a_user_without_the_permission": "`resume` and `edit` naming a lead or a staff user, and `effect_commit` called directly: refused",
+    "test_commands_and_services_refuse_a_user_without_the_permission": "`resume` and `edit` naming a lead or a staff user (on a begun case, and `resume` on a case nobody "
+    "began, which it would begin for a reviewer), `effect_commit` and `decision_record` called directly: refused, "
+    "nothing begun",
     "test_html_in_a_draft_or_quotation_is_escaped_on_every_page": "`<script>`, `<img onerror>` and `<b onmouseover>` in the draft, subject, source title and quotation: "
     "never raw on 9 admin pages for a reviewer and a lead, shown escaped on the pages that show them; the "
     "API answers JSON with nosniff (the browser suite, tests/browser, checks the same in Chromium)",
@@ -88,6 +95,9 @@ SECURITY = {
     "test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled": "a checkpoint row carrying agent-framework's `__pickled__` encoding of an object whose unpickling "
     "writes a file, with a matching digest: load and `resume` refuse it (exit 5) and the file never "
     "appears; the control (plain `pickle.loads`) does write it",
+    "test_a_checkpoint_forged_without_the_secret_is_refused": "a pause rewritten to approve another case's operation by someone who can write the checkpoint table "
+    "but does not hold SECRET_KEY (digest a bare SHA-256, or an HMAC under a guessed secret): `resume` refuses "
+    "it (exit 5) before anything runs, nothing written",
 }
 
 
@@ -240,7 +250,11 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "SIGKILL (exit -9); run `reconcile` and require that it reports exactly what the decision and "
         "effect tables hold, and the state the point implies; retry the same command; then require one "
         "decision, at most one effect, and an effect for every approval. Every other `resume` iteration "
-        "declines at the points a decline passes through. `reconcile --repair` is killed after the first "
+        "declines at the points a decline passes through. `begin` is one transaction (proposal, pause "
+        "checkpoint, pending review): killed inside it, it leaves nothing, reconcile reports no operation for "
+        "the case, and `begin` then works. The rows marked *(resume begins the case)* run `resume` on a case "
+        "nobody began: it begins the review (committed on its own) and dies in the commit step; the retry "
+        "finds the pause. `reconcile --repair` is killed after the first "
         "of 4 approved operations that have no effect (built directly in the tables), then rerun. "
         "The rows marked *(HTTP, host killed)* do the same over the API with two gunicorn hosts on one "
         "database: host A has the crash point armed, so its worker is SIGKILLed mid-request and the "
@@ -311,14 +325,18 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             f"Two gunicorn instances ({s['workers_per_host']} gthread workers x {s['threads_per_worker']} threads "
             f"each) on {', '.join(s['hosts'])}, sharing the PostgreSQL database `decisionflow_load` (dropped, "
             f"created and migrated first). {s['clients']} client threads, split across both hosts, ran for "
-            f"{s['seconds']:.0f} s (bounded in time and in count). Each round imports a fresh case, then:",
+            f"{s['seconds']:.0f} s (bounded in time and in count). Both hosts and the driver share one "
+            "SECRET_KEY (checkpoint digests are HMACs keyed from it). Each round imports a fresh case, then:",
             "",
-            "- **approve**: GET the case, send the same approval to both hosts at once, then once more: exactly "
-            "one answer may say `replay: false`;",
+            "- **approve**: GET the case, send the same approval to both hosts at once (the first decision "
+            "begins the review), then once more: exactly one answer may say `replay: false`;",
             "- **decline**: decline on one host, then approve on the other: 409 `conflicting_decision`;",
-            "- **stale**: the case is begun, edited through the API (a new operation), the old operation is "
-            "approved on the other host (409 `stale_proposal` naming the new one), the same edit is sent again "
-            "(409 `stale_proposal`), then the new operation is approved.",
+            "- **stale**: the case is begun, edited through the API (a new operation, `review_begun: true`), the "
+            "old operation is approved on the other host (409 `stale_proposal` naming the new one), the same edit "
+            "is sent again (409 `stale_proposal`), then the new operation is approved.",
+            "",
+            'Every decision\'s `outcome` must match its receipt. A 409 `case_busy` is the documented "try again": '
+            "the client waits `Retry-After` and resends (at most 5 times); busy answers count as expected 409s.",
             "",
             "Then the servers stop and `manage.py reconcile --all --json` is compared with what the clients "
             "were told. Script: `reliability/load.py`.",
@@ -447,6 +465,11 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "- A killed `reconcile --repair` holds the reconcile lock until PostgreSQL notices the dropped "
         'connection (milliseconds); a run started in that window exits 1 with "locked by another process", '
         "as designed. The harness retries, as cron's next run would.",
+        "- Once checkpoint digests became HMACs keyed from SECRET_KEY, the two-host harness (which gave each "
+        "gunicorn host a random secret of its own) saw a pause begun on host A refused on host B as "
+        '"corrupt or was modified" (409 `workflow_incompatible`). Every process sharing a database must share '
+        "the secret (or list the old one in SECRET_KEY_FALLBACKS while rotating); the harness now gives every "
+        "host, and the load driver, one secret.",
         "",
         "## How to rerun",
         "",

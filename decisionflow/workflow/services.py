@@ -559,7 +559,8 @@ def review_edit(
         try:
             return EditResult(revision, _begin_locked(case, editor))
         except DecisionflowError as exc:
-            log.warning("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
+            # Not a warning on the console: every channel reports it to the person who edited.
+            log.info("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
             return EditResult(revision, None, exc)
 
 

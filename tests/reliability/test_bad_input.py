@@ -9,6 +9,7 @@ attempts are the audit log and may grow (a refused decision is recorded as refus
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -52,7 +53,8 @@ def w(db, reviewer, tmp_path):
     op_a = review_begin(case=a).operation_id
     op_b = review_begin(case=b).operation_id
     op_c_stale = review_begin(case=c).operation_id
-    revision, _ = review_edit(case=c, expected_operation_id=op_c_stale, source_versions={"HOLD-7": 4}, editor=reviewer)
+    edited = review_edit(case=c, expected_operation_id=op_c_stale, source_versions={"HOLD-7": 4}, editor=reviewer)
+    assert edited.begun is not None, edited.begin_error
     for case in (a, b, c):
         case.refresh_from_db()
     return World(
@@ -62,7 +64,7 @@ def w(db, reviewer, tmp_path):
         op_a,
         op_b,
         op_c_stale,
-        revision.proposal.operation_id,
+        edited.revision.proposal.operation_id,
         reviewer,
         token_create(user=reviewer, name="battery")[1],
         tmp_path,
@@ -368,12 +370,17 @@ def test_commands_refuse_bad_input_clearly_and_write_nothing(w, subtests):
 
 
 def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
-    from decisionflow.workflow.checkpoints import payload_digest
+    """Every way a pause can fail its binding checks: exit 5, nothing runs, nothing is written."""
+    from agent_framework import WorkflowMessage
+
+    from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage, encode_checkpoint, payload_digest
+    from decisionflow.workflow.engine import HUMAN_REVIEW_ID
     from reviews.models import PendingReview, WorkflowCheckpoint
 
     pending = PendingReview.objects.get(operation_id=w.op_a)
     row = WorkflowCheckpoint.objects.get(checkpoint_id=pending.checkpoint_id)
     original = {f: getattr(row, f) for f in ("payload", "digest", "graph_signature_hash")}
+    request_id = f"review:{w.op_a}"
 
     def refused(expect):
         return cmd_error(
@@ -388,35 +395,29 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
             expect=expect,
         )
 
-    resume = refused(None)
-    # A checkpoint that loads but re-emits a request for another operation is refused as stale.
-    resume_stale = cmd_error(
-        "resume",
-        w.a.case_id,
-        "--operation-id",
-        w.op_a,
-        "--approve",
-        "--reviewer",
-        w.reviewer.get_username(),
-        code=4,
-        expect="stale",
-    )
-
-    def with_row(attempt=None, **fields):
+    def with_row(attempt, **fields):
         def run():
             WorkflowCheckpoint.objects.filter(pk=row.pk).update(**fields)
             try:
-                return (attempt or resume)()
+                return attempt()
             finally:
                 WorkflowCheckpoint.objects.filter(pk=row.pk).update(**original)
 
         return run
 
-    def with_payload(change, attempt=None):
+    def with_payload(change, attempt):
+        """A JSON edit of the stored payload, re-signed as someone holding the secret could."""
         document = json.loads(original["payload"])
         change(document)
         payload = json.dumps(document)
-        return with_row(payload=payload, digest=payload_digest(payload), attempt=attempt)
+        return with_row(attempt, payload=payload, digest=payload_digest(payload))
+
+    def with_checkpoint(change, attempt):
+        """An edit of the decoded checkpoint, encoded and re-signed."""
+        checkpoint = DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)
+        change(checkpoint)
+        payload = encode_checkpoint(checkpoint)
+        return with_row(attempt, payload=payload, digest=payload_digest(payload))
 
     def other_version():
         PendingReview.objects.filter(pk=pending.pk).update(workflow_version="review-v0")
@@ -444,19 +445,78 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
             json.dumps(d["pending_request_info_events"]).replace(w.op_a, w.op_b)
         )
 
+    def request_data(**changes):
+        def change(d):
+            d["pending_request_info_events"][request_id]["data"].update(changes)
+
+        return change
+
+    def from_another_step(d):
+        d["pending_request_info_events"][request_id]["source_executor_id"] = "prepare"
+
+    def second_request(d):
+        events = d["pending_request_info_events"]
+        events[f"review:op-v1-{HEX}"] = events[request_id]
+
+    def no_request(d):
+        d["pending_request_info_events"] = {}
+
+    def in_flight(checkpoint):
+        approval = {"case_id": w.a.case_id, "operation_id": w.op_a, "approved": True, "reviewer_pk": w.reviewer.pk}
+        checkpoint.messages[HUMAN_REVIEW_ID] = [
+            WorkflowMessage(data=approval, source_id=HUMAN_REVIEW_ID, target_id="commit")
+        ]
+
     def other_graph_row():
         # Content and column agree (the digest is recomputed), but the graph is not this one.
         WorkflowCheckpoint.objects.filter(pk=row.pk).update(graph_signature_hash=other_graph)
         return with_payload(set_graph, refused("graph"))()
 
+    hmac = "HMAC"
     battery = Battery("checkpoints", subtests)
     rows = [
-        ("a tampered checkpoint (payload edited, digest kept)", with_row(refused("digest"), payload=tampered)),
+        ("a tampered checkpoint (payload edited, digest kept)", with_row(refused(hmac), payload=tampered)),
+        (
+            "a digest that is a bare SHA-256 of the payload",
+            with_row(refused(hmac), digest=hashlib.sha256(original["payload"].encode()).hexdigest()),
+        ),
+        (
+            "a digest signed with another SECRET_KEY",
+            with_row(refused(hmac), digest=payload_digest(original["payload"], secret="not-this-servers-secret")),
+        ),
         ("a checkpoint from another workflow version", other_version),
         ("a checkpoint from another workflow graph", other_graph_row),
-        ("a checkpoint whose request names another operation (digest recomputed)", with_payload(swap_op, resume_stale)),
         (
-            "a checkpoint that is not JSON (digest recomputed)",
+            "a checkpoint whose request names another operation (HMAC recomputed)",
+            with_payload(swap_op, refused("does not belong")),
+        ),
+        (
+            "a checkpoint whose request names another case (HMAC recomputed)",
+            with_payload(request_data(case_id=w.b.case_id), refused("does not belong")),
+        ),
+        (
+            "a checkpoint whose request names another case row (HMAC recomputed)",
+            with_payload(request_data(case_pk=w.b.pk), refused("does not belong")),
+        ),
+        (
+            "a checkpoint whose request comes from another step (HMAC recomputed)",
+            with_payload(from_another_step, refused("does not belong")),
+        ),
+        (
+            "a checkpoint holding a second pending request (HMAC recomputed)",
+            with_payload(second_request, refused("does not belong")),
+        ),
+        ("a checkpoint holding no pending request (HMAC recomputed)", with_payload(no_request, refused("no request"))),
+        (
+            "a checkpoint whose request is from another workflow version (HMAC recomputed)",
+            with_payload(request_data(workflow_version="review-v0"), refused("review-v0")),
+        ),
+        (
+            "a checkpoint holding an approval in flight (HMAC recomputed)",
+            with_checkpoint(in_flight, refused("in flight")),
+        ),
+        (
+            "a checkpoint that is not JSON (HMAC recomputed)",
             with_row(refused("JSON"), payload="{not json", digest=payload_digest("{not json")),
         ),
         ("a checkpoint in another format", with_payload(lambda d: d.update(format="pickle.v0"), refused("format"))),
@@ -465,6 +525,12 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
     for name, attempt in rows:
         battery.row(name, attempt)
     battery.save()
+    # Nothing ran for any of them: every refusal is an attempt row saying why, and no other.
+    from effects.models import CommitAttempt
+
+    attempts = list(CommitAttempt.objects.filter(operation_id=w.op_a).values_list("outcome", "detail"))
+    assert len(attempts) == len(rows)
+    assert all(o == "refused" and d.startswith("workflow_incompatible: ") for o, d in attempts), attempts
 
 
 # --- admin forms -------------------------------------------------------------------------

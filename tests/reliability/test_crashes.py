@@ -6,6 +6,9 @@ process with ``DECISIONFLOW_CRASH_AT=<point>`` and require that it died of SIGKI
 crash point implies); retry the same command, then require one decision, at most one effect,
 and an effect for every approval. ``make test`` runs one iteration per point;
 ``make reliability`` runs 20 per point on PostgreSQL and 10 on SQLite.
+
+Begin is one transaction (proposal, pause checkpoint, pending review): killed inside it,
+it leaves nothing behind, so reconcile has no operation to report for that case.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 import pytest
 
 from effects.models import CommitAttempt, EffectRecord
-from reviews.models import PendingReview, ReviewDecision
+from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 
 from .conftest import (
     command,
@@ -49,8 +52,9 @@ DECLINE_POINTS = {"commit-before-decision", "commit-after-transaction"}
 
 
 class Figures:
-    def __init__(self, point):
-        self.point = point
+    def __init__(self, point, *, crash_at=None):
+        self.point = point  # how the figures are labelled
+        self.crash_at = crash_at or point  # where the process is killed
         self.started = time.monotonic()
         self.iterations = self.crashes = self.duplicates = self.lost = self.truthful = 0
         self.approvals = self.declines = 0
@@ -88,18 +92,19 @@ def receipt(stdout: str) -> dict:
 
 
 def crash(figures, *args):
-    proc = manage(*args, crash_at=figures.point)
+    proc = manage(*args, crash_at=figures.crash_at)
     assert proc.returncode == KILLED, (
-        f"{args} did not die at {figures.point}: rc={proc.returncode}\n{proc.stderr[-2000:]}"
+        f"{args} did not die at {figures.crash_at}: rc={proc.returncode}\n{proc.stderr[-2000:]}"
     )
     figures.crashes += 1
     return proc
 
 
-def reconcile_truthfully(figures, case, expected_state):
+def reconcile_truthfully(figures, case, expected_state: str | None):
+    """reconcile agrees with the tables; ``expected_state`` None: the case has no operation yet."""
     code, rows = reconcile_json(case.case_id)
     assert rows == truth([case.case_id]), rows
-    assert [r["state"] for r in rows] == [expected_state], rows
+    assert [r["state"] for r in rows] == ([] if expected_state is None else [expected_state]), rows
     assert code == 0, rows
     figures.truthful += 1
     return rows
@@ -110,15 +115,22 @@ def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
     figures = Figures(point)
     for _ in range(iterations()):
         case = new_case("b")
+        checkpoints = WorkflowCheckpoint.objects.count()
         crash(figures, "begin", case.case_id)
-        # Killed before the pending review was recorded: nothing waits for a decision.
+        # Killed inside begin's one transaction: it rolled back whole. No proposal, no pause
+        # checkpoint, no pending review, the case pointing at nothing; reconcile reports no
+        # operation for the case, which is the truth.
+        case.refresh_from_db()
+        assert case.current_proposal_id is None and case.proposals.count() == 0
         assert not PendingReview.objects.filter(case=case).exists()
-        reconcile_truthfully(figures, case, "Pending")
+        assert WorkflowCheckpoint.objects.count() == checkpoints
+        reconcile_truthfully(figures, case, None)
 
         code, out, err = command("begin", case.case_id)
         assert code == 0, err
         pending = PendingReview.objects.get(case=case)
-        assert f"op={pending.operation_id}" in out
+        assert out.splitlines()[0] == f"begin: status=PendingRequests op={pending.operation_id} checkpoints=1"
+        assert WorkflowCheckpoint.objects.count() == checkpoints + 1
 
         code, out, err = command(
             "resume", case.case_id, "--operation-id", pending.operation_id, "--approve", "--reviewer", reviewer_name
@@ -127,8 +139,9 @@ def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
         assert receipt(out) == {"Status": "Committed", "Replay": False, "EffectCount": 1}
         t = figures.add(case, approved=True)
         assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
-        # The retry begins from scratch, yet the proposal is the same content and identity.
+        # The retry begins from scratch: one proposal, decided once.
         assert case.proposals.count() == 1
+        assert [r["state"] for r in reconcile_json(case.case_id)[1]] == ["Committed"]
     figures.save()
     assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
 
@@ -166,6 +179,35 @@ def test_crash_during_resume_then_reconcile_then_retry(point, reviewer_name):
         assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, int(approved), 0, 0)
         reconcile_state = [r["state"] for r in reconcile_json(case.case_id)[1]]
         assert reconcile_state == ["Committed" if approved else "Declined"]
+    figures.save()
+    assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
+
+
+@pytest.mark.parametrize("point", list(RESUME_POINTS))
+def test_crash_during_a_resume_that_began_the_case_then_retry(point, reviewer_name):
+    """`resume` on a case nobody began begins it (its own transaction, committed), then dies
+    in the commit step: the pause survives for the retry, the decision only as the point says."""
+    from decisionflow.workflow.selectors import decidable_operation_id
+
+    figures = Figures(f"{point} (resume begins the case)", crash_at=point)
+    for _ in range(iterations()):
+        case = new_case("rb")
+        op = decidable_operation_id(case)
+        args = ("resume", case.case_id, "--operation-id", op, "--approve", "--reviewer", reviewer_name)
+
+        crash(figures, *args)
+        after = RESUME_POINTS[point]
+        pending = PendingReview.objects.get(case=case)
+        assert pending.operation_id == op and case.proposals.count() == 1
+        assert pending.status == ("pending" if after == "Pending" else "completed")
+        reconcile_truthfully(figures, case, after)
+
+        code, out, err = command(*args)
+        assert code == 0, err
+        assert receipt(out) == {"Status": "Committed", "Replay": after != "Pending", "EffectCount": 1}
+        t = figures.add(case, approved=True)
+        assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
+        assert PendingReview.objects.filter(case=case).count() == 1
     figures.save()
     assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0
 
@@ -241,13 +283,18 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
     what happened to the operation, reconcile agrees, and it retries on B: exactly one
     decision and one effect, whichever side of the commit A died on.
     """
+    from django.conf import settings
+
     from api.services import token_create
     from reliability.load import Servers, free_port
 
     token = token_create(user=reviewer, name="failover")[1]
     url = database_url()
+    # Every process on one database shares SECRET_KEY: checkpoint digests are HMACs keyed
+    # from it, so a pause that host A wrote must verify on host B.
+    secret = settings.SECRET_KEY
     clean_port = free_port()
-    clean = Servers(url, [clean_port], 1, 2, tmp_path)
+    clean = Servers(url, [clean_port], 1, 2, tmp_path, secret_key=secret)
     try:
         clean.wait_ready()
         for point, after in RESUME_POINTS.items():
@@ -260,6 +307,7 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
                 2,
                 tmp_path / point,
                 extra_env={"DECISIONFLOW_FAULT_INJECTION": "1", "DECISIONFLOW_CRASH_AT": point},
+                secret_key=secret,
             )
             try:
                 faulty.wait_ready()
@@ -276,6 +324,8 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
                     status, body = http_call(clean_port, "GET", f"/api/operations/{op}", token)
                     assert status == 200 and body["state"] == after, body
                     reconcile_truthfully(figures, case, after)
+                    # Host A began the review (its own transaction) before it died in the commit.
+                    assert PendingReview.objects.filter(case=case, operation_id=op).count() == 1
                     status, body = http_call(clean_port, "POST", f"{path}/decision", token, approve)
                     assert status == 200, body
                     assert body == {
@@ -283,6 +333,7 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
                         "replay": after == "Committed",
                         "effect_count": 1,
                         "operation_id": op,
+                        "outcome": "replay" if after == "Committed" else "committed",
                     }
                     t = figures.add(case, approved=True)
                     assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)

@@ -175,6 +175,8 @@ def test_api_session_post_without_csrf_changes_nothing(world):
 
 def test_commands_and_services_refuse_a_user_without_the_permission(world):
     from decisionflow.core.errors import PermissionRefused
+    from decisionflow.workflow.selectors import decidable_operation_id
+    from decisionflow.workflow.services import decision_record
     from effects.services import effect_commit
 
     before = snapshot()
@@ -186,9 +188,17 @@ def test_commands_and_services_refuse_a_user_without_the_permission(world):
             "edit", case_id, "--expected-operation-id", op, "--source", "HOLD-7=4", "--editor", user
         )
         assert code == 1 and "review permission" in err, err
+    # A case nobody began: `resume` would begin it for a reviewer, and begins nothing for them.
+    fresh = world["fresh"]
+    fresh_op = decidable_operation_id(fresh)
+    for user in ("lead", "staff-no-groups"):
+        code, _out, err = command("resume", fresh.case_id, "--operation-id", fresh_op, "--approve", "--reviewer", user)
+        assert code == 1 and "review permission" in err, err
     for user in (world["lead"], world["staff"]):
         with pytest.raises(PermissionRefused):
             effect_commit(operation_id=op, approved=True, reviewer=user)
+        with pytest.raises(PermissionRefused):
+            decision_record(case=fresh, operation_id=fresh_op, approved=True, reviewer=user, channel="service")
     assert snapshot() == before
 
 
@@ -212,7 +222,7 @@ def xss_case_data(case_id: str) -> dict:
 
 def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lead):
     from cases.services import case_import
-    from decisionflow.workflow.services import review_begin, review_resume
+    from decisionflow.workflow.services import decision_record, review_begin
     from effects.models import EffectRecord
     from reviews.models import ReviewDecision
 
@@ -230,7 +240,7 @@ def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lea
         "history": reverse("admin:cases_case_history", args=[case.pk]),
         "proposal changelist": reverse("admin:reviews_proposal_changelist"),
     }
-    review_resume(case=case, operation_id=op, approved=True, reviewer=reviewer)
+    decision_record(case=case, operation_id=op, approved=True, reviewer=reviewer, channel="command")
     pages["decision page"] = reverse(
         "admin:reviews_reviewdecision_change", args=[ReviewDecision.objects.get(operation_id=op).pk]
     )
@@ -345,3 +355,33 @@ def test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled(db, review
     # Control: the payload is a live pickle; decoding it the way a pickle store would runs it.
     pickle.loads(base64.b64decode(blob))  # noqa: S301 - the point of the control experiment
     assert sentinel.read_text() == "unpickled"
+
+
+def test_a_checkpoint_forged_without_the_secret_is_refused(db, reviewer):
+    """Write access to the checkpoint table is not enough: the digest is an HMAC keyed from SECRET_KEY.
+
+    The forged pause asks to approve another case's operation; signed with a bare SHA-256
+    (what anyone can compute) or another secret, it is refused before anything runs.
+    """
+    import hashlib
+
+    from cases.services import case_import
+    from decisionflow.workflow.checkpoints import payload_digest
+    from decisionflow.workflow.services import review_begin
+    from effects.models import CommitAttempt
+    from reviews.models import WorkflowCheckpoint
+
+    victim = review_begin(case=case_import(data=case_data("F-1")).case)
+    other = review_begin(case=case_import(data=case_data("F-2")).case)
+    row = WorkflowCheckpoint.objects.get(checkpoint_id=victim.pending_review.checkpoint_id)
+    forged = row.payload.replace(victim.operation_id, other.operation_id)
+    assert forged != row.payload
+    before = snapshot()
+    for digest in (hashlib.sha256(forged.encode()).hexdigest(), payload_digest(forged, secret="a-guessed-secret")):
+        WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=forged, digest=digest)
+        code, out, err = command(
+            "resume", "F-1", "--operation-id", victim.operation_id, "--approve", "--reviewer", reviewer.get_username()
+        )
+        assert code == 5 and "HMAC" in err and "result=" not in out, err
+    assert snapshot() == before
+    assert CommitAttempt.objects.filter(outcome="refused").count() == 2

@@ -1,15 +1,18 @@
-"""review_begin / review_resume / review_edit in-process (what the admin and the API call),
-and the JSON-only checkpoint store."""
+"""review_begin / decision_record / review_edit in-process (what the admin and the API call),
+the binding checks a pause must pass before anything runs, and the JSON-only checkpoint store."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from decisionflow.core.errors import (
+    CaseBusy,
+    ConflictingDecision,
     InvalidInput,
     NotFound,
     OutcomeUncertain,
@@ -18,8 +21,9 @@ from decisionflow.core.errors import (
     WorkflowIncompatible,
 )
 from decisionflow.workflow import checkpoints as store
-from decisionflow.workflow.engine import WORKFLOW_VERSION, HumanReview
-from decisionflow.workflow.services import review_begin, review_edit, review_resume
+from decisionflow.workflow.engine import HUMAN_REVIEW_ID, WORKFLOW_VERSION, Commit, HumanReview
+from decisionflow.workflow.selectors import decidable_operation_id
+from decisionflow.workflow.services import Outcome, decision_record, review_begin, review_edit
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 
@@ -38,8 +42,21 @@ def counts():
     )
 
 
-def test_begin_pauses_with_a_durable_checkpoint_and_records_the_pending_review(case, begun):
-    assert (begun.status, begun.checkpoints, begun.created) == ("PendingRequests", 3, True)
+def decide(case, operation_id, reviewer, *, approved=True, channel="command", fault=None):
+    return decision_record(
+        case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, fault=fault
+    )
+
+
+def refused_attempt(code):
+    """The one attempt row a refusal before the review core ran leaves behind."""
+    attempt = CommitAttempt.objects.get()
+    assert attempt.outcome == "refused" and attempt.detail.startswith(f"{code}: "), (attempt.outcome, attempt.detail)
+    return attempt
+
+
+def test_begin_pauses_with_one_durable_checkpoint_and_records_the_pending_review(case, begun):
+    assert (begun.status, begun.checkpoints, begun.created) == ("PendingRequests", 1, True)
     assert begun.operation_id == case.current_proposal.operation_id
     pending = begun.pending_review
     assert (pending.operation_id, pending.workflow_version, pending.status) == (
@@ -48,12 +65,21 @@ def test_begin_pauses_with_a_durable_checkpoint_and_records_the_pending_review(c
         "pending",
     )
     assert pending.workflow_session_id.startswith("ws-")
+    # Only the pause is written: the checkpoints before it stay in memory.
+    assert list(WorkflowCheckpoint.objects.values_list("checkpoint_id", flat=True)) == [pending.checkpoint_id]
     loaded = store.DatabaseCheckpointStorage().load_sync(pending.checkpoint_id)
+    assert set(loaded.pending_request_info_events) == {f"review:{begun.operation_id}"}
     request = loaded.pending_request_info_events[f"review:{begun.operation_id}"]
     assert request.data["operation_id"] == begun.operation_id and request.data["case_id"] == "T-1042"
+    assert request.data["case_pk"] == case.pk and request.data["workflow_version"] == WORKFLOW_VERSION
+    assert not any(loaded.messages.values())  # a pause: nothing in flight
     row = WorkflowCheckpoint.objects.get(checkpoint_id=pending.checkpoint_id)
     assert row.graph_signature_hash == loaded.graph_signature_hash and len(row.graph_signature_hash) == 64
     assert "__pickled__" not in row.payload and json.loads(row.payload)["format"] == store.FORMAT
+    # The digest is an HMAC keyed from SECRET_KEY, not a bare hash anyone could recompute.
+    assert row.digest == store.payload_digest(row.payload)
+    assert row.digest != hashlib.sha256(row.payload.encode()).hexdigest()
+    assert row.digest != store.payload_digest(row.payload, secret="another-secret")
 
 
 def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
@@ -63,25 +89,63 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
         False,
         begun.operation_id,
         begun.pending_review.pk,
-        3,
+        0,
     )
     assert (counts(), WorkflowCheckpoint.objects.count()) == before
 
 
-def test_resume_commits_once_then_replays_and_reports_a_conflict(case, begun, reviewer, caplog):
-    first = review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert first.request_reemitted and first.result.receipt() == {
-        "Status": "Committed",
-        "Replay": False,
-        "EffectCount": 1,
-    }
-    assert first.result.decision.reviewer == reviewer
-    second = review_resume(
-        case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, channel="admin"
+def test_begin_rolls_back_whole_when_the_pause_cannot_be_stored(case, monkeypatch):
+    """Begin is one transaction: proposal, pause checkpoint and pending review, or none of them."""
+
+    def full_disk(self, checkpoint):
+        raise DatabaseError("disk full")
+
+    monkeypatch.setattr(store.DatabaseCheckpointStorage, "write", full_disk)
+    with pytest.raises(WorkflowIncompatible, match="could not be stored .*disk full.*no pending review was recorded"):
+        review_begin(case=case)
+    case.refresh_from_db()
+    assert case.current_proposal_id is None
+    assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
+    monkeypatch.undo()
+    assert review_begin(case=case).checkpoints == 1  # and a rerun then works
+
+
+def test_begin_refuses_when_the_engine_only_logged_a_failed_pause_save(case, monkeypatch):
+    """agent-framework only logs a warning when a checkpoint save fails: begin proves the pause exists."""
+    real_save = store.PauseBuffer.save
+
+    async def drop_the_pause(self, checkpoint):
+        if checkpoint.pending_request_info_events:
+            raise OSError("disk full")
+        return await real_save(self, checkpoint)
+
+    monkeypatch.setattr(store.PauseBuffer, "save", drop_the_pause)
+    with pytest.raises(WorkflowIncompatible, match="pause checkpoint for case T-1042 was not saved"):
+        review_begin(case=case)
+    assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
+
+
+def test_a_decision_commits_once_then_replays_and_a_conflict_is_an_error(case, begun, reviewer, caplog):
+    first = decide(case, begun.operation_id, reviewer)
+    assert (first.outcome, first.begun, first.checkpoint_id) == (
+        Outcome.COMMITTED,
+        False,
+        begun.pending_review.checkpoint_id,
     )
-    assert second.result.receipt() == {"Status": "Committed", "Replay": True, "EffectCount": 1}
-    conflict = review_resume(case=case, operation_id=begun.operation_id, approved=False, reviewer=reviewer)
-    assert conflict.result.status == "ConflictingDecision"
+    assert first.commit.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    assert first.commit.decision.reviewer == reviewer and first.operation_id == begun.operation_id
+    second = decide(case, begun.operation_id, reviewer, channel="admin")
+    assert second.outcome == Outcome.REPLAY
+    assert second.commit.receipt() == {"Status": "Committed", "Replay": True, "EffectCount": 1}
+    with pytest.raises(ConflictingDecision, match="already approved by reviewer") as conflict:
+        decide(case, begun.operation_id, reviewer, approved=False)
+    assert (conflict.value.exit_code, conflict.value.http_status, conflict.value.code) == (
+        3,
+        409,
+        "conflicting_decision",
+    )
+    assert conflict.value.result.status == "ConflictingDecision"
+    assert conflict.value.result.receipt() == {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 1}
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (1, 1)
     assert PendingReview.objects.get().status == "completed"
     assert list(CommitAttempt.objects.order_by("id").values_list("outcome", "channel")) == [
@@ -89,22 +153,26 @@ def test_resume_commits_once_then_replays_and_reports_a_conflict(case, begun, re
         ("replay", "admin"),
         ("conflict", "command"),
     ]
-    # Every checkpoint of every resume was stored (restore, response entry, two supersteps):
-    # a save that failed would only have been logged by the engine.
-    assert WorkflowCheckpoint.objects.count() == 3 + 3 * 4
+    # Answered runs keep their checkpoints in memory: the pause is still the only row, and
+    # no save failed (a failed save would only have been logged by the engine).
+    assert list(WorkflowCheckpoint.objects.values_list("checkpoint_id", flat=True)) == [
+        begun.pending_review.checkpoint_id
+    ]
     assert "Failed to create checkpoint" not in caplog.text
 
 
 def test_a_decline_is_a_result_not_an_error(case, begun, reviewer):
-    result = review_resume(case=case, operation_id=begun.operation_id, approved=False, reviewer=reviewer).result
-    assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
+    declined = decide(case, begun.operation_id, reviewer, approved=False)
+    assert declined.outcome == Outcome.DECLINED
+    assert declined.commit.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
     assert EffectRecord.objects.count() == 0
+    assert decide(case, begun.operation_id, reviewer, approved=False).outcome == Outcome.REPLAY
 
 
 @pytest.mark.parametrize("approved", [None, 1, "true", [True]])
 def test_a_non_boolean_decision_is_refused_by_the_review_core(case, begun, reviewer, approved):
     with pytest.raises(InvalidInput, match="not consent"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=approved, reviewer=reviewer)
+        decide(case, begun.operation_id, reviewer, approved=approved)
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
     attempt = CommitAttempt.objects.get()
     assert (attempt.outcome, attempt.approved, attempt.operation_id) == ("refused", None, begun.operation_id)
@@ -112,44 +180,78 @@ def test_a_non_boolean_decision_is_refused_by_the_review_core(case, begun, revie
 
 def test_a_reviewer_without_permission_is_refused_by_the_review_core(case, begun, lead):
     with pytest.raises(PermissionRefused):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=lead)
+        decide(case, begun.operation_id, lead)
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
     assert CommitAttempt.objects.get().outcome == "refused"
 
 
-def test_resume_without_a_pending_review_is_not_found(case, reviewer):
+def test_a_decision_on_a_never_begun_case_begins_it_first(case, reviewer):
+    """Every channel alike: the decidable operation of a case nobody began is begun, then decided."""
+    op = decidable_operation_id(case)  # computed, nothing written
+    assert counts() == (0, 0, 0, 0)
+    decided = decide(case, op, reviewer)
+    assert (decided.begun, decided.outcome, decided.operation_id) == (True, Outcome.COMMITTED, op)
+    case.refresh_from_db()
+    assert case.current_proposal.operation_id == op
+    pending = PendingReview.objects.get()
+    assert (pending.operation_id, pending.checkpoint_id, pending.status) == (op, decided.checkpoint_id, "completed")
+    assert WorkflowCheckpoint.objects.count() == 1
+    assert counts() == (1, 1, 1, 1)
+    again = decide(case, op, reviewer)
+    assert (again.begun, again.outcome) == (False, Outcome.REPLAY)
+
+
+def test_a_current_proposal_whose_review_was_never_begun_is_begun_by_its_decision(case, reviewer):
     from reviews.services import proposal_create
 
     op = proposal_create(case=case).operation_id
+    decided = decide(case, op, reviewer, approved=False)
+    assert (decided.begun, decided.outcome) == (True, Outcome.DECLINED)
+    assert PendingReview.objects.get().operation_id == op
+
+
+def test_without_the_permission_a_decision_begins_nothing(case, lead):
+    with pytest.raises(PermissionRefused):
+        decide(case, decidable_operation_id(case), lead)
+    assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
+    refused_attempt("forbidden")
+
+
+def test_an_operation_neither_pending_nor_decidable_is_not_found(case, begun, reviewer):
+    unknown = "op-v1-" + "0" * 64
+    with pytest.raises(NotFound, match="no pending review for case T-1042") as error:
+        decide(case, unknown, reviewer)
+    assert "run begin first" not in error.value.message and error.value.exit_code == 1
+    assert error.value.http_status == 404
     with pytest.raises(NotFound):
-        review_resume(case=case, operation_id=op, approved=True, reviewer=reviewer)
-    with pytest.raises(NotFound):
-        review_resume(case=case, operation_id="op-v1-" + "0" * 64, approved=True, reviewer=reviewer)
-    assert ReviewDecision.objects.count() == 0
+        decide(case, "op-v1-not-an-identity", reviewer)
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count(), PendingReview.objects.count()) == (0, 0, 1)
+    assert list(CommitAttempt.objects.values_list("outcome", flat=True)) == ["refused", "refused"]
+    assert all(detail.startswith("not_found: ") for detail in CommitAttempt.objects.values_list("detail", flat=True))
 
 
 def test_the_fault_is_refused_unless_fault_injection_is_on(case, begun, reviewer, settings):
     settings.DECISIONFLOW_FAULT_INJECTION = False
     with pytest.raises(InvalidInput, match="DECISIONFLOW_FAULT_INJECTION"):
-        review_resume(
-            case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, fault="lose-receipt"
-        )
+        decide(case, begun.operation_id, reviewer, fault="lose-receipt")
     settings.DECISIONFLOW_FAULT_INJECTION = True
-    with pytest.raises(InvalidInput, match="unknown fault"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, fault="crash")
+    with pytest.raises(InvalidInput, match="unknown fault 'crash'"):
+        decide(case, begun.operation_id, reviewer, fault="crash")
     assert (ReviewDecision.objects.count(), CommitAttempt.objects.count()) == (0, 0)
 
-    with pytest.raises(OutcomeUncertain, match="^executor failed: LostReceipt$") as lost:
-        review_resume(
-            case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer, fault="lose-receipt"
-        )
-    assert lost.value.exit_code == 42 and lost.value.details["request_reemitted"] is True
+    with pytest.raises(
+        OutcomeUncertain, match=r"^outcome uncertain: the commit step failed after it may have written \(LostReceipt\)"
+    ) as lost:
+        decide(case, begun.operation_id, reviewer, fault="lose-receipt")
+    assert lost.value.exit_code == 42 and lost.value.http_status == 500
+    assert lost.value.details["operation_id"] == begun.operation_id
     assert EffectRecord.objects.count() == 1  # committed; only the receipt is missing
-    replay = review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert replay.result.receipt() == {"Status": "Committed", "Replay": True, "EffectCount": 1}
+    replay = decide(case, begun.operation_id, reviewer)
+    assert replay.outcome == Outcome.REPLAY
+    assert replay.commit.receipt() == {"Status": "Committed", "Replay": True, "EffectCount": 1}
 
 
-def test_an_answered_run_that_ends_in_silence_is_not_success(case, begun, reviewer, monkeypatch):
+def test_an_answered_run_that_never_reaches_the_commit_step_writes_nothing(case, begun, reviewer, monkeypatch):
     from agent_framework import response_handler
 
     # Explicit types: this module's annotations are strings (from __future__ import annotations).
@@ -158,38 +260,76 @@ def test_an_answered_run_that_ends_in_silence_is_not_success(case, begun, review
         return None  # sends nothing: the run ends IDLE, no output, no failure
 
     monkeypatch.setattr(HumanReview, "answer", drops_the_answer)
-    with pytest.raises(OutcomeUncertain, match="no failure; silence is not success"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert ReviewDecision.objects.count() == 0
+    with pytest.raises(WorkflowIncompatible, match="before the commit step; nothing was written"):
+        decide(case, begun.operation_id, reviewer)
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    refused_attempt("workflow_incompatible")
+
+
+def test_an_answered_run_that_ends_in_silence_after_the_commit_step_started_is_uncertain(
+    case, begun, reviewer, monkeypatch
+):
+    from agent_framework import handler
+
+    @handler(input=dict, workflow_output=dict)
+    async def says_nothing(self, decision, ctx) -> None:
+        self._answer.commit_started = True  # the commit may have run; no receipt comes back
+
+    monkeypatch.setattr(Commit, "commit", says_nothing)
+    with pytest.raises(OutcomeUncertain, match="without a receipt; run `manage.py reconcile`"):
+        decide(case, begun.operation_id, reviewer)
+    assert CommitAttempt.objects.count() == 0  # uncertain is not a refusal: nothing is claimed
 
 
 def test_edit_supersedes_the_pending_review_and_begins_the_new_proposal(case, begun, reviewer):
-    revision, new = review_edit(
+    edited = review_edit(
         case=case,
         expected_operation_id=begun.operation_id,
         body=begun.pending_review.proposal.body + " Thank you.",
         editor=reviewer,
     )
+    revision, new = edited.revision, edited.begun
+    assert edited.begin_error is None
     assert revision.changed and new.created and new.operation_id == revision.proposal.operation_id
+    assert new.checkpoints == 1
     assert dict(PendingReview.objects.values_list("operation_id", "status")) == {
         begun.operation_id: "superseded",
         new.operation_id: "pending",
     }
-    with pytest.raises(StaleProposal):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
+    with pytest.raises(StaleProposal) as stale:
+        decide(case, begun.operation_id, reviewer)
+    assert stale.value.current_operation_id == new.operation_id
     assert CommitAttempt.objects.get().outcome == "stale"
 
     before = counts()
     with pytest.raises(StaleProposal):
         review_edit(case=case, expected_operation_id=begun.operation_id, body="Other.", editor=reviewer)
-    unchanged, nothing = review_edit(
+    unchanged = review_edit(
         case=case,
         expected_operation_id=new.operation_id,
         body=revision.proposal.body.replace("\n", "\r\n"),
         editor=reviewer,
     )
-    assert (unchanged.changed, nothing) == (False, None)
+    assert (unchanged.revision.changed, unchanged.begun, unchanged.begin_error) == (False, None, None)
     assert counts() == before
+
+
+def test_an_edit_whose_begin_fails_is_saved_and_says_so(case, begun, reviewer, monkeypatch):
+    def full_disk(self, checkpoint):
+        raise DatabaseError("disk full")
+
+    monkeypatch.setattr(store.DatabaseCheckpointStorage, "write", full_disk)
+    edited = review_edit(case=case, expected_operation_id=begun.operation_id, body="Hello, edited.", editor=reviewer)
+    assert edited.revision.changed and edited.begun is None
+    assert isinstance(edited.begin_error, WorkflowIncompatible) and "disk full" in edited.begin_error.message
+    new_op = edited.revision.proposal.operation_id
+    case.refresh_from_db()
+    assert case.current_proposal.operation_id == new_op  # saved and current
+    assert dict(PendingReview.objects.values_list("operation_id", "status")) == {begun.operation_id: "superseded"}
+    monkeypatch.undo()
+    # The first decision on the new proposal begins its review.
+    decided = decide(case, new_op, reviewer)
+    assert (decided.begun, decided.outcome) == (True, Outcome.COMMITTED)
 
 
 def test_edit_needs_the_review_permission(case, begun, lead):
@@ -202,18 +342,17 @@ def test_edit_needs_the_review_permission(case, begun, lead):
 def test_a_pending_review_from_another_version_is_refused_and_begin_moves_it(case, begun, reviewer):
     PendingReview.objects.update(workflow_version="review-v0")
     with pytest.raises(WorkflowIncompatible, match="review-v0"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
+        decide(case, begun.operation_id, reviewer)
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    refused_attempt("workflow_incompatible")
     moved = review_begin(case=case)
-    assert moved.pending_review.pk == begun.pending_review.pk
+    assert (moved.pending_review.pk, moved.created, moved.checkpoints) == (begun.pending_review.pk, True, 1)
     assert moved.pending_review.workflow_version == WORKFLOW_VERSION
     assert moved.pending_review.checkpoint_id != begun.pending_review.checkpoint_id
-    assert (
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer).result.status
-        == "Committed"
-    )
+    assert decide(case, begun.operation_id, reviewer).commit.status == "Committed"
 
 
-# --- the checkpoint store ----------------------------------------------------------------
+# --- binding the pause before anything runs ---------------------------------------------
 
 
 def _pause_row(begun):
@@ -224,12 +363,44 @@ def _store(row, payload):
     WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=payload, digest=store.payload_digest(payload))
 
 
-def test_a_checkpoint_that_fails_its_digest_is_refused(case, begun, reviewer):
+def _rewrite(begun, change):
+    """Change the stored pause checkpoint as someone holding the secret could (a valid HMAC)."""
+    checkpoint = store.DatabaseCheckpointStorage().load_sync(begun.pending_review.checkpoint_id)
+    change(checkpoint)
+    _store(_pause_row(begun), store.encode_checkpoint(checkpoint))
+
+
+def _refused_and_nothing_ran(case, begun, reviewer, match):
+    with pytest.raises(WorkflowIncompatible, match=match) as error:
+        decide(case, begun.operation_id, reviewer)
+    assert error.value.exit_code == 5 and error.value.http_status == 409
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    assert PendingReview.objects.get().status == "pending"
+    refused_attempt("workflow_incompatible")
+    return error.value
+
+
+def test_a_checkpoint_that_fails_its_hmac_is_refused(case, begun, reviewer):
     row = _pause_row(begun)
     WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=row.payload.replace("T-1042", "T-1043"))
-    with pytest.raises(WorkflowIncompatible, match="corrupt or was modified"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert (ReviewDecision.objects.count(), CommitAttempt.objects.count()) == (0, 0)
+    _refused_and_nothing_ran(case, begun, reviewer, "corrupt or was modified.*HMAC")
+
+
+def test_a_bare_sha256_digest_is_refused(case, begun, reviewer):
+    """The old digest (anyone who can write the table can compute it) no longer verifies."""
+    row = _pause_row(begun)
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(digest=hashlib.sha256(row.payload.encode()).hexdigest())
+    _refused_and_nothing_ran(case, begun, reviewer, "corrupt or was modified.*HMAC")
+
+
+def test_a_checkpoint_signed_with_another_secret_is_refused_unless_it_is_a_fallback(case, begun, reviewer, settings):
+    row = _pause_row(begun)
+    old_secret = "the-secret-before-rotation"
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(digest=store.payload_digest(row.payload, secret=old_secret))
+    settings.SECRET_KEY_FALLBACKS = []
+    _refused_and_nothing_ran(case, begun, reviewer, "another SECRET_KEY")
+    settings.SECRET_KEY_FALLBACKS = [old_secret]  # rotated: the old key still verifies
+    assert decide(case, begun.operation_id, reviewer).outcome == Outcome.COMMITTED
 
 
 def test_a_pickle_marker_is_refused_and_never_unpickled(case, begun, reviewer):
@@ -237,32 +408,118 @@ def test_a_pickle_marker_is_refused_and_never_unpickled(case, begun, reviewer):
     document = json.loads(row.payload)
     document["state"]["evil"] = {"__pickled__": "gASVAAAAAAAAAAB9lC4=", "__type__": "builtins:dict"}
     _store(row, json.dumps(document))
-    with pytest.raises(WorkflowIncompatible, match="pickle marker"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert ReviewDecision.objects.count() == 0
+    _refused_and_nothing_ran(case, begun, reviewer, "pickle marker")
 
 
-def test_a_request_for_another_operation_is_refused_as_stale(case, begun, reviewer):
-    """A checkpoint rewritten with a matching digest still cannot change what is approved."""
+def test_a_checkpoint_whose_request_names_another_operation_is_refused(case, begun, reviewer):
+    """A checkpoint rewritten with a valid HMAC still cannot change what is approved."""
     other = "op-v1-" + "a" * 64
     row = _pause_row(begun)
     _store(row, row.payload.replace(begun.operation_id, other))
-    with pytest.raises(StaleProposal, match="re-emitted"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert (ReviewDecision.objects.count(), CommitAttempt.objects.count()) == (0, 0)
+    error = _refused_and_nothing_ran(
+        case, begun, reviewer, f"does not belong to case T-1042 and operation {begun.operation_id[:18]}"
+    )
+    assert f"review:{other}" in error.message and "nothing ran" in error.message
+    assert not ReviewDecision.objects.filter(operation_id=other).exists()
+
+
+def test_a_checkpoint_whose_request_names_another_case_is_refused(case, begun, reviewer):
+    def other_case_id(checkpoint):
+        checkpoint.pending_request_info_events[f"review:{begun.operation_id}"].data["case_id"] = "T-1043"
+
+    _rewrite(begun, other_case_id)
+    _refused_and_nothing_ran(case, begun, reviewer, "does not belong to case T-1042")
+
+
+def test_a_checkpoint_whose_request_names_another_case_row_is_refused(case, begun, reviewer):
+    """The case is bound by its external ID and by its primary key."""
+
+    def other_case_pk(checkpoint):
+        checkpoint.pending_request_info_events[f"review:{begun.operation_id}"].data["case_pk"] = case.pk + 1000
+
+    _rewrite(begun, other_case_pk)
+    _refused_and_nothing_ran(case, begun, reviewer, "does not belong to case T-1042")
+
+
+def test_a_checkpoint_with_a_second_pending_request_is_refused(case, begun, reviewer):
+    other = "op-v1-" + "b" * 64
+
+    def two_requests(checkpoint):
+        events = checkpoint.pending_request_info_events
+        events[f"review:{other}"] = events[f"review:{begun.operation_id}"]
+
+    _rewrite(begun, two_requests)
+    _refused_and_nothing_ran(case, begun, reviewer, "does not belong to case T-1042")
+
+
+def test_a_checkpoint_whose_request_comes_from_another_step_is_refused(case, begun, reviewer):
+    row = _pause_row(begun)
+    document = json.loads(row.payload)
+    event = document["pending_request_info_events"][f"review:{begun.operation_id}"]
+    assert event["source_executor_id"] == HUMAN_REVIEW_ID
+    event["source_executor_id"] = "prepare"
+    _store(row, json.dumps(document))
+    _refused_and_nothing_ran(case, begun, reviewer, "does not belong to case T-1042")
+
+
+def test_a_checkpoint_holding_a_message_in_flight_is_refused(case, begun, reviewer):
+    """A checkpoint saved mid-commit still carries the approval it was delivering: never replay it."""
+    from agent_framework import WorkflowMessage
+
+    def in_flight(checkpoint):
+        approval = {
+            "case_id": case.case_id,
+            "operation_id": begun.operation_id,
+            "approved": True,
+            "reviewer_pk": reviewer.pk,
+            "channel": "forged",
+        }
+        checkpoint.messages[HUMAN_REVIEW_ID] = [
+            WorkflowMessage(data=approval, source_id=HUMAN_REVIEW_ID, target_id="commit")
+        ]
+
+    _rewrite(begun, in_flight)
+    _refused_and_nothing_ran(case, begun, reviewer, "1 message\\(s\\) in flight")
+
+
+def test_a_checkpoint_from_another_graph_is_refused(case, begun, reviewer):
+    other_graph = "0" * 64
+
+    def set_graph(checkpoint):
+        checkpoint.graph_signature_hash = other_graph
+
+    _rewrite(begun, set_graph)
+    WorkflowCheckpoint.objects.filter(pk=_pause_row(begun).pk).update(graph_signature_hash=other_graph)
+    _refused_and_nothing_ran(case, begun, reviewer, "incompatible workflow graph")
+
+
+def test_a_request_from_another_workflow_version_is_refused(case, begun, reviewer):
+    row = _pause_row(begun)
+    _store(row, row.payload.replace(f'"workflow_version":"{WORKFLOW_VERSION}"', '"workflow_version":"review-v0"'))
+    _refused_and_nothing_ran(case, begun, reviewer, "review-v0")
 
 
 def test_a_missing_pause_checkpoint_is_refused_and_begin_pauses_again(case, begun, reviewer):
     WorkflowCheckpoint.objects.filter(checkpoint_id=begun.pending_review.checkpoint_id).delete()
-    with pytest.raises(WorkflowIncompatible, match="does not exist"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
+    _refused_and_nothing_ran(case, begun, reviewer, "does not exist")
     again = review_begin(case=case)
-    assert (again.pending_review.pk, again.created) == (begun.pending_review.pk, True)
+    assert (again.pending_review.pk, again.created, again.checkpoints) == (begun.pending_review.pk, True, 1)
     assert again.pending_review.checkpoint_id != begun.pending_review.checkpoint_id
-    assert (
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer).result.status
-        == "Committed"
-    )
+    assert decide(case, begun.operation_id, reviewer).commit.status == "Committed"
+
+
+def test_a_refused_pause_is_paused_again_by_the_first_begin(case, begun, reviewer):
+    """Begin does not report a pause it could not resume: it moves the pending review."""
+    row = _pause_row(begun)
+    WorkflowCheckpoint.objects.filter(pk=row.pk).update(payload=row.payload.replace("T-1042", "T-1043"))
+    again = review_begin(case=case)
+    assert (again.created, again.checkpoints) == (True, 1)
+    assert again.pending_review.checkpoint_id != row.checkpoint_id
+    assert WorkflowCheckpoint.objects.filter(pk=row.pk).exists()  # the refused row stays, as evidence
+    assert decide(case, begun.operation_id, reviewer).outcome == Outcome.COMMITTED
+
+
+# --- the checkpoint store ----------------------------------------------------------------
 
 
 def test_the_store_saves_plain_json_only(begun):
@@ -283,7 +540,6 @@ def test_the_store_saves_plain_json_only(begun):
 
 
 def test_the_case_lock_excludes_another_thread(transactional_db):
-    from decisionflow.core.errors import CaseBusy
     from decisionflow.core.locks import case_lock
 
     held, release, outcome = threading.Event(), threading.Event(), {}
@@ -318,25 +574,53 @@ def test_the_case_lock_excludes_another_thread(transactional_db):
         pass
 
 
+def test_a_decision_that_must_begin_a_busy_case_answers_busy_within_its_timeout(committed_case, reviewer, settings):
+    """Beginning takes the case lock, waited for DECISIONFLOW_DECISION_LOCK_TIMEOUT: then busy, nothing written."""
+    import time
+
+    from decisionflow.core.locks import case_lock
+
+    op = decidable_operation_id(committed_case)
+    settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.3
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with case_lock(committed_case.case_id, timeout=5):
+                held.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(10)
+        started = time.monotonic()
+        with pytest.raises(CaseBusy, match="another action on case T-1042 is in progress; try again") as busy:
+            decide(committed_case, op, reviewer)
+        assert time.monotonic() - started < 3
+    finally:
+        release.set()
+        thread.join(20)
+    assert (busy.value.code, busy.value.exit_code, busy.value.http_status) == ("case_busy", 6, 409)
+    assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
+    refused_attempt("case_busy")
+    decided = decide(committed_case, op, reviewer)  # free again: the same request now goes through
+    assert (decided.begun, decided.outcome) == (True, Outcome.COMMITTED)
+
+
 def test_an_edit_back_to_an_earlier_text_revives_its_pending_review(case, begun, reviewer):
     body = begun.pending_review.proposal.body
-    _, edited = review_edit(case=case, expected_operation_id=begun.operation_id, body=body + " More.", editor=reviewer)
-    revision, back = review_edit(case=case, expected_operation_id=edited.operation_id, body=body, editor=reviewer)
-    assert revision.changed and back.operation_id == begun.operation_id and back.created is False
+    edited = review_edit(
+        case=case, expected_operation_id=begun.operation_id, body=body + " More.", editor=reviewer
+    ).begun
+    back = review_edit(case=case, expected_operation_id=edited.operation_id, body=body, editor=reviewer)
+    assert back.revision.changed and back.begun.operation_id == begun.operation_id
+    assert (back.begun.created, back.begun.checkpoints) == (False, 0)
     assert dict(PendingReview.objects.values_list("operation_id", "status")) == {
         begun.operation_id: "pending",
         edited.operation_id: "superseded",
     }
-    assert (
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer).result.status
-        == "Committed"
-    )
+    assert decide(case, begun.operation_id, reviewer).commit.status == "Committed"
     assert PendingReview.objects.get(operation_id=begun.operation_id).status == "completed"
-
-
-def test_a_request_from_another_workflow_version_is_refused(case, begun, reviewer):
-    row = _pause_row(begun)
-    _store(row, row.payload.replace(f'"workflow_version":"{WORKFLOW_VERSION}"', '"workflow_version":"review-v0"'))
-    with pytest.raises(WorkflowIncompatible, match="review-v0"):
-        review_resume(case=case, operation_id=begun.operation_id, approved=True, reviewer=reviewer)
-    assert CommitAttempt.objects.count() == 0

@@ -88,6 +88,19 @@ def test_usage_errors_exit_1_and_write_nothing(case, reviewer, settings, capsys)
     _refused("resume", "T-1042", "--operation-id", op, "--approve", match="DECISIONFLOW_REVIEWER")
     _refused("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "nobody", match="no user")
     _refused("resume", "T-9999", "--operation-id", op, "--approve", "--reviewer", "reviewer", match="no case")
+    settings.DECISIONFLOW_FAULT_INJECTION = True
+    _refused(
+        "resume",
+        "T-1042",
+        "--operation-id",
+        op,
+        "--approve",
+        "--reviewer",
+        "reviewer",
+        "--fault",
+        "explode",
+        match="unknown fault 'explode'",
+    )
     settings.DECISIONFLOW_FAULT_INJECTION = False
     _refused(
         "resume",
@@ -139,7 +152,11 @@ def test_the_demo_tells_the_whole_story():
     proc = subprocess.run(manage_argv("demo"), env={**env, "DEBUG": "1"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "executor failed: LostReceipt (exit 42)" in out
+    assert "begin: status=PendingRequests op=op-v1-e3976ac9e004… checkpoints=1" in out
+    assert "approve: resumed status=PendingRequests requestBound=True" in out
+    uncertain = "outcome uncertain: the commit step failed after it may have written (LostReceipt)"
+    lost = [line for line in out.splitlines() if line.startswith(uncertain)]
+    assert len(lost) == 2 and all("(exit 42) <- " in line for line in lost), out  # the story and the control
     assert "reconcile: case=T-1042 op=op-v1-e3976ac9e004… state=Committed effects=1" in out
     assert out.count('result={"Status":"Committed","Replay":true,"EffectCount":1}') == 2
     assert 'decline (another case): result={"Status":"Declined","Replay":false,"EffectCount":0}' in out
