@@ -1,21 +1,31 @@
 """Commit (decision + effect in one transaction), reconciliation, and repair.
 
 The unique constraints on ``operation_id`` are the atomic step of commit: every insert is
-attempted, and a unique violation is read back as a replay or a conflict. Nothing checks
-first and writes later.
+attempted, and a conflict is read back as a replay or a conflict. Nothing checks first and
+writes later.
+
+On PostgreSQL a commit is five round trips: BEGIN, ``SET LOCAL lock_timeout``, one
+statement that locks the case row and reads the proposal, one data-modifying statement
+(decision, effect, attempt row, pending review), COMMIT. SQLite runs the same steps through
+the ORM in one IMMEDIATE transaction.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from functools import cache
+from typing import Any, NamedTuple
 
-from django.db import IntegrityError, connection, transaction
+from django.contrib.auth import get_user_model
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
 
 from cases.models import Case
 from decisionflow.core import identity
 from decisionflow.core.errors import (
+    CaseBusy,
     DecisionflowError,
     InvalidInput,
     NotFound,
@@ -23,9 +33,12 @@ from decisionflow.core.errors import (
     StaleProposal,
 )
 from decisionflow.core.faults import crash_point
-from reviews.models import Proposal, ReviewDecision
+from decisionflow.core.locks import decision_lock_timeout
+from reviews.models import PendingReview, Proposal, ReviewDecision
 
 from .models import CommitAttempt, EffectRecord
+
+log = logging.getLogger(__name__)
 
 REVIEW_PERMISSION = "reviews.review_proposal"
 
@@ -35,6 +48,9 @@ CONFLICTING = "ConflictingDecision"
 
 PENDING = "Pending"
 NO_LOCAL_EFFECT = "NoLocalEffectRecorded"
+
+# PostgreSQL's lock_not_available: a lock wait outlasted lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 @dataclass(frozen=True)
@@ -60,7 +76,11 @@ def reviewer_check(reviewer) -> None:
 def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail=""):
     # Every call appends one row, through the one-statement insert (no ORM save machinery:
     # this is on every commit's path).
-    fields = {
+    _insert_row(CommitAttempt, _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail))
+
+
+def _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail) -> dict:
+    return {
         "operation_id": str(operation_id)[:200],
         "case_id": case_id,
         "approved": approved if isinstance(approved, bool) else None,
@@ -69,13 +89,65 @@ def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, det
         "channel": channel,
         "detail": detail[:2000],
     }
-    if connection.features.can_return_columns_from_insert:
+
+
+def attempt_record(
+    *, operation_id, case: Case | None, approved, reviewer, channel: str, outcome: str, detail: str = ""
+) -> None:
+    """Append one ``CommitAttempt`` for a call that ended before a commit could record it.
+
+    It never waits for the case row. The row's foreign key takes ``FOR KEY SHARE`` on the
+    case, which waits behind a ``FOR UPDATE`` holder, and that holder is often the very
+    reason the call was refused (``CaseBusy``). So on PostgreSQL the case is taken with
+    ``SKIP LOCKED``: when its row is locked against us, the attempt is recorded without the
+    case and names it in ``detail`` instead. One statement, in the caller's transaction if
+    there is one (autocommit otherwise).
+    """
+    _attempt_without_waiting(
+        operation_id=operation_id,
+        case_pk=case.pk if case is not None else None,
+        case_label=case.case_id if case is not None else "",
+        approved=approved,
+        reviewer=reviewer,
+        channel=channel,
+        outcome=outcome,
+        detail=detail,
+    )
+
+
+def _attempt_without_waiting(*, operation_id, case_pk, case_label, approved, reviewer, channel, outcome, detail):
+    fields = _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail)
+    if case_pk is None or connection.vendor != "postgresql":
+        # No case row to lock; or SQLite, which has no row locks (only its database lock,
+        # which every write waits for alike).
         _insert_row(CommitAttempt, fields)
-    else:  # SQLite < 3.35
-        CommitAttempt.objects.create(**fields)
+        return
+    # Holding FOR KEY SHARE from the CTE on, the deferred foreign-key check at the end of the
+    # transaction asks again for a lock this transaction already has: no wait there either.
+    sql = f"""
+        WITH c AS (SELECT id FROM {Case._meta.db_table} WHERE id = %(case)s FOR KEY SHARE SKIP LOCKED)
+        INSERT INTO {CommitAttempt._meta.db_table}
+            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at)
+        SELECT %(operation_id)s, (SELECT id FROM c), %(approved)s, %(reviewer)s, %(outcome)s, %(channel)s,
+               CASE WHEN EXISTS (SELECT FROM c) THEN %(detail)s ELSE %(detail_named)s END, %(now)s
+    """
+    params = {
+        "case": case_pk,
+        "operation_id": fields["operation_id"],
+        "approved": fields["approved"],
+        "reviewer": getattr(fields["reviewer"], "pk", None),
+        "outcome": outcome,
+        "channel": channel,
+        "detail": fields["detail"],
+        "detail_named": f"{fields['detail']} (case {case_label}: its row was locked, so it is named here)"[:2000],
+        "now": timezone.now(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
+    # PostgreSQL's commit statement builds the same row in SQL (_commit_sql); keep them alike.
     return {
         "operation_id": proposal.operation_id,
         "decision": decision,
@@ -96,11 +168,9 @@ def _insert_once(model, **fields):
 
     One statement, ``INSERT ... ON CONFLICT (operation_id) DO NOTHING RETURNING id``: the
     unique key is still the atomic step, but the database absorbs the conflict instead of
-    raising it, so no savepoint is needed to keep the transaction usable (four round trips
-    less per commit; see docs/PERFORMANCE.md). Any other violation still raises.
+    raising it, so no savepoint is needed to keep the transaction usable. Any other
+    violation still raises. (RETURNING needs SQLite 3.35 or later.)
     """
-    if not connection.features.can_return_columns_from_insert:  # SQLite < 3.35
-        return _insert_once_savepoint(model, **fields)
     return _insert_row(model, fields, on_conflict="operation_id")
 
 
@@ -130,96 +200,363 @@ def _insert_row(model, fields: dict, *, on_conflict: str | None = None):
     return obj
 
 
-def _insert_once_savepoint(model, **fields):
-    try:
-        with transaction.atomic():
-            return model.objects.create(**fields)
-    except IntegrityError:
-        if not model.objects.filter(operation_id=fields["operation_id"]).exists():
-            raise
-        return None
+@dataclass
+class _Call:
+    """One call of effect_commit: what its attempt row needs, learnt as the commit goes."""
 
+    operation_id: Any
+    approved: Any
+    reviewer: Any
+    channel: str
+    case_pk: int | None = None
+    case_known: bool = False
+    # True once this call's attempt row is written, or must not be tried again.
+    recorded: bool = False
+    # True once COMMIT may have been sent: from then on only the effect store knows.
+    commit_sent: bool = False
 
-def _commit(*, operation_id: str, approved: bool, reviewer, channel: str, proposal: Proposal | None) -> CommitResult:
-    with transaction.atomic(durable=True):
-        # A proposal is write-once, so the row effect_commit already read is still exact;
-        # only a miss is looked up again (it may have been created since).
-        if proposal is None:
-            proposal = Proposal.objects.filter(operation_id=operation_id).first()
-        if proposal is None:
-            raise NotFound(f"no proposal has operation {operation_id}")
-        # The case row lock orders this commit against a concurrent edit of the same case,
-        # so "is this still the current proposal?" cannot change before we write.
-        case = Case.objects.select_for_update().only("id", "case_id", "current_proposal_id").get(pk=proposal.case_id)
-        if case.current_proposal_id != proposal.pk:
-            # (No current proposal at all: nothing to look up; filter(pk=None) would match nothing.)
-            current = (
-                Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
-                if case.current_proposal_id is not None
-                else None
-            )
-            raise StaleProposal(
-                f"stale: {identity.short(operation_id)} is not the current proposal of case "
-                f"{case.case_id}; the current one is {identity.short(current or '')}",
-                current_operation_id=current,
-                case_id=case.case_id,
-            )
-        crash_point("commit-before-decision")
-        new_decision = _insert_once(
-            ReviewDecision, operation_id=operation_id, proposal=proposal, approved=approved, reviewer=reviewer
+    def record(self, outcome: str, detail: str = "") -> None:
+        if not self.case_known and identity.is_operation_id(self.operation_id):
+            # Only refusals before the commit get here; the commit learns the case itself.
+            found = Proposal.objects.filter(operation_id=self.operation_id).order_by()
+            self.case_pk = next(iter(found.values_list("case_id", flat=True)[:1]), None)
+        _attempt(
+            operation_id=self.operation_id,
+            case_id=self.case_pk,
+            approved=self.approved,
+            reviewer=self.reviewer,
+            outcome=outcome,
+            channel=self.channel,
+            detail=detail,
         )
-        # Only a decision that was already there needs reading back (one round trip less
-        # on the common path; see docs/PERFORMANCE.md).
-        decision = new_decision or ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
-        attempt = {
-            "operation_id": operation_id,
-            "case_id": case.pk,
-            "approved": approved,
-            "reviewer": reviewer,
-            "channel": channel,
-        }
-        if decision.approved != approved:
-            _attempt(
-                **attempt,
-                outcome=CommitAttempt.Outcome.CONFLICT,
-                detail=f"already {'approved' if decision.approved else 'declined'} by "
-                f"{decision.reviewer.get_username()}",
-            )
-            effects = EffectRecord.objects.filter(operation_id=operation_id).count()
-            return CommitResult(CONFLICTING, False, effects, operation_id, decision)
-        if not approved:
-            _attempt(
-                **attempt, outcome=CommitAttempt.Outcome.DECLINED if new_decision else CommitAttempt.Outcome.REPLAY
-            )
-            return CommitResult(DECLINED, not new_decision, 0, operation_id, decision)
-        crash_point("commit-after-decision")
+        self.recorded = True
+
+
+def _result(outcome: str, *, approved: bool, effect_count: int, operation_id: str, decision) -> CommitResult:
+    if outcome == CommitAttempt.Outcome.CONFLICT:
+        return CommitResult(CONFLICTING, False, effect_count, operation_id, decision)
+    status = COMMITTED if approved else DECLINED
+    return CommitResult(status, outcome == CommitAttempt.Outcome.REPLAY, effect_count, operation_id, decision)
+
+
+def _stale(operation_id: str, case_label: str, current_proposal_id: int | None) -> StaleProposal:
+    # A statement of its own, after the lock: a proposal made by the edit we waited for is
+    # not in the locking statement's snapshot. (No current proposal at all: nothing to look up.)
+    current = (
+        Proposal.objects.filter(pk=current_proposal_id).values_list("operation_id", flat=True).first()
+        if current_proposal_id is not None
+        else None
+    )
+    return StaleProposal(
+        f"stale: {identity.short(operation_id)} is not the current proposal of case "
+        f"{case_label}; the current one is {identity.short(current or '')}",
+        current_operation_id=current,
+        case_id=case_label,
+    )
+
+
+def _not_found(operation_id: str) -> NotFound:
+    return NotFound(f"no proposal has operation {operation_id}")
+
+
+class _CaseLockTimeout(Exception):
+    """The case row stayed locked past lock_timeout; raised inside the transaction so that
+    it rolls back, and answered as CaseBusy outside it."""
+
+
+def _lock_timeout_ms() -> int:
+    # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
+    return max(1, round(decision_lock_timeout() * 1000))
+
+
+def _is_lock_timeout(exc: BaseException) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+
+
+# FOR NO KEY UPDATE, not FOR UPDATE: every attempt row's foreign key takes FOR KEY SHARE on
+# the case row, which FOR UPDATE would block (a refusal's audit row waiting behind a commit)
+# and FOR NO KEY UPDATE does not. Commits and edits (which update the row) still exclude
+# each other.
+_LOCK_SQL = f"""
+    SELECT c.id, c.case_id, c.current_proposal_id, p.id
+    FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
+    WHERE p.operation_id = %s
+    FOR NO KEY UPDATE OF c
+"""
+
+
+@cache
+def _commit_sql() -> str:
+    """The decision, its effect, the attempt row and the pending review, in one statement.
+
+    new_decision is the atomic step; standing is the decision that holds (just inserted, or
+    the one already there); new_effect is written only for an approval whose standing
+    decision is an approval; the attempt's outcome is computed from both; and the pending
+    review is completed for every outcome that reaches this statement.
+    """
+    user = get_user_model()
+    username = next(f.column for f in user._meta.concrete_fields if f.name == user.USERNAME_FIELD)
+    outcome = CommitAttempt.Outcome
+    return f"""
+    WITH new_decision AS (
+        INSERT INTO {ReviewDecision._meta.db_table} (operation_id, proposal_id, approved, reviewer_id, decided_at)
+        VALUES (%(operation_id)s, %(proposal)s, %(approved)s, %(reviewer)s, %(now)s)
+        ON CONFLICT (operation_id) DO NOTHING
+        RETURNING id, approved, reviewer_id, decided_at
+    ), standing AS (
+        SELECT id, approved, reviewer_id, decided_at, TRUE AS is_new FROM new_decision
+        UNION ALL
+        SELECT id, approved, reviewer_id, decided_at, FALSE FROM {ReviewDecision._meta.db_table}
+        WHERE operation_id = %(operation_id)s AND NOT EXISTS (SELECT FROM new_decision)
+    ), new_effect AS (
+        INSERT INTO {EffectRecord._meta.db_table} (
+            operation_id, decision_id, case_id, proposal_id, action, body, evidence_id,
+            source_versions, policy_id, policy_snapshot, reviewer_id, recorded_at
+        )
+        SELECT p.operation_id, s.id, p.case_id, p.id, p.action, p.body, p.evidence_id,
+               COALESCE(
+                   (SELECT jsonb_object_agg(x ->> 'source_id', x -> 'version') FROM jsonb_array_elements(p.passages) x),
+                   '{{}}'::jsonb
+               ),
+               p.policy_id, p.policy_snapshot, s.reviewer_id, %(now)s
+        FROM standing s JOIN {Proposal._meta.db_table} p ON p.id = %(proposal)s
+        WHERE s.approved AND %(approved)s
+        ON CONFLICT (operation_id) DO NOTHING
+        RETURNING id
+    ), outcome AS (
+        SELECT s.*, CASE
+            WHEN s.approved <> %(approved)s THEN '{outcome.CONFLICT.value}'
+            WHEN s.is_new AND s.approved THEN '{outcome.COMMITTED.value}'
+            WHEN s.is_new THEN '{outcome.DECLINED.value}'
+            WHEN EXISTS (SELECT FROM new_effect) THEN '{outcome.COMMITTED.value}'
+            ELSE '{outcome.REPLAY.value}'
+        END AS outcome
+        FROM standing s
+    ), attempt AS (
+        INSERT INTO {CommitAttempt._meta.db_table}
+            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at)
+        SELECT %(operation_id)s, %(case)s, %(approved)s, %(reviewer)s, o.outcome, %(channel)s,
+               CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
+                    THEN 'already ' || CASE WHEN o.approved THEN 'approved' ELSE 'declined' END || ' by '
+                         || (SELECT u.{username} FROM {user._meta.db_table} u WHERE u.id = o.reviewer_id)
+                    ELSE '' END,
+               %(now)s
+        FROM outcome o
+    ), completed AS (
+        UPDATE {PendingReview._meta.db_table} SET status = '{PendingReview.Status.COMPLETED.value}', updated_at = %(now)s
+        WHERE operation_id = %(operation_id)s AND status = '{PendingReview.Status.PENDING.value}'
+    )
+    SELECT o.outcome, o.id, o.approved, o.reviewer_id, o.decided_at,
+           CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
+                THEN (SELECT count(*) FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s)
+                WHEN o.approved THEN 1 ELSE 0 END
+    FROM outcome o
+    """
+
+
+def _commit_postgresql(call: _Call) -> CommitResult:
+    operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
+    try:
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            # Bounds every lock wait of this transaction: on the case row that is CaseBusy; in
+            # the commit statement or at COMMIT it is a failure like any other.
+            cursor.execute(f"SET LOCAL lock_timeout = '{_lock_timeout_ms()}ms'")
+            try:
+                cursor.execute(_LOCK_SQL, [operation_id])
+            except OperationalError as exc:
+                if _is_lock_timeout(exc):
+                    raise _CaseLockTimeout from exc
+                raise
+            row = cursor.fetchone()
+            call.case_known = True
+            if row is None:
+                raise _not_found(operation_id)
+            case_pk, case_label, current_proposal_id, proposal_pk = row
+            call.case_pk = case_pk
+            # The case row lock orders this commit against a concurrent edit of the same case,
+            # so "is this still the current proposal?" cannot change before we write.
+            if current_proposal_id != proposal_pk:
+                raise _stale(operation_id, case_label, current_proposal_id)
+            crash_point("commit-before-decision")
+            params = {
+                "operation_id": operation_id,
+                "proposal": proposal_pk,
+                "approved": approved,
+                "reviewer": reviewer.pk,
+                "case": case_pk,
+                "channel": call.channel,
+                "now": timezone.now(),
+            }
+            # Every CTE of the statement reads one snapshot, taken when it starts. When the
+            # decision insert loses ON CONFLICT to a transaction that committed after that
+            # snapshot, the read of the standing decision cannot see the winner, so the
+            # statement could not tell a replay from a conflict. The case row lock above is
+            # what prevents that: every commit of this operation holds it, so any decision
+            # committed before we got the lock is in this statement's snapshot. Only a writer
+            # that skips the lock can still win in between; the statement then returns no row
+            # and writes nothing but the pending review's completion (which stands either
+            # way), and running it again, with a new snapshot, is exact.
+            for _ in range(2):
+                cursor.execute(_commit_sql(), params)
+                returned = cursor.fetchone()
+                if returned is not None:
+                    break
+            else:
+                raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
+            crash_point("commit-after-decision")
+            call.commit_sent = True
+    except _CaseLockTimeout as timeout:
+        raise _busy(call) from timeout.__cause__
+    outcome, decision_pk, decision_approved, reviewer_pk, decided_at, effect_count = returned
+    decision = ReviewDecision.from_db(
+        connection.alias,
+        ["id", "operation_id", "proposal_id", "approved", "reviewer_id", "decided_at"],
+        [decision_pk, operation_id, proposal_pk, decision_approved, reviewer_pk, decided_at],
+    )
+    if reviewer_pk == reviewer.pk:
+        decision.reviewer = reviewer
+    return _result(outcome, approved=approved, effect_count=effect_count, operation_id=operation_id, decision=decision)
+
+
+def _busy(call: _Call) -> CaseBusy:
+    """The answer to a case locked past the timeout, once the transaction rolled back.
+
+    PostgreSQL: the attempt row is written without waiting for that same row lock
+    (``attempt_record``). SQLite: the lock is the whole database's, so no row can be
+    written without waiting for it; the attempt is logged instead of recorded.
+    """
+    # A plain read: it waits for no row lock (nor, on SQLite, for another writer).
+    found = Case.objects.filter(proposals__operation_id=call.operation_id).order_by().values_list("pk", "case_id")[:1]
+    case_pk, case_label = next(iter(found), (None, "?"))
+    message = f"another action on case {case_label} is in progress; try again"
+    what = identity.short(str(call.operation_id))
+    call.recorded = True  # either way: another try would wait on the same lock
+    if connection.vendor != "postgresql":
+        log.warning("busy attempt on %s not recorded (the database is locked): %s", what, message)
+        return CaseBusy(message, case_id=case_label)
+    try:
+        _attempt_without_waiting(
+            operation_id=call.operation_id,
+            case_pk=case_pk,
+            case_label=case_label,
+            approved=call.approved,
+            reviewer=call.reviewer,
+            channel=call.channel,
+            outcome=CommitAttempt.Outcome.REFUSED,
+            detail=f"busy: {message}",
+        )
+    except Exception:
+        # The refusal stands without its audit row.
+        log.exception("could not record the busy attempt on %s", what)
+    return CaseBusy(message, case_id=case_label)
+
+
+def _commit_orm(call: _Call) -> CommitResult:
+    """SQLite: the same commit through the ORM. No row locks here: settings open every
+    transaction with BEGIN IMMEDIATE, so it holds the database's write lock from its first
+    statement, and commits and edits run one at a time."""
+    began = False
+    try:
+        with transaction.atomic(durable=True):
+            began = True
+            outcome, effect_count, decision = _commit_orm_writes(call)
+            crash_point("commit-after-decision")
+            call.commit_sent = True
+    except OperationalError as exc:
+        # BEGIN IMMEDIATE waited out the busy timeout behind another writer and nothing ran:
+        # SQLite's form of PostgreSQL's lock timeout on the case row.
+        if began or "database is locked" not in str(exc):
+            raise
+        raise _busy(call) from None
+    return _result(
+        outcome, approved=call.approved, effect_count=effect_count, operation_id=call.operation_id, decision=decision
+    )
+
+
+def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
+    """The reads and writes of one SQLite commit, inside its transaction."""
+    operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
+    # No ORDER BY: operation_id is unique, so the model's default ordering is only cost.
+    proposal = next(
+        iter(Proposal.objects.select_related("case").filter(operation_id=operation_id).order_by()[:1]), None
+    )
+    call.case_known = True
+    if proposal is None:
+        raise _not_found(operation_id)
+    case = proposal.case
+    call.case_pk = case.pk
+    if case.current_proposal_id != proposal.pk:
+        raise _stale(operation_id, case.case_id, case.current_proposal_id)
+    crash_point("commit-before-decision")
+    new_decision = _insert_once(
+        ReviewDecision, operation_id=operation_id, proposal=proposal, approved=approved, reviewer=reviewer
+    )
+    # Only a decision that was already there needs reading back.
+    decision = new_decision or ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
+    detail = ""
+    if decision.approved != approved:
+        outcome = CommitAttempt.Outcome.CONFLICT
+        detail = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
+        effect_count = EffectRecord.objects.filter(operation_id=operation_id).count()
+    elif not approved:
+        outcome = CommitAttempt.Outcome.DECLINED if new_decision else CommitAttempt.Outcome.REPLAY
+        effect_count = 0
+    else:
         new_effect = _insert_once(EffectRecord, **_effect_fields(proposal, decision))
         replay = new_decision is None and new_effect is None
-        _attempt(**attempt, outcome=CommitAttempt.Outcome.REPLAY if replay else CommitAttempt.Outcome.COMMITTED)
-        return CommitResult(COMMITTED, replay, 1, operation_id, decision)
+        outcome = CommitAttempt.Outcome.REPLAY if replay else CommitAttempt.Outcome.COMMITTED
+        effect_count = 1
+    _attempt(
+        operation_id=operation_id,
+        case_id=case.pk,
+        approved=approved,
+        reviewer=reviewer,
+        outcome=outcome,
+        channel=call.channel,
+        detail=detail,
+    )
+    # update() skips auto_now, hence updated_at by hand.
+    PendingReview.objects.filter(operation_id=operation_id, status=PendingReview.Status.PENDING).update(
+        status=PendingReview.Status.COMPLETED, updated_at=timezone.now()
+    )
+    return outcome, effect_count, decision
+
+
+def _record_failure(call: _Call, exc: Exception) -> None:
+    """The FAILED attempt row, written only when the commit is known to have rolled back.
+
+    Never raises: the caller re-raises ``exc``, which must not be masked by the audit row.
+    """
+    what = identity.short(str(call.operation_id))
+    if call.commit_sent:
+        # COMMIT itself failed: it may have been applied (with its own attempt row) or not,
+        # and only the effect store can tell. A "failed" row could be a lie.
+        log.warning("commit of %s failed at COMMIT (%s); outcome unknown, no attempt recorded", what, exc)
+        return
+    if connection.connection is None or connection.needs_rollback:
+        # The rollback failed and Django dropped the connection (or an outer block must
+        # roll back first): the server rolled back, but there is nothing to write with.
+        log.warning("commit of %s failed (%s) on an unusable connection; no attempt recorded", what, exc)
+        return
+    try:
+        call.record(CommitAttempt.Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+    except Exception:
+        log.exception("could not record the failed attempt of %s", what)
 
 
 def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str = "service") -> CommitResult:
     """Record a reviewer's decision on one operation and, for an approval, write its effect.
 
-    One durable transaction: when this returns, the decision and the effect are committed.
-    The first approval writes both; the same approval again writes nothing and says
-    ``replay``; the opposite decision is ``ConflictingDecision`` and never an update.
-    Refusals (not a boolean, no permission, unknown or stale operation) raise and write
-    no decision or effect. Every call, refused or not, appends a ``CommitAttempt``.
+    One durable transaction: when this returns, the decision and the effect are committed,
+    and the operation's pending review, if any, is marked completed with them. The first
+    approval writes both; the same approval again writes nothing and says ``replay``; the
+    opposite decision is ``ConflictingDecision`` and never an update. Refusals (not a
+    boolean, no permission, unknown or stale operation, ``CaseBusy`` when another action
+    holds the case row longer than ``decision_lock_timeout()``) raise and write no decision
+    or effect. Every call, refused or not, appends a ``CommitAttempt``; a failure is
+    recorded as ``failed`` only when the transaction is known to have rolled back.
     """
-    # The whole (immutable) proposal, read once: the attempt row needs its case and the
-    # commit reuses it instead of reading it again inside the transaction.
-    # No ORDER BY: operation_id is unique, so the model's default ordering is only cost.
-    proposal = next(iter(Proposal.objects.filter(operation_id=str(operation_id)).order_by()[:1]), None)
-    case_id = proposal.case_id if proposal is not None else None
-    attempt = {
-        "operation_id": operation_id,
-        "case_id": case_id,
-        "approved": approved,
-        "reviewer": reviewer,
-        "channel": channel,
-    }
+    call = _Call(operation_id, approved, reviewer, channel)
     try:
         # bool only: 1, "true" or None are not consent.
         if type(approved) is not bool:
@@ -227,15 +564,14 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
         if not identity.is_operation_id(operation_id):
             raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
         reviewer_check(reviewer)
-        result = _commit(
-            operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, proposal=proposal
-        )
+        result = _commit_postgresql(call) if connection.vendor == "postgresql" else _commit_orm(call)
     except DecisionflowError as exc:
-        outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
-        _attempt(**attempt, outcome=outcome, detail=exc.message)
+        if not call.recorded:
+            outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+            call.record(outcome, exc.message)
         raise
     except Exception as exc:
-        _attempt(**attempt, outcome=CommitAttempt.Outcome.FAILED, detail=f"{type(exc).__name__}: {exc}")
+        _record_failure(call, exc)
         raise
     crash_point("commit-after-transaction")
     return result

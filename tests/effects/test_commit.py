@@ -7,7 +7,7 @@ import pytest
 from decisionflow.core.errors import InvalidInput, NotFound, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
-from reviews.models import ReviewDecision
+from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_revise
 
 
@@ -111,15 +111,139 @@ def test_unknown_or_malformed_operations_are_refused(proposal, reviewer, operati
     assert written() == (0, 0)
 
 
-def test_a_failure_inside_the_transaction_rolls_back_and_is_recorded(proposal, reviewer, monkeypatch):
+def fail_at(monkeypatch, point):
+    """Raise (instead of SIGKILL) at one of the commit's crash points."""
     from effects import services
 
-    def boom(*args, **kwargs):
-        raise RuntimeError("disk full")
+    def crash_point(name):
+        if name == point:
+            raise RuntimeError(f"disk full at {name}")
 
-    monkeypatch.setattr(services, "_effect_fields", boom)
-    with pytest.raises(RuntimeError):
+    monkeypatch.setattr(services, "crash_point", crash_point)
+
+
+def pending_review(proposal):
+    return PendingReview.objects.create(
+        case=proposal.case,
+        proposal=proposal,
+        operation_id=proposal.operation_id,
+        workflow_session_id="session-1",
+        checkpoint_id="checkpoint-1",
+        workflow_version="test",
+    )
+
+
+@pytest.mark.parametrize(
+    "point, decided, outcome, status",
+    [
+        ("commit-before-decision", (0, 0), "failed", "pending"),
+        # The decision, the effect, the attempt row and the pending review were all written
+        # by then, and all rolled back together.
+        ("commit-after-decision", (0, 0), "failed", "pending"),
+        ("commit-after-transaction", (1, 1), "committed", "completed"),
+    ],
+)
+def test_a_failure_at_each_crash_point_rolls_back_or_has_committed(
+    proposal, reviewer, monkeypatch, point, decided, outcome, status
+):
+    pending = pending_review(proposal)
+    fail_at(monkeypatch, point)
+    with pytest.raises(RuntimeError, match=point):
         effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    # The decision was inserted before the failure, and rolled back with it.
+    assert written() == decided
+    assert outcomes() == [outcome]
+    pending.refresh_from_db()
+    assert pending.status == status
+
+
+def test_the_pending_review_is_completed_with_the_commit(proposal, reviewer, make_user):
+    pending = pending_review(proposal)
+    before = pending.updated_at
+    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.COMPLETED and pending.updated_at > before
+    # A replay and a conflict leave it completed (and write nothing else to it).
+    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=make_user("other"))
+    assert list(PendingReview.objects.values_list("status", flat=True)) == ["completed"]
+    assert outcomes() == ["committed", "replay", "conflict"]
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_conflict_completes_a_pending_review_left_pending(proposal, reviewer, make_user, approved):
+    # e.g. the decision came in through another path that did not complete the pause.
+    effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
+    pending = pending_review(proposal)
+    result = effect_commit(operation_id=proposal.operation_id, approved=not approved, reviewer=make_user("other"))
+    assert result.status == "ConflictingDecision"
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.COMPLETED
+
+
+def test_a_stale_refusal_leaves_the_pending_review_alone(proposal, reviewer):
+    pending = pending_review(proposal)
+    proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer)
+    with pytest.raises(StaleProposal):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.PENDING
+    assert written() == (0, 0) and outcomes() == ["stale"]
+
+
+def test_refusals_before_the_commit_still_name_the_case(proposal, lead):
+    with pytest.raises(PermissionRefused):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=lead)
+    with pytest.raises(InvalidInput):
+        effect_commit(operation_id=proposal.operation_id, approved="yes", reviewer=lead)
+    assert list(CommitAttempt.objects.values_list("case_id", flat=True)) == [proposal.case_id] * 2
+
+
+def test_the_result_carries_the_decision_without_reading_it_again(proposal, reviewer, make_user):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    stored = ReviewDecision.objects.get()
+    with CaptureQueriesContext(connection) as captured:
+        seen = (result.decision.pk, result.decision.approved, result.decision.decided_at)
+        assert result.decision.reviewer.get_username() == "reviewer"
+    assert captured.captured_queries == []
+    assert seen == (stored.pk, True, stored.decided_at)
+    assert not result.decision._state.adding
+    # A conflict names the decision that stands, with its own reviewer.
+    other = effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=make_user("other"))
+    assert (other.decision.pk, other.decision.approved, other.decision.reviewer) == (stored.pk, True, reviewer)
+    assert CommitAttempt.objects.order_by("id").last().detail == "already approved by reviewer"
+
+
+def test_a_failed_audit_row_never_masks_the_failure(proposal, reviewer, monkeypatch, caplog):
+    from django.db import DatabaseError
+
+    from effects import services
+
+    def record(self, outcome, detail=""):
+        raise DatabaseError("the attempt table is unavailable")
+
+    fail_at(monkeypatch, "commit-after-decision")
+    monkeypatch.setattr(services._Call, "record", record)
+    with pytest.raises(RuntimeError, match="disk full"):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert "could not record the failed attempt" in caplog.text
     assert written() == (0, 0)
-    assert outcomes() == ["failed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_of_commit_itself_is_not_recorded_as_failed(proposal, reviewer, monkeypatch, caplog):
+    """COMMIT may have been applied when it raises; a "failed" row could be a lie."""
+    from django.db import OperationalError, connections
+
+    def lost(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(connections["default"], "_commit", lost)
+        with pytest.raises(OperationalError, match="server closed"):
+            effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    # Here the rollback that followed did undo it; the point is that no row claims to know.
+    assert outcomes() == []
+    assert "outcome unknown" in caplog.text

@@ -13,10 +13,10 @@ import pytest
 from django.db import connections
 
 from cases.models import Case
-from decisionflow.core.errors import StaleProposal
+from decisionflow.core.errors import AlreadyDecided, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
-from reviews.models import Proposal, ReviewDecision
+from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.services import proposal_create, proposal_revise
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -46,7 +46,21 @@ def race(calls):
 
 @pytest.fixture
 def live_proposal(case):
-    return proposal_create(case=case)
+    proposal = proposal_create(case=case)
+    # The workflow's pause for it, which the commit completes in its own transaction.
+    PendingReview.objects.create(
+        case=case,
+        proposal=proposal,
+        operation_id=proposal.operation_id,
+        workflow_session_id="session",
+        checkpoint_id="checkpoint",
+        workflow_version="test",
+    )
+    return proposal
+
+
+def attempts() -> Counter:
+    return Counter(CommitAttempt.objects.values_list("outcome", flat=True))
 
 
 def test_16_concurrent_approvals_write_one_effect(live_proposal, reviewer):
@@ -56,12 +70,20 @@ def test_16_concurrent_approvals_write_one_effect(live_proposal, reviewer):
     assert Counter((r.status, r.replay) for r in results) == {("Committed", False): 1, ("Committed", True): 15}
     assert EffectRecord.objects.filter(operation_id=op).count() == 1
     assert ReviewDecision.objects.count() == 1
-    assert CommitAttempt.objects.count() == 16
+    assert attempts() == {"committed": 1, "replay": 15}
+    assert set(CommitAttempt.objects.values_list("case_id", flat=True)) == {live_proposal.case_id}
+    assert PendingReview.objects.get().status == PendingReview.Status.COMPLETED
+    # Every result names the one decision.
+    assert {r.decision.pk for r in results} == {ReviewDecision.objects.get().pk}
 
 
-def test_8_approvals_racing_8_declines_have_one_first_decision(live_proposal, reviewer):
+def test_8_approvals_racing_8_declines_have_one_first_decision(live_proposal, reviewer, make_user):
     op = live_proposal.operation_id
-    calls = [lambda a=a: effect_commit(operation_id=op, approved=a, reviewer=reviewer) for a in [True, False] * 8]
+    other = make_user("other")
+    calls = [
+        lambda a=a: effect_commit(operation_id=op, approved=a, reviewer=reviewer if a else other)
+        for a in [True, False] * 8
+    ]
     results, errors = race(calls)
     assert errors == []
     decision = ReviewDecision.objects.get()
@@ -71,6 +93,34 @@ def test_8_approvals_racing_8_declines_have_one_first_decision(live_proposal, re
     assert all(r.status in (winner, "ConflictingDecision") for r in results)
     assert sum(r.status == "ConflictingDecision" for r in results) == 8
     assert EffectRecord.objects.count() == (1 if decision.approved else 0)
+    first = "committed" if decision.approved else "declined"
+    assert attempts() == {first: 1, "replay": 7, "conflict": 8}
+    assert set(CommitAttempt.objects.filter(outcome="conflict").values_list("detail", flat=True)) == {
+        f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
+    }
+    assert PendingReview.objects.get().status == PendingReview.Status.COMPLETED
+
+
+def test_8_approvals_racing_an_edit_either_commit_once_or_are_all_stale(live_proposal, reviewer):
+    case = Case.objects.get(pk=live_proposal.case_id)
+    op = live_proposal.operation_id
+    calls = [lambda: effect_commit(operation_id=op, approved=True, reviewer=reviewer)] * 8
+    calls.append(lambda: proposal_revise(case=case, expected_operation_id=op, body="Racing edit.", editor=reviewer))
+    results, errors = race(calls)
+    case.refresh_from_db()
+    if ReviewDecision.objects.filter(operation_id=op).exists():
+        # An approval locked the case first: the edit is refused, the rest are replays.
+        assert [type(e) for e in errors] == [AlreadyDecided]
+        assert case.current_proposal_id == live_proposal.pk
+        assert attempts() == {"committed": 1, "replay": 7}
+        assert PendingReview.objects.get().status == PendingReview.Status.COMPLETED
+    else:
+        # The edit locked it first: every approval names a superseded proposal.
+        assert len(errors) == 8 and all(isinstance(e, StaleProposal) for e in errors)
+        assert case.current_proposal_id != live_proposal.pk
+        assert attempts() == {"stale": 8}
+        assert PendingReview.objects.get().status == PendingReview.Status.PENDING
+    assert EffectRecord.objects.count() == ReviewDecision.objects.count()
 
 
 def test_two_concurrent_revisions_from_one_identity_make_one_new_proposal(live_proposal, reviewer):
@@ -101,3 +151,41 @@ def test_an_edit_racing_an_approval_never_approves_a_superseded_proposal(live_pr
     # Exactly one of the two won; never both (an approved proposal that is no longer current).
     assert decided != (case.current_proposal.operation_id != op)
     assert len(errors) == 1
+
+
+def test_on_sqlite_another_writer_past_the_busy_timeout_is_case_busy(live_proposal, reviewer):
+    """SQLite locks the whole database, so a write transaction stands in for a row lock."""
+    from django.db import connection, transaction
+    from django.db.models import F
+
+    from decisionflow.core.errors import CaseBusy
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite only; tests/effects/test_commit_postgres.py holds a row lock instead")
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        try:
+            with transaction.atomic():
+                Case.objects.filter(pk=live_proposal.case_id).update(subject=F("subject"))
+                held.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout = 300")
+        with pytest.raises(CaseBusy, match="^another action on case T-1042 is in progress; try again$"):
+            effect_commit(operation_id=live_proposal.operation_id, approved=True, reviewer=reviewer)
+    finally:
+        release.set()
+        thread.join(10)
+    # Nothing written; not even the attempt row, which would have waited for the same lock.
+    assert (ReviewDecision.objects.count(), CommitAttempt.objects.count()) == (0, 0)
+    assert PendingReview.objects.get().status == PendingReview.Status.PENDING
+    result = effect_commit(operation_id=live_proposal.operation_id, approved=True, reviewer=reviewer)
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}

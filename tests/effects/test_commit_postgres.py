@@ -1,0 +1,286 @@
+"""effect_commit on PostgreSQL: its round trips, the case row lock, and CaseBusy.
+
+These run with real transactions (Django's test transaction would turn BEGIN and COMMIT
+into savepoints), and lock rows from a second connection opened by the test.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from decisionflow.core.errors import CaseBusy, StaleProposal
+from effects.models import CommitAttempt, EffectRecord
+from effects.services import attempt_record, effect_commit, reviewer_check
+from reviews.models import PendingReview, ReviewDecision
+from reviews.services import proposal_revise
+from tests.conftest import database_url
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+# What Django's query log shows of one commit that reaches the data-modifying statement.
+# Django logs "BEGIN" when atomic() turns autocommit off; psycopg sends the real BEGIN just
+# before the first statement. round_trips() below reads the wire and sees exactly these.
+COMMIT_SHAPE = ["BEGIN", "SET LOCAL lock_timeout", "SELECT", "WITH new_decision AS (", "COMMIT"]
+
+
+def shape(captured) -> list[str]:
+    """Each logged statement, cut down to what identifies it."""
+    out = []
+    for query in captured.captured_queries:
+        sql = " ".join(query["sql"].split())
+        for prefix in COMMIT_SHAPE + ["ROLLBACK", "INSERT INTO"]:
+            if sql.startswith(prefix):
+                out.append(prefix)
+                break
+        else:
+            out.append(sql[:60])
+    return out
+
+
+@contextmanager
+def round_trips():
+    """Count the client's round trips on the wire with libpq's own trace.
+
+    A round trip is one "ReadyForQuery" from the server, the answer to a simple Query (BEGIN,
+    COMMIT, Django's client-side bound statements) or to an extended-protocol Parse ... Sync.
+    Yields a list that holds the statements sent, one per round trip, once the block ends.
+    """
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    sent: list[str] = []
+    with tempfile.TemporaryFile() as log:
+        pgconn.trace(log.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+        log.seek(0)
+        lines = log.read().decode().splitlines()
+    fields = [line.split("\t", 3) for line in lines]
+    sent += [f[3].strip()[:60] for f in fields if f[0] == "F" and f[2] in ("Query", "Parse")]
+    assert sum(f[0] == "B" and f[2] == "ReadyForQuery" for f in fields) == len(sent)
+
+
+def measured(call):
+    with round_trips() as sent, CaptureQueriesContext(connection) as captured:
+        try:
+            result = call()
+        except Exception as exc:
+            result = exc
+    return result, shape(captured), sent
+
+
+@pytest.fixture
+def warm(reviewer, make_user):
+    """The reviewers with their permission caches filled, as a channel leaves them."""
+    other = make_user("other")
+    for user in (reviewer, other):
+        reviewer_check(user)
+    return reviewer, other
+
+
+def test_a_first_approval_is_five_round_trips(proposal, warm):
+    reviewer, _ = warm
+    result, logged, sent = measured(
+        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    )
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    assert logged == COMMIT_SHAPE
+    assert len(sent) == 5 and sent[0] == '"BEGIN"' and sent[-1] == '"COMMIT"'
+    assert "lock_timeout = '3000ms'" in sent[1]
+
+
+@pytest.mark.parametrize(
+    "first, then, receipt",
+    [
+        (True, True, {"Status": "Committed", "Replay": True, "EffectCount": 1}),
+        (False, False, {"Status": "Declined", "Replay": True, "EffectCount": 0}),
+        (True, False, {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 1}),
+        (False, True, {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 0}),
+    ],
+)
+def test_a_replay_and_a_conflict_are_five_round_trips_too(proposal, warm, first, then, receipt):
+    reviewer, other = warm
+    effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
+    result, logged, sent = measured(
+        lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
+    )
+    assert result.receipt() == receipt
+    assert logged == COMMIT_SHAPE and len(sent) == 5
+
+
+def test_a_first_decline_is_five_round_trips(proposal, warm):
+    reviewer, _ = warm
+    result, logged, sent = measured(
+        lambda: effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
+    )
+    assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
+    assert logged == COMMIT_SHAPE and len(sent) == 5
+
+
+def test_the_lock_statement_takes_no_key_update_on_the_case_only(proposal, warm):
+    reviewer, _ = warm
+    with CaptureQueriesContext(connection) as captured:
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    lock = " ".join(captured.captured_queries[2]["sql"].split())
+    assert lock.endswith("FOR NO KEY UPDATE OF c") and "FOR UPDATE" not in lock
+
+
+def test_a_stale_refusal_costs_one_statement_more_and_rolls_back(proposal, warm):
+    reviewer, _ = warm
+    proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer)
+    result, logged, sent = measured(
+        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    )
+    assert isinstance(result, StaleProposal) and result.details["case_id"] == "T-1042"
+    # The current proposal's identity is read by a statement of its own, then the attempt
+    # row is appended after the rollback.
+    assert logged == ["BEGIN", "SET LOCAL lock_timeout", "SELECT", "SELECT", "ROLLBACK", "INSERT INTO"]
+    assert len(sent) == 6
+    assert list(CommitAttempt.objects.values_list("outcome", "case_id")) == [("stale", proposal.case_id)]
+
+
+@contextmanager
+def case_row_locked(case_pk: int, mode: str):
+    """Another session holding a row lock on the case until the block ends."""
+    with psycopg.connect(database_url()) as holder:
+        holder.execute(f"SELECT id FROM cases_case WHERE id = %s {mode}", [case_pk])
+        try:
+            yield holder
+        finally:
+            holder.rollback()
+
+
+@pytest.mark.parametrize(
+    "mode, attempt_names_the_case",
+    [
+        # An edit (proposal_revise) holds FOR UPDATE, which also blocks the attempt row's
+        # foreign key (FOR KEY SHARE): the attempt is recorded without the case, naming it.
+        ("FOR UPDATE", False),
+        # Another commit holds FOR NO KEY UPDATE, which the foreign key does not wait for.
+        ("FOR NO KEY UPDATE", True),
+    ],
+)
+def test_a_locked_case_row_answers_case_busy_then_commits(proposal, reviewer, settings, mode, attempt_names_the_case):
+    settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.5
+    pending = PendingReview.objects.create(
+        case=proposal.case,
+        proposal=proposal,
+        operation_id=proposal.operation_id,
+        workflow_session_id="s",
+        checkpoint_id="c",
+        workflow_version="test",
+    )
+    with case_row_locked(proposal.case_id, mode):
+        started = time.monotonic()
+        with pytest.raises(CaseBusy) as busy:
+            effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+        waited = time.monotonic() - started
+    assert 0.4 < waited < 5
+    assert busy.value.message == "another action on case T-1042 is in progress; try again"
+    assert busy.value.exit_code == 6 and busy.value.details["case_id"] == "T-1042"
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.PENDING
+    attempt = CommitAttempt.objects.get()
+    assert attempt.outcome == CommitAttempt.Outcome.REFUSED and attempt.detail.startswith("busy: ")
+    assert attempt.case_id == (proposal.case_id if attempt_names_the_case else None)
+    assert "T-1042" in attempt.detail and attempt.approved is True and attempt.reviewer == reviewer
+    # The transaction rolled back, and its lock_timeout went with it.
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
+
+    # Released: the very same call commits.
+    result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.COMPLETED
+    assert list(CommitAttempt.objects.order_by("id").values_list("outcome", flat=True)) == ["refused", "committed"]
+
+
+def test_attempt_record_never_waits_for_the_case_row(proposal, reviewer):
+    with case_row_locked(proposal.case_id, "FOR UPDATE"):
+        started = time.monotonic()
+        attempt_record(
+            operation_id=proposal.operation_id,
+            case=proposal.case,
+            approved=True,
+            reviewer=reviewer,
+            channel="api",
+            outcome=CommitAttempt.Outcome.REFUSED,
+            detail="case_busy: try again",
+        )
+        assert time.monotonic() - started < 1
+    attempt_record(
+        operation_id=proposal.operation_id,
+        case=proposal.case,
+        approved=None,
+        reviewer=None,
+        channel="api",
+        outcome=CommitAttempt.Outcome.REFUSED,
+        detail="invalid_request",
+    )
+    rows = list(CommitAttempt.objects.order_by("id").values_list("case_id", "detail", "reviewer_id"))
+    assert rows == [
+        (None, "case_busy: try again (case T-1042: its row was locked, so it is named here)", reviewer.pk),
+        (proposal.case_id, "invalid_request", None),
+    ]
+
+
+def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(proposal, reviewer, make_user):
+    """A writer that skips the case lock commits the decision while our insert waits on it.
+
+    The commit statement's snapshot predates that decision, so it finds none and writes
+    nothing; the commit runs the statement again and answers from the decision that stands.
+    """
+    other = make_user("other")
+    answer: dict = {}
+
+    def commit():
+        try:
+            answer["result"] = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+        except Exception as exc:
+            answer["error"] = exc
+        finally:
+            connections.close_all()
+
+    # pg_stat_activity is read once per transaction, so the watcher has a session of its own.
+    with psycopg.connect(database_url()) as writer, psycopg.connect(database_url(), autocommit=True) as watcher:
+        writer.execute(
+            "INSERT INTO reviews_reviewdecision (operation_id, proposal_id, approved, reviewer_id, decided_at) "
+            "VALUES (%s, %s, false, %s, now())",
+            [proposal.operation_id, proposal.pk, other.pk],
+        )
+        thread = threading.Thread(target=commit)
+        thread.start()
+        # Wait until the commit statement is blocked on the uncommitted decision.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ["%WITH new_decision AS%"],
+            ).fetchone()
+            if waiting and waiting[0]:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the commit never waited on the decision")
+        writer.commit()
+        thread.join(10)
+    assert "error" not in answer, answer
+    result = answer["result"]
+    assert result.receipt() == {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 0}
+    assert result.decision.approved is False and result.decision.reviewer == other
+    assert EffectRecord.objects.count() == 0
+    attempt = CommitAttempt.objects.get()
+    assert (attempt.outcome, attempt.detail) == ("conflict", "already declined by other")
