@@ -56,9 +56,14 @@ def token_authenticate(plaintext: str):
     if token is None:
         return None
     now = timezone.now()
-    ApiToken.objects.filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_RESOLUTION), pk=token.pk
-    ).update(last_used_at=now)
+    stale = now - LAST_USED_RESOLUTION
+    # Only a stale stamp is written: an UPDATE, even one that matches nothing, takes SQLite's
+    # write lock and would make every request wait behind any writer. The filter repeats the
+    # check so that concurrent requests still write it once.
+    if token.last_used_at is None or token.last_used_at < stale:
+        ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=token.pk).update(
+            last_used_at=now
+        )
     return token.user
 
 

@@ -181,7 +181,9 @@ def proposal_revise(
 
     with transaction.atomic():
         # Lock the case so a commit and an edit of the same case cannot interleave.
-        locked = Case.objects.select_for_update().filter(pk=case.pk).first()
+        # NO KEY UPDATE: orders this edit against a commit of the same case (which takes the
+        # same lock) without blocking the FOR KEY SHARE an attempt row's foreign key takes.
+        locked = Case.objects.select_for_update(no_key=True).filter(pk=case.pk).first()
         if locked is None:
             raise NotFound(f"case {case.case_id} does not exist")
         current = locked.current_proposal
