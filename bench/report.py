@@ -41,52 +41,39 @@ FINDINGS = {
         "per 4 KiB to encode."
     ),
     "commit_postgresql": (
-        "Profiled (cProfile + the query log): `effect_commit` made 14 round trips to PostgreSQL against the "
-        "baseline's 4 (BEGIN, two INSERTs, COMMIT), and each ORM statement costs ~0.5 ms of Python. Fixed in "
-        "effects/services.py (behaviour unchanged; tests/effects, tests/reviews and tests/workflow pass on "
-        "both databases): the immutable proposal is read once instead of twice; a freshly inserted decision "
-        "is not read back; and each write-once insert is one `INSERT ... ON CONFLICT (operation_id) DO "
-        "NOTHING RETURNING id` instead of SAVEPOINT, INSERT, RELEASE (and, on a conflict, an existence "
-        "check); the attempt row is one `INSERT ... RETURNING id` too, without the ORM's save machinery, "
-        "and the proposal lookup by its unique key no longer sorts. Now 7 round trips. What remains is what the guarantees need: the proposal lookup (is this "
-        "a known operation?), the case row lock that orders a commit against a concurrent edit (is it still "
-        "current?), and the append-only CommitAttempt row (every click is history) - 3 round trips and one "
-        "more row than the raw floor - and, above all, the ORM's Python per statement on this CPU: the "
-        '"ORM floor" row (the same two inserts through `objects.create`, nothing else) reaches only '
-        "{orm_postgresql} of raw here, against ~0.65 on the machine the goals came from. Measured ad hoc: "
-        "a lookup by a unique key costs 0.19 ms raw, 0.75 ms through `.get()` and 1.2 ms through "
-        "`.first()`. So the 0.5 goal is out of reach of any ORM-based commit on this machine. Recommended "
-        "if it matters: a raw-SQL commit path that does the lock check, both write-once inserts and the "
-        "attempt row in one statement (data-modifying CTEs), i.e. BEGIN, one statement, COMMIT."
+        "The commit is raw SQL now (effects/services.py, issue 12): BEGIN, `SET LOCAL lock_timeout`, one "
+        "statement that locks the case row (`FOR NO KEY UPDATE`) and reads the proposal, one "
+        "data-modifying statement built from CTEs (the decision and the effect as write-once "
+        "`INSERT ... ON CONFLICT DO NOTHING`, the attempt row, the pending review marked completed), "
+        "COMMIT: 5 round trips against the baseline's 4, where it was 7 ORM statements before. What it "
+        "keeps beyond the raw floor is what the guarantees need: the case row lock (is the proposal "
+        "still current?), the lock timeout (no request waits forever) and the append-only attempt row "
+        '(every click is history). The "ORM floor" row (the same two inserts through `objects.create`) '
+        "reaches {orm_postgresql} of raw, for comparison."
     ),
     "commit_concurrent": (
         "With 8 processes on 2 cores both sides are CPU-bound (the server's backends and the clients share "
-        "the cores), so the ORM's Python per statement weighs more than on one connection; the case row "
-        "locks do not contend (every worker commits different cases)."
+        "the cores); the case row locks do not contend (every worker commits different cases)."
     ),
     "replay_postgresql": (
-        "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush "
-        "(it is faster than a fresh raw commit). A replay through `effect_commit` is 8 statements through "
-        "the ORM (it reads the existing decision back to compare it, and locks the case) at ~0.5-0.75 ms "
-        "of Python each, which is most of the gap, and it appends a CommitAttempt row (outcome `replay`) by "
-        "design, so it is a durable write with its own WAL flush. Conflicts no longer cost a savepoint or a "
-        "failed statement (ON CONFLICT, see above). The attempt row is kept: support leads browse every retry."
+        "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush. A "
+        "replay through `effect_commit` is the same 5 round trips as a first commit, and it appends a "
+        "CommitAttempt row (outcome `replay`) by design, so it is a durable write with its own WAL flush: "
+        "support leads browse every retry."
     ),
     "resume_postgresql": (
-        "Profiled (cProfile + the query log of one resume): 29 statements against `effect_commit`'s 7, and "
-        "six durable commits against one. The engine saves four checkpoints during the resumed run and the "
-        "checkpoint store writes each in its own transaction (four WAL flushes); the pending review is "
-        "marked completed in a separate autocommit UPDATE (a fifth); the commit step looks the reviewer up "
-        "again by id, so its permission cache is cold (three extra queries); and a per-case advisory lock "
-        "is taken and released. Recommended, in decisionflow/workflow.py and checkpoints.py (not files this "
-        "benchmark owns): hand the already-authenticated reviewer object to the commit step, and mark the "
-        "pending review completed inside the commit transaction. Checkpoint saves one transaction each is "
-        "the engine's contract (it calls `save` once per superstep), so batching them would need a "
-        'write-behind store and weaken "a saved checkpoint is durable"; that cost is kept on purpose.'
+        "A resume is the one decision service (`decision_record`): one query reads the pending review with "
+        "its checkpoint row, the binding checks run in Python (HMAC, case, operation, nothing in flight), "
+        "then one engine run restores the checkpoint from memory and answers it in one call (one "
+        "sync-to-async crossing), and its commit step is `effect_commit` above, with the reviewer the "
+        "channel authenticated (no permission queries). The engine's own checkpoints of the answered run "
+        "stay in memory: once the commit has happened, recovery reads the effect store. Before issue 12: "
+        "29 statements, six durable commits and four checkpoint rows per resume, two engine runs."
     ),
     "begin_postgresql": (
-        "Begin = `proposal_create` plus one engine run to the human step, three checkpoints written as JSON "
-        "rows and the pending review row."
+        "Begin = `proposal_create` plus one engine run to the human step, in one transaction with the one "
+        "checkpoint row it writes (the pause; the engine's other checkpoints of the run stay in memory) and "
+        "the pending review row. The peer's begin does no database work of its own in `prepare`."
     ),
     "process_start": (
         "Profiled with `python -X importtime`: Django set-up runs the admin autodiscovery, which imports "

@@ -7,6 +7,7 @@ operation keep the run well under a minute.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -51,11 +52,18 @@ def _schema_valid_edit(case) -> bool:
     components = api.get_openapi_schema()["components"]["schemas"]
     body_schema = {**components["EditIn"], "$defs": components}
     case_id = case.path_parameters.get("case_id")
+    body = case.body
+    if isinstance(body, bytes | bytearray):
+        # Schemathesis also sends raw bytes; as a document they are JSON or they are not.
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return False
     return (
         isinstance(case_id, str)
         and len(case_id) <= 100
         and case.media_type == "application/json"
-        and jsonschema_rs.validator_for(body_schema).is_valid(case.body)
+        and jsonschema_rs.validator_for(body_schema).is_valid(body)
     )
 
 
