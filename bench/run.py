@@ -342,6 +342,18 @@ def machine(base: str) -> dict:
 # --- main -------------------------------------------------------------------------------
 
 
+# Below this line the document is written by hand (before/after records of a change, figures
+# from other commands) and a new run keeps it.
+HAND_WRITTEN = "<!-- Written by hand below this line; `make bench` keeps it. -->"
+
+
+def _write_report(path: Path, generated: str) -> None:
+    kept = ""
+    if path.exists() and HAND_WRITTEN in (old := path.read_text()):
+        kept = "\n" + HAND_WRITTEN + old.split(HAND_WRITTEN, 1)[1]
+    path.write_text(generated.rstrip("\n") + "\n" + kept)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SIZES), default="full")
@@ -361,7 +373,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads(Path(args.render).read_text())
-        Path(args.out).write_text(report.render(saved["machine"], saved["results"]))
+        _write_report(Path(args.out), report.render(saved["machine"], saved["results"]))
         return 0
     skip = set(filter(None, args.skip.split(",")))
     sizes = SIZES[args.scale]
@@ -454,7 +466,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "results": results}, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(report.render(info, results))
+    _write_report(Path(args.out), report.render(info, results))
     log(f"wrote {args.out} in {info['duration_s']:.0f} s")
     failed = [r for r in results if r.get("kind") == "error"]
     return 1 if failed else 0
