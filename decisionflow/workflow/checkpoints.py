@@ -265,22 +265,26 @@ class DatabaseCheckpointStorage:
 
     # --- sync helpers -----------------------------------------------------------------------
 
+    @staticmethod
+    def _insert(checkpoint: EngineCheckpoint, payload: str) -> None:
+        WorkflowCheckpoint.objects.create(
+            checkpoint_id=checkpoint.checkpoint_id,
+            workflow_name=checkpoint.workflow_name,
+            graph_signature_hash=checkpoint.graph_signature_hash,
+            previous_checkpoint_id=checkpoint.previous_checkpoint_id,
+            iteration_count=checkpoint.iteration_count,
+            payload=payload,
+            digest=payload_digest(payload),
+        )
+        if checkpoint.pending_request_info_events:
+            # Issue 7: a process killed while the pause checkpoint is being saved, after the
+            # insert and before it commits.
+            crash_point("begin-during-checkpoint-save")
+
     def _save_sync(self, checkpoint: EngineCheckpoint, payload: str) -> str:
         try:
             with transaction.atomic():
-                WorkflowCheckpoint.objects.create(
-                    checkpoint_id=checkpoint.checkpoint_id,
-                    workflow_name=checkpoint.workflow_name,
-                    graph_signature_hash=checkpoint.graph_signature_hash,
-                    previous_checkpoint_id=checkpoint.previous_checkpoint_id,
-                    iteration_count=checkpoint.iteration_count,
-                    payload=payload,
-                    digest=payload_digest(payload),
-                )
-                if checkpoint.pending_request_info_events:
-                    # Issue 7: a process killed while the pause checkpoint is being saved,
-                    # after the insert and before it commits.
-                    crash_point("begin-during-checkpoint-save")
+                self._insert(checkpoint, payload)
         except IntegrityError:
             # Saving the same checkpoint twice is harmless only if it is the same content.
             stored = WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint.checkpoint_id).first()
@@ -294,18 +298,7 @@ class DatabaseCheckpointStorage:
         A plain insert, no savepoint: its id is a fresh UUID, and if the insert fails the
         caller's whole transaction (proposal, pending review) must fail with it.
         """
-        payload = encode_checkpoint(checkpoint)
-        WorkflowCheckpoint.objects.create(
-            checkpoint_id=checkpoint.checkpoint_id,
-            workflow_name=checkpoint.workflow_name,
-            graph_signature_hash=checkpoint.graph_signature_hash,
-            previous_checkpoint_id=checkpoint.previous_checkpoint_id,
-            iteration_count=checkpoint.iteration_count,
-            payload=payload,
-            digest=payload_digest(payload),
-        )
-        # Issue 7: a process killed while the pause is being saved, before it commits.
-        crash_point("begin-during-checkpoint-save")
+        self._insert(checkpoint, encode_checkpoint(checkpoint))
         return checkpoint.checkpoint_id
 
     # The columns ``load_sync`` reads, for a caller that reads them in its own query.
