@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,34 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "postgres" in item.keywords:
                 item.add_marker(skip)
+
+
+@contextmanager
+def held_elsewhere(hold):
+    """Hold ``hold()`` (a lock's context manager) in another thread, on its own database
+    connection, for as long as the block runs: another action in progress on the case."""
+    import threading
+
+    from django.db import connections
+
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with hold():
+                held.set()
+                release.wait(20)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10), "the other thread never got the lock"
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(10)
 
 
 def database_url() -> str:

@@ -353,35 +353,17 @@ def test_a_busy_case_answers_at_once_and_writes_nothing(reviewer_client, proposa
     The proposal was never begun, so the first decision must begin it, under the case lock
     that another action (a begin, an edit) is holding here.
     """
-    import threading
     import time
 
-    from django.db import connections
-
     from decisionflow.core.locks import case_lock
+    from tests.conftest import held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
-    held, release = threading.Event(), threading.Event()
-
-    def holder():
-        try:
-            with case_lock(proposal.case.case_id, timeout=5):
-                held.set()
-                release.wait(20)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert held.wait(10)
+    with held_elsewhere(lambda: case_lock(proposal.case.case_id, timeout=5)):
         before = counts()
         started = time.monotonic()
         text = messages_of(decide(reviewer_client, proposal, "approve"))
         assert time.monotonic() - started < 3
-    finally:
-        release.set()
-        thread.join(10)
     assert text == ["another action on this case is in progress; try again"]
     after = counts()
     assert {k: v for k, v in after.items() if k != "attempts"} == {k: v for k, v in before.items() if k != "attempts"}

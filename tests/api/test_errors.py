@@ -292,36 +292,18 @@ def test_409_workflow_incompatible_when_the_pause_fails_its_binding_check(api, b
 
 def test_409_case_busy_with_retry_after(api, case, settings):
     """Another action holds the case (here: the review must be begun, and begin is locked out)."""
-    import threading
     import time
-
-    from django.db import connections
 
     from decisionflow.core.errors import CaseBusy
     from decisionflow.core.locks import case_lock
+    from tests.conftest import held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
-    held, release = threading.Event(), threading.Event()
-
-    def holder():
-        try:
-            with case_lock("T-1042", timeout=5):
-                held.set()
-                release.wait(20)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert held.wait(10)
+    with held_elsewhere(lambda: case_lock("T-1042", timeout=5)):
         before = full_snapshot()
         started = time.monotonic()
         response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})
         assert time.monotonic() - started < 3
-    finally:
-        release.set()
-        thread.join(10)
     assert_error(response, 409, "case_busy")
     assert response["Retry-After"] == str(CaseBusy.retry_after)
     assert full_snapshot() == {**before, "attempts": before["attempts"] + 1}

@@ -16,6 +16,7 @@ import json
 import re
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -34,7 +35,7 @@ from decisionflow.workflow.services import Outcome, decision_record, review_begi
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
-from tests.conftest import load_fixture, snapshot
+from tests.conftest import held_elsewhere, load_fixture, snapshot
 
 # --- the three channels, each reduced to the outcome a person reads ---------------------
 
@@ -167,24 +168,19 @@ def world(transactional_db, make_user, settings):
     return {"reviewer": make_user("reviewer"), "other": make_user("other"), "lead": make_user("lead", group="leads")}
 
 
-def _hold_case_row(case_pk: int):
-    """Hold the case row's lock from another connection until released, as an edit in
-    progress does (on SQLite, whose writers lock the whole database, a write transaction)."""
-    held, release = threading.Event(), threading.Event()
+@contextmanager
+def _case_row_locked(case_pk: int):
+    """Hold the case row's lock from another connection, as an edit in progress does (on
+    SQLite, whose writers lock the whole database, a write transaction)."""
 
-    def holder():
-        try:
-            with transaction.atomic():
-                Case.objects.select_for_update().filter(pk=case_pk).update(subject=F("subject"))
-                held.set()
-                release.wait(20)
-        finally:
-            connections.close_all()
+    @contextmanager
+    def hold():
+        with transaction.atomic():
+            Case.objects.select_for_update().filter(pk=case_pk).update(subject=F("subject"))
+            yield
 
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert held.wait(10)
-    return release, thread
+    with held_elsewhere(hold):
+        yield
 
 
 def scenario_first_approval(world, decide):
@@ -249,14 +245,10 @@ def scenario_busy(world, decide):
     case = _begun()
     # Log in (and use the token) first: those write too, and are not what is measured here.
     _admin_client(world["reviewer"]), _api_headers(world["reviewer"])
-    release, thread = _hold_case_row(case.pk)
-    try:
+    with _case_row_locked(case.pk):
         started = time.monotonic()
         said = decide(world["reviewer"], case, _op(case), True)
         assert time.monotonic() - started < 5, "a busy case must answer within a few seconds"
-    finally:
-        release.set()
-        thread.join(10)
     return said
 
 
