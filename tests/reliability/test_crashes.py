@@ -47,8 +47,9 @@ RESUME_POINTS = {
     "commit-after-decision": "Pending",  # killed inside the transaction: it rolls back
     "commit-after-transaction": "Committed",  # killed after the commit, before the receipt
 }
-# The points a decline passes through (commit-after-decision is on the approval path only).
-DECLINE_POINTS = {"commit-before-decision", "commit-after-transaction"}
+# The points a decline passes through: all three, since the decision, effect, attempt and
+# pending review are one statement (a decline writes no effect, but passes the same points).
+DECLINE_POINTS = {"commit-before-decision", "commit-after-decision", "commit-after-transaction"}
 
 
 class Figures:
