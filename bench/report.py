@@ -41,12 +41,12 @@ FINDINGS = {
         "per 4 KiB to encode."
     ),
     "commit_postgresql": (
-        "The commit is raw SQL now (effects/services.py, issue 12): BEGIN, `SET LOCAL lock_timeout`, one "
-        "statement that locks the case row (`FOR NO KEY UPDATE`) and reads the proposal, one "
+        "The commit is raw SQL now (effects/services.py, issue 12): BEGIN, `SET LOCAL lock_timeout` sent "
+        "with the statement that locks the case row (`FOR NO KEY UPDATE`) and reads the proposal, one "
         "data-modifying statement built from CTEs (the decision and the effect as write-once "
         "`INSERT ... ON CONFLICT DO NOTHING`, the attempt row, the pending review marked completed), "
-        "COMMIT: 5 round trips against the baseline's 4, where it was 7 ORM statements before. What it "
-        "keeps beyond the raw floor is what the guarantees need: the case row lock (is the proposal "
+        "COMMIT: 4 round trips, as many as the baseline's, where it was 7 ORM statements before. What it "
+        "costs beyond the raw floor is the database work the guarantees need: the case row lock (is the proposal "
         "still current?), the lock timeout (no request waits forever) and the append-only attempt row "
         '(every click is history). The "ORM floor" row (the same two inserts through `objects.create`) '
         "reaches {orm_postgresql} of raw, for comparison."
@@ -57,7 +57,7 @@ FINDINGS = {
     ),
     "replay_postgresql": (
         "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush. A "
-        "replay through `effect_commit` is the same 5 round trips as a first commit, and it appends a "
+        "replay through `effect_commit` is the same 4 round trips as a first commit, and it appends a "
         "CommitAttempt row (outcome `replay`) by design, so it is a durable write with its own WAL flush: "
         "support leads browse every retry."
     ),

@@ -4,9 +4,9 @@ The unique constraints on ``operation_id`` are the atomic step of commit: every 
 attempted, and a conflict is read back as a replay or a conflict. Nothing checks first and
 writes later.
 
-On PostgreSQL a commit is five round trips: BEGIN, ``SET LOCAL lock_timeout``, one
-statement that locks the case row and reads the proposal, one data-modifying statement
-(decision, effect, attempt row, pending review), COMMIT. SQLite runs the same steps through
+On PostgreSQL a commit is four round trips, as many as two bare inserts: BEGIN; ``SET LOCAL
+lock_timeout`` with the statement that locks the case row and reads the proposal; one
+data-modifying statement (decision, effect, attempt row, pending review); COMMIT. SQLite runs the same steps through
 the ORM in one IMMEDIATE transaction.
 """
 
@@ -358,15 +358,17 @@ def _commit_postgresql(call: _Call) -> CommitResult:
     operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
-            # Bounds every lock wait of this transaction: on the case row that is CaseBusy; in
-            # the commit statement or at COMMIT it is a failure like any other.
-            cursor.execute(f"SET LOCAL lock_timeout = '{_lock_timeout_ms()}ms'")
+            # The lock timeout bounds every lock wait of this transaction: on the case row that
+            # is CaseBusy; in the commit statement or at COMMIT it is a failure like any other.
+            # It travels with the lock statement, in one round trip (Django's psycopg cursor
+            # binds parameters client-side, so two statements may share one query string).
             try:
-                cursor.execute(_LOCK_SQL, [operation_id])
+                cursor.execute(f"SET LOCAL lock_timeout = '{_lock_timeout_ms()}ms'; {_LOCK_SQL}", [operation_id])
             except OperationalError as exc:
                 if _is_lock_timeout(exc):
                     raise _CaseLockTimeout from exc
                 raise
+            cursor.nextset()  # past SET's empty result, to the lock statement's row
             row = cursor.fetchone()
             call.case_known = True
             if row is None:
