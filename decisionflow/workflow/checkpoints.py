@@ -321,18 +321,6 @@ class DatabaseCheckpointStorage:
             raise CheckpointRefused(f"checkpoint {checkpoint_id}: its columns and its content disagree")
         return checkpoint
 
-    def lineage_length(self, checkpoint_id: str, *, limit: int = 1000) -> int:
-        """How many stored checkpoints lead to ``checkpoint_id`` (itself included)."""
-        count = 0
-        current: str | None = checkpoint_id
-        while current is not None and count < limit:
-            row = WorkflowCheckpoint.objects.filter(checkpoint_id=current).values("previous_checkpoint_id").first()
-            if row is None:
-                break
-            count += 1
-            current = row["previous_checkpoint_id"]
-        return count
-
 
 class PauseBuffer:
     """A ``begin`` run's checkpoints, kept in memory until the host knows which one is the pause.

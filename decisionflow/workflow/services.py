@@ -62,7 +62,6 @@ from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
 from .engine import (
-    FAULT_LOSE_RECEIPT,
     FAULTS,
     GRAPH_SIGNATURE_HASH,
     HUMAN_REVIEW_ID,
@@ -150,9 +149,7 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
     message = {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id}
     try:
         result = async_to_sync(_run)(workflow, message=message)
-    except DecisionflowError:
-        raise
-    except DatabaseError:
+    except (DecisionflowError, DatabaseError):
         raise
     except Exception as exc:
         raise DecisionflowError(f"begin: the workflow failed in prepare: {type(exc).__name__}: {exc}") from exc
@@ -583,16 +580,3 @@ def review_edit(
             # Not a warning on the console: every channel reports it to the person who edited.
             log.info("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
             return EditResult(revision, None, exc)
-
-
-__all__ = [
-    "FAULT_LOSE_RECEIPT",
-    "FAULTS",
-    "BeginResult",
-    "DecisionResult",
-    "EditResult",
-    "Outcome",
-    "decision_record",
-    "review_begin",
-    "review_edit",
-]
