@@ -141,7 +141,9 @@ def workflow_dot() -> str:
         )
     for node, _label in OUTCOME_NODES.values():
         weight = 8 if node == OUTCOME_NODES[Standing.COMMITTED][0] else 1
-        lines.append(f'  "{COMMIT_ID}" -> "{node}" [id="{edge_dom_id(COMMIT_ID, node)}", style=dashed, weight={weight}];')
+        lines.append(
+            f'  "{COMMIT_ID}" -> "{node}" [id="{edge_dom_id(COMMIT_ID, node)}", style=dashed, weight={weight}];'
+        )
     lines.append(
         f'  "{HUMAN_REVIEW_ID}" -> "superseded" [id="{edge_dom_id(HUMAN_REVIEW_ID, "superseded")}", style=dashed, '
         'label="edit or evidence change"];'
@@ -242,7 +244,9 @@ def _standing(
         if not decision.approved:
             return Step(proposal, Standing.DECLINED, Standing.DECLINED.label, f"by {who}", decision.decided_at)
         if has_effect:
-            return Step(proposal, Standing.COMMITTED, Standing.COMMITTED.label, f"approved by {who}", decision.decided_at)
+            return Step(
+                proposal, Standing.COMMITTED, Standing.COMMITTED.label, f"approved by {who}", decision.decided_at
+            )
         return Step(
             proposal,
             Standing.UNCERTAIN,
@@ -305,7 +309,9 @@ def _path(
                 decision=decisions.get(proposal.pk),
                 has_effect=proposal.pk in effects,
                 pending=pendings.get(proposal.pk),
-                failed_attempt=attempt if attempt is not None and attempt.outcome == CommitAttempt.Outcome.FAILED else None,
+                failed_attempt=attempt
+                if attempt is not None and attempt.outcome == CommitAttempt.Outcome.FAILED
+                else None,
                 successor=successors.get(proposal.pk),
             )
         )
@@ -319,12 +325,16 @@ def case_path(case: Case) -> list[Step]:
         .select_related("author")
         .only("id", "case_id", "parent_id", "operation_id", "origin", "created_at", "author__username")
     )
-    decisions = {d.proposal_id: d for d in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer")}
+    decisions = {
+        d.proposal_id: d for d in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer")
+    }
     effects = set(EffectRecord.objects.filter(case=case).values_list("proposal_id", flat=True))
     pendings = {p.proposal_id: p for p in PendingReview.objects.filter(case=case).order_by("created_at", "id")}
     last_attempts: dict[str, CommitAttempt] = {}
-    for attempt in CommitAttempt.objects.filter(case=case).order_by("attempted_at", "id").only(
-        "id", "operation_id", "outcome", "attempted_at"
+    for attempt in (
+        CommitAttempt.objects.filter(case=case)
+        .order_by("attempted_at", "id")
+        .only("id", "operation_id", "outcome", "attempted_at")
     ):
         last_attempts[attempt.operation_id] = attempt
     return _path(case, proposals, decisions, effects, pendings, last_attempts)
@@ -332,20 +342,22 @@ def case_path(case: Case) -> list[Step]:
 
 def path_from_history(history: CaseHistory) -> list[Step]:
     """The same path from the events the history page already read."""
-    proposals, decisions, pendings = [], {}, {}
+    proposals: list[Proposal] = []
+    decisions: dict[int, ReviewDecision] = {}
+    pendings: dict[int, PendingReview] = {}
     effects: set[int] = set()
     last_attempts: dict[str, CommitAttempt] = {}
     for event in history.events:  # oldest first: the last attempt per operation wins
         obj = event.obj
-        if event.kind == "proposal":
+        if isinstance(obj, Proposal):
             proposals.append(obj)
-        elif event.kind == "decision":
+        elif isinstance(obj, ReviewDecision):
             decisions[obj.proposal_id] = obj
-        elif event.kind == "effect":
+        elif isinstance(obj, EffectRecord):
             effects.add(obj.proposal_id)
-        elif event.kind == "pending_review":
+        elif isinstance(obj, PendingReview):
             pendings[obj.proposal_id] = obj
-        elif event.kind == "attempt":
+        elif isinstance(obj, CommitAttempt):
             last_attempts[obj.operation_id] = obj
     return _path(history.case, proposals, decisions, effects, pendings, last_attempts)
 

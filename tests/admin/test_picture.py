@@ -77,9 +77,7 @@ def test_without_graphviz_the_page_says_so_and_shows_the_state(begun, case, revi
     assert begun.pending_review.checkpoint_id in html
 
 
-def test_the_path_costs_the_same_queries_for_one_proposal_or_several(
-    begun, case, reviewer, django_assert_num_queries
-):
+def test_the_path_costs_the_same_queries_for_one_proposal_or_several(begun, case, reviewer, django_assert_num_queries):
     from decisionflow.workflow.selectors import case_history
     from decisionflow.workflow.services import review_edit
 
@@ -103,4 +101,6 @@ def test_the_path_costs_the_same_queries_for_one_proposal_or_several(
     assert three[0].detail == f"by {three[1].short_operation_id}"
     # The history page derives the same path from what it already read.
     same = picture.path_from_history(case_history(case))
-    assert [(s.proposal.pk, s.standing, s.detail) for s in same] == [(s.proposal.pk, s.standing, s.detail) for s in three]
+    assert [(s.proposal.pk, s.standing, s.detail) for s in same] == [
+        (s.proposal.pk, s.standing, s.detail) for s in three
+    ]
