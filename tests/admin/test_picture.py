@@ -104,3 +104,24 @@ def test_the_path_costs_the_same_queries_for_one_proposal_or_several(begun, case
     assert [(s.proposal.pk, s.standing, s.detail) for s in same] == [
         (s.proposal.pk, s.standing, s.detail) for s in three
     ]
+
+
+def test_a_failed_commit_attempt_on_the_waiting_proposal_is_outcome_uncertain(
+    begun, case, reviewer_client, fresh_cache
+):
+    from effects.models import CommitAttempt
+
+    CommitAttempt.objects.create(
+        operation_id=begun.operation_id,
+        case=case,
+        approved=True,
+        outcome=CommitAttempt.Outcome.FAILED,
+        channel="admin",
+        detail="the connection was lost",
+    )
+    [step] = picture.case_path(case)
+    assert step.standing == picture.Standing.UNCERTAIN and "reconcile" in step.detail
+    html = reviewer_client.get(f"/admin/cases/case/{case.pk}/history/").content.decode()
+    assert 'data-standing="uncertain"' in html and "Outcome uncertain" in html
+    if shutil.which("dot"):
+        assert '<g id="df-node-uncertain" class="node df-here' in html
