@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser screenshots bench reliability clean
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz screenshots bench reliability clean
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -58,17 +58,30 @@ browser:
 		echo "NOTE: /usr/bin/chromium is missing and cannot be installed here (not root): browser tests will be skipped."; \
 	fi
 
+# The review and history pages draw the workflow with Graphviz's `dot` (Debian's graphviz);
+# without it they show the case's state as text and say how to add the picture.
+graphviz:
+	@if command -v dot >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's graphviz for the workflow picture..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; \
+	else \
+		echo "NOTE: Graphviz (dot) is missing and cannot be installed here (not root): the review and history pages"; \
+		echo "      will show where a case stands as text only. To add the picture: sudo apt-get install graphviz"; \
+		echo "      (or brew install graphviz), then restart the server."; \
+	fi
+
 # Rerun the browser tests and keep their screenshots for the README (docs/screenshots/).
-screenshots: $(VENV)/.test browser
+screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
 
-run: $(VENV)/.runtime
+run: $(VENV)/.runtime graphviz
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_demo
 	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (Ctrl-C to stop)"
 	$(PY) manage.py runserver 127.0.0.1:8000
 
-test: $(VENV)/.test browser
+test: $(VENV)/.test browser graphviz
 	$(MAKE) --no-print-directory test-sqlite
 	$(MAKE) --no-print-directory test-postgres
 

@@ -40,6 +40,7 @@ from reviews.admin import PROPOSAL_BIG_FIELDS
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
 
+from . import picture as workflow_picture
 from . import selectors
 from .forms import DecisionForm, ProposalEditForm
 from .selectors import decidable_operation_id
@@ -312,6 +313,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             show_decide=reviewer_ok and is_current,
             show_edit=reviewer_ok and is_current and decision is None,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
+            picture=workflow_picture.picture_for(case, workflow_picture.case_path(case), proposal.pk),
         )
         return TemplateResponse(request, "admin/reviews/proposal/review.html", context)
 
@@ -601,6 +603,7 @@ class CaseAdmin(ViewOnlyAdmin):
             "status": status,
             "status_label": selectors.STATUS_LABELS[status],
             "can_review": can_review(request.user),
+            "picture": workflow_picture.picture_for(case, workflow_picture.path_from_history(history)),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/cases/case/history.html", context)
