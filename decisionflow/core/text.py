@@ -191,7 +191,8 @@ def char_name(ch: str) -> str:
         return f"VARIATION SELECTOR-{cp - 0xFE00 + 1}"
     if 0xE0100 <= cp <= 0xE01EF:
         return f"VARIATION SELECTOR-{cp - 0xE0100 + 17}"
-    return unicodedata.name(ch, "UNASSIGNED (DEFAULT IGNORABLE)")
+    fallback = "UNASSIGNED TAG CHARACTER" if 0xE0000 <= cp <= 0xE007F else "UNASSIGNED (DEFAULT IGNORABLE)"
+    return unicodedata.name(ch, fallback)
 
 
 def short_name(ch: str) -> str:
