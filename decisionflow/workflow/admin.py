@@ -25,7 +25,8 @@ from django.utils.html import format_html
 
 from cases.models import Case, SourceVersion
 from cases.selectors import case_text_fields
-from decisionflow.core import identity, text
+from decisionflow.core import identity
+from decisionflow.core import text as text_policy
 from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when
 from decisionflow.core.errors import (
     CaseBusy,
@@ -193,7 +194,7 @@ def mark_sentences(body: str, sentences: list[str]):
             start = body.find(sentence, start + len(sentence))
     opening = '<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
     # Overlapping matches are skipped by marked_html: already inside a mark.
-    return text.marked_html(body, wrap=[(start, end, opening, "</mark>") for start, end in spans])
+    return text_policy.marked_html(body, wrap=[(start, end, opening, "</mark>") for start, end in spans])
 
 
 @admin.register(Proposal)
@@ -300,8 +301,8 @@ class ProposalAdmin(ViewOnlyAdmin):
             moves=evidence_moves(proposal),
             body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
             if proposal.unchecked_sentences
-            else text.marked_html(proposal.body),
-            text_warnings=text.warnings(case_text_fields(case) + proposal_text_fields(proposal)),
+            else text_policy.marked_html(proposal.body),
+            text_warnings=text_policy.warnings(case_text_fields(case) + proposal_text_fields(proposal)),
             can_review=reviewer_ok,
             show_decide=reviewer_ok and is_current,
             show_edit=reviewer_ok and is_current and decision is None,
@@ -651,7 +652,7 @@ class CaseAdmin(ViewOnlyAdmin):
                     if case.current_operation_id
                     else None,
                     "first_line": body.split("\n", 1)[0] if body else "",
-                    "text_warnings": text.warnings(fields),
+                    "text_warnings": text_policy.warnings(fields),
                     "status_label": selectors.STATUS_LABELS[case.review_status],
                     "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
                 }

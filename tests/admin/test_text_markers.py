@@ -24,7 +24,11 @@ def marked_case(load_case):
     from tests.conftest import load_fixture
 
     data = load_fixture("t1042.json")
-    draft = data["draft"].replace("Hello,", f"Hello{ZWSP},").replace("Kind regards,", f"Pay via {MIXED}.{RLM}\n\nKind{SHY} regards,")
+    draft = (
+        data["draft"]
+        .replace("Hello,", f"Hello{ZWSP},")
+        .replace("Kind regards,", f"Pay via {MIXED}.{RLM}\n\nKind{SHY} regards,")
+    )
     case = load_case("t1042.json", draft=draft, subject=data["subject"] + f" {RLM}")
     review_begin(case=case)
     case.refresh_from_db()
@@ -49,7 +53,9 @@ def test_review_page_marks_each_character_where_it_stands_and_counts_them(review
 
 
 def test_a_page_without_markers_has_no_banner(reviewer_client, begun, case):
-    html = reviewer_client.get(reverse("admin:reviews_proposal_review", args=[case.current_proposal.pk])).content.decode()
+    html = reviewer_client.get(
+        reverse("admin:reviews_proposal_review", args=[case.current_proposal.pk])
+    ).content.decode()
     assert 'id="df-text-markers"' not in html and badges(html) == []
 
 
@@ -63,7 +69,10 @@ def test_person_written_sentences_keep_their_markers(reviewer_client, reviewer, 
     ).revision.proposal
     html = reviewer_client.get(reverse("admin:reviews_proposal_review", args=[edited.pk])).content.decode()
     body = html.split('id="df-body">', 1)[1].split("</pre>", 1)[0]
-    assert re.search(r'<mark class="df-unchecked"[^>]*>We add<span class="df-tm df-tm-invisible"[^>]*>\u200b</span> this\.</mark>', body)
+    assert re.search(
+        r'<mark class="df-unchecked"[^>]*>We add<span class="df-tm df-tm-invisible"[^>]*>\u200b</span> this\.</mark>',
+        body,
+    )
     # The diff against the parent marks it as well, and so does the history.
     diff = html.split('id="df-diff">', 1)[1].split("</pre>", 1)[0]
     assert "ZWSP U+200B" in diff
@@ -94,4 +103,3 @@ def test_effect_record_page_marks_the_reviewed_body(admin_client, reviewer, mark
     body = html.split('id="df-effect-body">', 1)[1].split("</pre>", 1)[0]
     assert badges(body) == ["ZWSP U+200B", "Latin+Cyrillic", "RLM U+200F", "SHY U+00AD"]
     assert 'data-count="4"' in html and "df-tm-invisible::after" in html  # the styles are on the page
-

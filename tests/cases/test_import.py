@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-import re
 import json
+import re
 
 import pytest
 from django.core.management import call_command
@@ -101,7 +101,11 @@ BAD_FILES = [
         _bad(lambda d: d["findings"][1].update(licensed_clause="Roll back freely.")),
         "findings[1].licensed_clause: is not in the text",
     ),
-    ("lone-surrogate", _bad(lambda d: d.update(subject="Gateway \ud800")), "subject: U+D800 LONE SURROGATE at position 9 is refused"),
+    (
+        "lone-surrogate",
+        _bad(lambda d: d.update(subject="Gateway \ud800")),
+        "subject: U+D800 LONE SURROGATE at position 9 is refused",
+    ),
     (
         "duplicate-selection",
         _bad(lambda d: d["selected_evidence"].append(dict(d["selected_evidence"][0]))),

@@ -78,7 +78,7 @@ def refuse_through_admin(proposal, reviewer, cp, ch):
     if cp == SURROGATE:
         # A form carries UTF-8: the nearest a browser can send is the surrogate's encoding,
         # which is not valid UTF-8 and arrives as U+FFFD.
-        raw = "expected_operation_id={}&source_0=2&source_1=3&body=Hi%ED%A0%80".format(proposal.operation_id)
+        raw = f"expected_operation_id={proposal.operation_id}&source_0=2&source_1=3&body=Hi%ED%A0%80"
         response = client.post(url, raw, content_type="application/x-www-form-urlencoded")
     else:
         response = client.post(url, form)

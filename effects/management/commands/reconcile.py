@@ -3,8 +3,8 @@ from json.encoder import encode_basestring
 
 from cases.models import Case
 from decisionflow.core.commandline import WorkflowCommand
-from decisionflow.core.text import shown
 from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
+from decisionflow.core.text import shown
 from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
 
 
