@@ -108,11 +108,11 @@ def _check_list(value: Any, field: str) -> list:
 def parse_case_file(raw: bytes) -> dict:
     """Decode and validate a case file; returns the data or raises ``InvalidInput``."""
     try:
-        text = raw.decode("utf-8")
+        decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(decoded)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:
