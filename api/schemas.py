@@ -61,7 +61,9 @@ class EditIn(Strict):
         default=None,
         min_length=1,
         pattern=r"\S",
-        description="the new draft body; not blank",
+        description="the new draft body; not blank. The text policy applies (docs/TEXT.md): bidirectional "
+        "controls U+202A-U+202E and U+2066-U+2069, tag characters U+E0000-U+E007F, control characters other "
+        "than LF and TAB (CR and CRLF become LF), and lone surrogates are refused with 400 invalid_request",
         json_schema_extra={"default": None},
     )
     source_versions: dict[Annotated[StrictStr, Field(min_length=1, max_length=100)], Version] = Field(
@@ -122,6 +124,23 @@ class PolicyOut(Schema):
     parameters: dict[str, int | str | bool]
 
 
+class TextWarningOut(Schema):
+    """A character or word the text policy keeps but marks (docs/TEXT.md)."""
+
+    field: str = Field(description='where it stands, e.g. "body", "passages[0].quotation", "proposal.body"')
+    kind: Literal["invisible_character", "mixed_script_word"]
+    index: int = Field(description="code point index in the field, from 0")
+    line: int = Field(description="line in the field, from 1")
+    column: int = Field(description="column in the line, from 1, in code points")
+    text: str = Field(description="the character itself, or the word")
+    code_point: str = Field(
+        description='"U+200B"; for a word, the code points and names of its letters from the minority scripts'
+    )
+    name: str = Field(description='the Unicode name, e.g. "ZERO WIDTH SPACE", or what the word mixes')
+    label: str = Field(description='the badge the admin shows, e.g. "ZWSP U+200B" or "Latin+Cyrillic"')
+    message: str
+
+
 class ProposalOut(Schema):
     operation_id: str
     action: str
@@ -136,6 +155,10 @@ class ProposalOut(Schema):
     findings: list[FindingOut]
     policy: PolicyOut
     unchecked_sentences: list[str]
+    warnings: list[TextWarningOut] = Field(
+        description="invisible or format characters and mixed-script words in the proposal's texts: kept in the "
+        "text and its identity, listed so that a client can show them (docs/TEXT.md)"
+    )
 
 
 class PendingOut(Schema):
@@ -169,6 +192,10 @@ class CaseOut(Schema):
     proposal: ProposalOut | None
     pending: PendingOut | None = Field(description="the paused review of the current proposal; null before it is begun")
     reconcile: OperationOut | None
+    warnings: list[TextWarningOut] = Field(
+        description="the text policy's markers of the case's subject and of its current proposal "
+        '(fields of the proposal are prefixed "proposal."); see docs/TEXT.md'
+    )
 
 
 class EditOut(Schema):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from cases.models import Case
+from cases.selectors import case_text_fields
+from decisionflow.core import text
 from decisionflow.core.errors import NotFound
 from decisionflow.workflow.selectors import decidable_operation_id
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.selectors import proposal_text_fields
 
 
 def case_get(case_id: str) -> Case:
@@ -31,6 +34,7 @@ def proposal_data(proposal: Proposal) -> dict:
         "findings": proposal.findings,
         "policy": proposal.policy_snapshot,
         "unchecked_sentences": proposal.unchecked_sentences,
+        "warnings": text.warnings(proposal_text_fields(proposal)),
     }
 
 
@@ -68,9 +72,13 @@ def case_data(case: Case) -> dict:
     proposal = None
     if case.current_proposal_id:
         proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
+    fields = [(name, value) for name, value in case_text_fields(case) if name == "subject"]
+    if proposal is not None:
+        fields += [(f"proposal.{name}", value) for name, value in proposal_text_fields(proposal)]
     return {
         "case_id": case.case_id,
         "subject": case.subject,
+        "warnings": text.warnings(fields),
         "operation_id": decidable_operation_id(case),
         "proposal": proposal and proposal_data(proposal),
         "pending": proposal and pending_data(proposal.operation_id),

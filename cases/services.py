@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from django.db import transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 
-from decisionflow.core import identity
+from decisionflow.core import identity, text
 from decisionflow.core.errors import InvalidInput
 
 from .models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
@@ -44,27 +45,46 @@ def _fail(field: str, problem: str) -> NoReturn:
     raise InvalidInput(f"{field}: {problem}", field=field)
 
 
-def _check_text(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        _fail(field, f"must be a string, not {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        _fail(field, f"contains a lone surrogate at position {exc.start}; it cannot be stored or hashed")
-    return value
+def _limit(model, name: str) -> int | None:
+    """The schema's own limit for a column, so that the check and the table never disagree."""
+    return model._meta.get_field(name).max_length
 
 
-def _check_surrogates(value: Any, field: str) -> None:
-    """Every string anywhere in the file, keys included, must be valid Unicode text."""
+# PositiveIntegerField's range where it is narrowest (PostgreSQL's integer); SQLite would
+# store more, so the check is the same on every database.
+VERSION_RANGE = BaseDatabaseOperations.integer_field_ranges["PositiveIntegerField"]
+
+# One-line fields and their schema limits: (model, column) for each key of the file.
+_ONE_LINE = {
+    "subject": (Case, "subject"),
+    "action": (Case, "action"),
+    "source_id": (Source, "source_id"),
+    "title": (Source, "title"),
+    "name": (Policy, "name"),
+    "label": (Policy, "label"),
+}
+
+
+def _check_text(value: Any, field: str, column: str | None = None) -> str:
+    """The text policy (decisionflow/core/text.py); for a one-line column, one line within its limit."""
+    if column is None:
+        return text.check_text(value, field=field)
+    model, name = _ONE_LINE[column]
+    return text.check_text(value, field=field, one_line=True, max_length=_limit(model, name))
+
+
+def _check_everywhere(value: Any, field: str) -> None:
+    """Every string anywhere in the file, keys included, must pass the text policy."""
     if isinstance(value, str):
-        _check_text(value, field)
+        _check_text(value, field or "file")
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _check_surrogates(item, f"{field}[{index}]")
+            _check_everywhere(item, f"{field}[{index}]")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_text(key, f"{field}.{key}" if field else key)
-            _check_surrogates(item, f"{field}.{key}" if field else key)
+            _check_text(key, f"{field} key" if field else "key")
+            # The key was just checked: it cannot forge anything in the path shown.
+            _check_everywhere(item, f"{field}.{text.shown(key)}" if field else text.shown(key))
 
 
 def _check_keys(obj: Any, kind: str, field: str) -> None:
@@ -76,9 +96,7 @@ def _check_keys(obj: Any, kind: str, field: str) -> None:
 
 
 def _check_version(value: Any, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        _fail(field, f"must be a non-negative integer, not {value!r}")
-    return value
+    return text.check_integer(value, field=field, minimum=VERSION_RANGE[0], maximum=VERSION_RANGE[1])
 
 
 def _check_list(value: Any, field: str) -> list:
@@ -90,13 +108,16 @@ def _check_list(value: Any, field: str) -> list:
 def parse_case_file(raw: bytes) -> dict:
     """Decode and validate a case file; returns the data or raises ``InvalidInput``."""
     try:
-        text = raw.decode("utf-8")
+        decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(decoded)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:
+        # A number too long to convert, or nesting deeper than the parser's recursion.
+        raise InvalidInput(f"file: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     validate_case_data(data)
     return data
 
@@ -104,18 +125,19 @@ def parse_case_file(raw: bytes) -> dict:
 def validate_case_data(data: Any) -> None:
     """Structural and referential checks. Nothing here touches the database."""
     _check_keys(data, "", "")
-    _check_surrogates(data, "")
-    for name in ("case_id", "subject", "customer_message", "action", "draft"):
+    _check_everywhere(data, "")
+    text.check_case_id(data["case_id"])
+    _check_text(data["subject"], "subject", "subject")
+    _check_text(data["action"], "action", "action")
+    for name in ("customer_message", "draft"):
         _check_text(data[name], name)
-    if not data["case_id"].strip():
-        _fail("case_id", "must not be empty")
 
     texts: dict[tuple[str, int], str] = {}
     for i, source in enumerate(_check_list(data["sources"], "sources")):
         field = f"sources[{i}]"
         _check_keys(source, "sources[]", field)
-        _check_text(source["source_id"], f"{field}.source_id")
-        _check_text(source["title"], f"{field}.title")
+        _check_text(source["source_id"], f"{field}.source_id", "source_id")
+        _check_text(source["title"], f"{field}.title", "title")
         for j, version in enumerate(_check_list(source["versions"], f"{field}.versions")):
             vfield = f"{field}.versions[{j}]"
             _check_keys(version, "versions[]", vfield)
@@ -130,7 +152,7 @@ def validate_case_data(data: Any) -> None:
         field = f"selected_evidence[{i}]"
         _check_keys(passage, "selected_evidence[]", field)
         key = (
-            _check_text(passage["source_id"], f"{field}.source_id"),
+            _check_text(passage["source_id"], f"{field}.source_id", "source_id"),
             _check_version(passage["version"], f"{field}.version"),
         )
         if key not in texts:
@@ -147,7 +169,7 @@ def validate_case_data(data: Any) -> None:
         _check_keys(finding, "findings[]", field)
         _check_text(finding["finding"], f"{field}.finding")
         key = (
-            _check_text(finding["source_id"], f"{field}.source_id"),
+            _check_text(finding["source_id"], f"{field}.source_id", "source_id"),
             _check_version(finding["version"], f"{field}.version"),
         )
         if key not in selected:
@@ -158,11 +180,12 @@ def validate_case_data(data: Any) -> None:
 
     policy = data["policy"]
     _check_keys(policy, "policy", "policy")
-    _check_text(policy["name"], "policy.name")
-    _check_text(policy["label"], "policy.label")
+    _check_text(policy["name"], "policy.name", "name")
+    _check_text(policy["label"], "policy.label", "label")
     if not isinstance(policy["parameters"], dict):
         _fail("policy.parameters", "must be an object")
     for key, value in policy["parameters"].items():
+        text.check_text(key, field="policy.parameters key", one_line=True)
         try:
             identity.typed_value(value)
         except TypeError as exc:

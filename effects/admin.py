@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils.html import format_html
 
-from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html
+from decisionflow.core import text
+from decisionflow.core.admin_base import ViewOnlyAdmin, op_html
 
 from .models import CommitAttempt, EffectRecord
 
@@ -42,7 +44,20 @@ class EffectRecordAdmin(ViewOnlyAdmin):
 
     @admin.display(description="reviewed body")
     def body_pre(self, obj):
-        return pre_html(obj.body)
+        # The text policy's markers, where they stand, and how many (docs/TEXT.md).
+        found = text.markers(obj.body or "")
+        count = format_html(
+            '<div class="df-banner df-banner-warn df-text-banner" id="df-text-markers" data-count="{}">'
+            "<strong>{} hidden or look-alike character{} in this body</strong>, marked where {} stand{}.</div>",
+            len(found),
+            len(found),
+            "s" if len(found) != 1 else "",
+            "they" if len(found) != 1 else "it",
+            "" if len(found) != 1 else "s",
+        )
+        return format_html(
+            '{}<pre class="df-pre" id="df-effect-body">{}</pre>', count if found else "", text.marked_html(obj.body)
+        )
 
 
 @admin.register(CommitAttempt)

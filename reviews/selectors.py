@@ -48,3 +48,21 @@ def evidence_moves(proposal: Proposal) -> list[dict]:
                 {"source_id": p["source_id"], "from": o["version"], "to": p["version"], "quotation_identical": False}
             )
     return moves
+
+
+def proposal_text_fields(proposal: Proposal) -> list[tuple[str, str]]:
+    """Every text of a proposal that a reviewer approves or reads as evidence, named as the
+    API names it, for the text policy's markers (docs/TEXT.md)."""
+    fields: list[tuple[str, object]] = [("body", proposal.body)]
+    for i, p in enumerate(proposal.passages or []):
+        fields += [(f"passages[{i}].source_id", p.get("source_id")), (f"passages[{i}].quotation", p.get("quotation"))]
+    for i, f in enumerate(proposal.findings or []):
+        fields += [
+            (f"findings[{i}].finding", f.get("finding")),
+            (f"findings[{i}].licensed_clause", f.get("licensed_clause")),
+        ]
+    policy = proposal.policy_snapshot or {}
+    fields += [("policy.name", policy.get("name")), ("policy.label", policy.get("label"))]
+    for key, value in sorted((policy.get("parameters") or {}).items()):
+        fields += [(f"policy.parameters key {key}", key), (f"policy.parameters.{key}", value)]
+    return [(name, value) for name, value in fields if isinstance(value, str)]

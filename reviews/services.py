@@ -11,11 +11,15 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
-from cases.models import Case, SourceVersion
-from decisionflow.core import identity
+from cases.models import Case, Source, SourceVersion
+from cases.services import VERSION_RANGE
+from decisionflow.core import identity, text
 from decisionflow.core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
 
 from .models import Origin, Proposal, ReviewDecision
+
+SOURCE_ID_MAX = Source._meta.get_field("source_id").max_length
+VERSION_MIN, VERSION_MAX = VERSION_RANGE
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
@@ -172,12 +176,13 @@ def proposal_revise(
     if body is None and not source_versions:
         raise InvalidInput("an edit needs a new body, new source versions, or both")
     if body is not None:
-        try:
-            identity.normalize_newlines(body).encode("utf-8")
-        except (UnicodeEncodeError, AttributeError):
-            raise InvalidInput("body must be text without lone surrogates", field="body") from None
+        # The text policy (docs/TEXT.md): the same check as load_case, for every channel.
+        text.check_text(body, field="body")
         if not body.strip():
             raise InvalidInput("body must not be empty", field="body")
+    for source_id, version in (source_versions or {}).items():
+        text.check_text(source_id, field="source_versions key", one_line=True, max_length=SOURCE_ID_MAX)
+        text.check_integer(version, field=f"source_versions.{source_id}", minimum=VERSION_MIN, maximum=VERSION_MAX)
 
     with transaction.atomic():
         # Lock the case so a commit and an edit of the same case cannot interleave.

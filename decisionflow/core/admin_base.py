@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from decisionflow.core.identity import short
+from decisionflow.core.text import marked_html
 
 
 class ViewOnlyAdmin(admin.ModelAdmin):
@@ -48,5 +49,6 @@ def op_html(operation_id: str | None):
 
 
 def pre_html(text: str | None):
-    """Text exactly as stored, line breaks kept, HTML escaped."""
-    return format_html('<pre class="df-pre">{}</pre>', text or "")
+    """Text exactly as stored, line breaks kept, HTML escaped, the text policy's markers
+    drawn where they stand (docs/TEXT.md)."""
+    return format_html('<pre class="df-pre">{}</pre>', marked_html(text or ""))

@@ -20,6 +20,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from decisionflow.core.errors import DecisionflowError, InvalidInput, NotFound
+from decisionflow.core.text import one_line
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -77,6 +78,9 @@ class WorkflowCommand(BaseCommand):
             self._stop(options, exc.code, exc.lines)
 
     def _stop(self, options, code, lines):
+        # A message may quote a value (a case id, a file name, an operation id as typed):
+        # each line stays one line, so no value can forge another.
+        lines = [one_line(line) for line in lines]
         for line in lines:
             self.stderr.write(line)
         if code == EXIT_OK:

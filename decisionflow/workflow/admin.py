@@ -21,11 +21,12 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import escape, format_html
-from django.utils.safestring import mark_safe
+from django.utils.html import format_html
 
 from cases.models import Case, SourceVersion
+from cases.selectors import case_text_fields
 from decisionflow.core import identity
+from decisionflow.core import text as text_policy
 from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when
 from decisionflow.core.errors import (
     CaseBusy,
@@ -38,7 +39,7 @@ from effects.models import EffectRecord
 from effects.services import REVIEW_PERMISSION, operation_reconcile
 from reviews.admin import PROPOSAL_BIG_FIELDS
 from reviews.models import PendingReview, Proposal, ReviewDecision
-from reviews.selectors import evidence_moves, proposal_diff
+from reviews.selectors import evidence_moves, proposal_diff, proposal_text_fields
 
 from . import picture as workflow_picture
 from . import selectors
@@ -181,27 +182,20 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
 
 
 def mark_sentences(body: str, sentences: list[str]):
-    """The body, escaped, with each unchecked sentence wrapped in <mark>; text unchanged."""
+    """The body, escaped, with each unchecked sentence wrapped in <mark>; text unchanged.
+
+    The text policy's markers (invisible characters, mixed-script words) are drawn where
+    they stand, inside or outside the marked sentences (docs/TEXT.md).
+    """
     spans = []
     for sentence in sentences:
         start = body.find(sentence)
         while start != -1:
             spans.append((start, start + len(sentence)))
             start = body.find(sentence, start + len(sentence))
-    spans.sort()
-    out: list[str] = []
-    pos = 0
-    for start, end in spans:
-        if start < pos:  # overlapping match: already inside a mark
-            continue
-        out.append(escape(body[pos:start]))
-        out.append(
-            f'<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
-            f"{escape(body[start:end])}</mark>"
-        )
-        pos = end
-    out.append(escape(body[pos:]))
-    return mark_safe("".join(out))
+    opening = '<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
+    # Overlapping matches are skipped by marked_html: already inside a mark.
+    return text_policy.marked_html(body, wrap=[(start, end, opening, "</mark>") for start, end in spans])
 
 
 @admin.register(Proposal)
@@ -308,7 +302,8 @@ class ProposalAdmin(ViewOnlyAdmin):
             moves=evidence_moves(proposal),
             body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
             if proposal.unchecked_sentences
-            else escape(proposal.body),
+            else text_policy.marked_html(proposal.body),
+            text_warnings=text_policy.warnings(case_text_fields(case) + proposal_text_fields(proposal)),
             can_review=reviewer_ok,
             show_decide=reviewer_ok and is_current,
             show_edit=reviewer_ok and is_current and decision is None,
@@ -640,14 +635,18 @@ class CaseAdmin(ViewOnlyAdmin):
         cases = list(queryset.order_by("case_id"))
         if request.POST.get("post") == "yes":
             return self._act(request, cases, approved=approved)
-        bodies = dict(
-            Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
-                "pk", "body"
-            )
-        )
+        proposals = {
+            p.pk: p
+            for p in Proposal.objects.filter(
+                pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]
+            ).only("pk", "body", "passages", "findings", "policy_snapshot")
+        }
         rows = []
         for case in cases:
-            body = bodies.get(case.current_proposal_id, "")
+            current = proposals.get(case.current_proposal_id)
+            body = current.body if current is not None else ""
+            # The text policy's markers of everything the row approves (docs/TEXT.md).
+            fields = [("subject", case.subject)] + (proposal_text_fields(current) if current is not None else [])
             rows.append(
                 {
                     "case": case,
@@ -656,6 +655,7 @@ class CaseAdmin(ViewOnlyAdmin):
                     if case.current_operation_id
                     else None,
                     "first_line": body.split("\n", 1)[0] if body else "",
+                    "text_warnings": text_policy.warnings(fields),
                     "status_label": selectors.STATUS_LABELS[case.review_status],
                     "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
                 }

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from django import forms
+from django.core.validators import ProhibitNullCharactersValidator
 
 from cases.models import SourceVersion
+from decisionflow.core import text
+from decisionflow.core.errors import InvalidInput
 
 APPROVE = "approve"
 DECLINE = "decline"
@@ -25,6 +28,27 @@ class DecisionForm(forms.Form):
         return self.cleaned_data["decision"] == APPROVE
 
 
+class PolicyTextField(forms.CharField):
+    """Text that passes the text policy (docs/TEXT.md), refused with the policy's own message.
+
+    Django's CharField refuses NUL with a message of its own that names no position; the
+    policy refuses NUL among the other controls and says where it stands, so its validator
+    replaces Django's.
+    """
+
+    def __init__(self, *, policy_field: str, **kwargs):
+        super().__init__(**kwargs)
+        self.policy_field = policy_field
+        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+
+    def validate(self, value):
+        super().validate(value)
+        try:
+            text.check_text(value, field=self.policy_field)
+        except InvalidInput as exc:
+            raise forms.ValidationError(exc.message, code="text_policy") from None
+
+
 class ProposalEditForm(forms.Form):
     """A new body and/or other versions of the selected sources, from the proposal shown.
 
@@ -34,7 +58,8 @@ class ProposalEditForm(forms.Form):
 
     expected_operation_id = forms.CharField(max_length=80, widget=forms.HiddenInput)
     # strip=False: the body is hashed exactly as written; trimming would change it silently.
-    body = forms.CharField(
+    body = PolicyTextField(
+        policy_field="body",
         strip=False,
         widget=forms.Textarea(attrs={"rows": 18, "cols": 100, "class": "vLargeTextField", "spellcheck": "true"}),
     )

@@ -98,10 +98,10 @@ def test_a_decided_proposal_cannot_be_revised(proposal, reviewer):
     [
         ({}, "needs a new body"),
         ({"body": "   "}, "must not be empty"),
-        ({"body": "bad \ud800"}, "lone surrogates"),
+        ({"body": "bad \ud800"}, "U\\+D800 LONE SURROGATE at position 5"),
         ({"source_versions": {"HOLD-7": 3}}, "HOLD-7 has no version 3"),
         ({"source_versions": {"NOPE-1": 1}}, "not among this proposal's selected evidence"),
-        ({"source_versions": {"HOLD-7": "4"}}, "version must be an integer"),
+        ({"source_versions": {"HOLD-7": "4"}}, "HOLD-7: must be a non-negative integer"),
     ],
 )
 def test_bad_edits_are_refused_and_write_nothing(proposal, reviewer, kwargs, message):

@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from cases.services import case_import, parse_case_file
 from decisionflow.core.errors import DecisionflowError
+from decisionflow.core.text import one_line, shown
 
 
 class Command(BaseCommand):
@@ -20,10 +21,10 @@ class Command(BaseCommand):
         try:
             raw = Path(file).read_bytes()
         except OSError as exc:
-            raise CommandError(f"load_case: cannot read {file}: {exc.strerror}") from None
+            raise CommandError(one_line(f"load_case: cannot read {shown(file)}: {exc.strerror}")) from None
         try:
             result = case_import(data=parse_case_file(raw))
         except DecisionflowError as exc:
-            raise CommandError(f"load_case: {file}: {exc.message}", returncode=exc.exit_code) from None
+            raise CommandError(one_line(f"load_case: {shown(file)}: {exc.message}"), returncode=exc.exit_code) from None
         verb = "imported" if result.created else "unchanged"
-        self.stdout.write(f"load_case: case={result.case.case_id} {verb}")
+        self.stdout.write(f"load_case: case={shown(result.case.case_id)} {verb}")

@@ -4,6 +4,7 @@ from json.encoder import encode_basestring
 from cases.models import Case
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
+from decisionflow.core.text import shown
 from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
 
 
@@ -39,7 +40,7 @@ class Command(WorkflowCommand):
             known = set(Case.objects.filter(case_id__in=case_ids).values_list("case_id", flat=True))
             missing = [c for c in case_ids if c not in known]
             if missing:
-                self.fail(1, f"reconcile: no case {', '.join(repr(c) for c in missing)}")
+                self.fail(1, f"reconcile: no case {', '.join(shown(c) for c in missing)}")
         self.as_json = as_json
         with reconcile_lock():
             unrepaired = []
@@ -73,7 +74,9 @@ class Command(WorkflowCommand):
                 f'"state":"{row.state}","effects":{row.effects}}}'
             )
         verb = "repaired" if repaired else "reconcile"
-        return f"{verb}: case={row.case_id} op={row.operation_id} state={row.state} effects={row.effects}"
+        # Values are quoted when they are not plain tokens: a case id stored before ids had a
+        # pattern (or any value) cannot end this line and forge another one.
+        return f"{verb}: case={shown(row.case_id)} op={shown(row.operation_id)} state={row.state} effects={row.effects}"
 
     def report(self, row, repaired=False):
         self.stdout.write(self.line(row, repaired))

@@ -1,5 +1,6 @@
 from cases.selectors import case_by_id
 from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.text import shown
 from decisionflow.workflow.services import review_begin
 
 
@@ -17,9 +18,12 @@ class Command(WorkflowCommand):
 
     def handle(self, *args, case_id, **options):
         result = review_begin(case=case_by_id(case_id))
-        self.stdout.write(f"begin: status={result.status} op={result.operation_id} checkpoints={result.checkpoints}")
+        # Every value is shown quoted unless it is a plain token: no value can forge a line.
+        self.stdout.write(
+            f"begin: status={shown(result.status)} op={shown(result.operation_id)} checkpoints={result.checkpoints}"
+        )
         if not result.created:
             self.stdout.write(
                 f"begin: already pending since {result.pending_review.created_at:%Y-%m-%d %H:%M:%S} UTC "
-                f"(workflow {result.pending_review.workflow_version}); nothing new was created"
+                f"(workflow {shown(result.pending_review.workflow_version)}); nothing new was created"
             )

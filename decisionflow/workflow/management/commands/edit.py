@@ -5,6 +5,7 @@ from pathlib import Path
 from cases.selectors import case_by_id
 from decisionflow.core.commandline import EXIT_SAVED_NOT_BEGUN, WorkflowCommand
 from decisionflow.core.errors import InvalidInput
+from decisionflow.core.text import shown
 from decisionflow.workflow.services import review_edit
 
 _SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
@@ -52,9 +53,9 @@ class Command(WorkflowCommand):
         for item in source:
             match = _SOURCE.match(item)
             if match is None:
-                self.fail(1, f"edit: --source {item!r} is not SOURCE=VERSION (e.g. HOLD-7=4)")
+                self.fail(1, f"edit: --source {shown(item)} is not SOURCE=VERSION (e.g. HOLD-7=4)")
             if match["source"] in source_versions:
-                self.fail(1, f"edit: --source names {match['source']} twice")
+                self.fail(1, f"edit: --source names {shown(match['source'])} twice")
             source_versions[match["source"]] = int(match["version"])
         body = None if body_file is None else self._read(body_file)
         case = case_by_id(case_id)
@@ -67,26 +68,30 @@ class Command(WorkflowCommand):
             editor=user,
         )
         revision, begun = edited.revision, edited.begun
+        # Every value is shown quoted unless it is a plain token: no value can forge a line.
+        op = shown(revision.proposal.operation_id)
         if not revision.changed:
-            self.stdout.write(f"edit: op={revision.proposal.operation_id} unchanged")
+            self.stdout.write(f"edit: op={op} unchanged")
             return
-        self.stdout.write(f"edit: op={revision.proposal.operation_id} origin={revision.proposal.origin}")
+        self.stdout.write(f"edit: op={op} origin={shown(revision.proposal.origin)}")
         if begun is None:
             # Saved and current; only its review is not begun. Say so, and how to finish.
             reason = edited.begin_error.message if edited.begin_error is not None else "unknown"
             self.fail(
                 EXIT_SAVED_NOT_BEGUN,
                 f"edit: saved, but the review of the new proposal was not begun: {reason}",
-                f"edit: run `manage.py begin {case_id}` (or decide on it: the first decision begins it)",
+                f"edit: run `manage.py begin {shown(case_id)}` (or decide on it: the first decision begins it)",
             )
-        self.stdout.write(f"begin: status={begun.status} op={begun.operation_id} checkpoints={begun.checkpoints}")
+        self.stdout.write(
+            f"begin: status={shown(begun.status)} op={shown(begun.operation_id)} checkpoints={begun.checkpoints}"
+        )
 
     def _read(self, body_file: str) -> str:
         try:
             raw = sys.stdin.buffer.read() if body_file == "-" else Path(body_file).read_bytes()
         except OSError as exc:
-            raise InvalidInput(f"edit: cannot read {body_file}: {exc.strerror}") from None
+            raise InvalidInput(f"edit: cannot read {shown(body_file)}: {exc.strerror}") from None
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InvalidInput(f"edit: {body_file} is not UTF-8 text (byte {exc.start})") from None
+            raise InvalidInput(f"edit: {shown(body_file)} is not UTF-8 text (byte {exc.start})") from None
