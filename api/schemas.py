@@ -127,7 +127,10 @@ class ProposalOut(Schema):
     action: str
     origin: Literal["prepared", "human_edit", "evidence_change"]
     parent_operation_id: str | None
-    author: str | None
+    author: str | None = Field(
+        description="the person who made this human edit or evidence change; null for a proposal the "
+        "pipeline prepared (it has no human author, whoever began the review)"
+    )
     created_at: datetime
     body: str
     evidence_id: str
@@ -142,6 +145,10 @@ class PendingOut(Schema):
     status: Literal["pending", "completed", "superseded"]
     workflow_version: str
     created_at: datetime
+    begun_by: str | None = Field(description="who began the review; null when a command began it without a user")
+    begun_channel: Literal["admin", "api", "command", "service"] | None = Field(
+        description="through which channel the review was begun (command: the CLI); null before this was recorded"
+    )
 
 
 class DecisionInfoOut(Schema):

@@ -4,15 +4,29 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('effects', '0002_append_only'),
+        ("effects", "0002_append_only"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='commitattempt',
-            name='reason',
-            field=models.CharField(blank=True, choices=[('omitted_decision', 'Omitted decision'), ('no_permission', 'No permission'), ('four_eyes', 'Four eyes'), ('stale', 'Stale proposal'), ('checkpoint', 'Corrupt or incompatible checkpoint'), ('busy', 'Case busy'), ('bad_input', 'Bad input'), ('not_found', 'Not found'), ('failed', 'Failed')], max_length=20, null=True),
+            model_name="commitattempt",
+            name="reason",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("omitted_decision", "Omitted decision"),
+                    ("no_permission", "No permission"),
+                    ("four_eyes", "Four eyes"),
+                    ("stale", "Stale proposal"),
+                    ("checkpoint", "Corrupt or incompatible checkpoint"),
+                    ("busy", "Case busy"),
+                    ("bad_input", "Bad input"),
+                    ("not_found", "Not found"),
+                    ("failed", "Failed"),
+                ],
+                max_length=20,
+                null=True,
+            ),
         ),
     ]

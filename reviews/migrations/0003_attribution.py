@@ -6,21 +6,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('reviews', '0002_append_only_and_groups'),
+        ("reviews", "0002_append_only_and_groups"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='pendingreview',
-            name='begun_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="pendingreview",
+            name="begun_by",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='pendingreview',
-            name='begun_channel',
-            field=models.CharField(blank=True, choices=[('admin', 'admin'), ('api', 'API'), ('command', 'CLI'), ('service', 'service')], max_length=20, null=True),
+            model_name="pendingreview",
+            name="begun_channel",
+            field=models.CharField(
+                blank=True,
+                choices=[("admin", "admin"), ("api", "API"), ("command", "CLI"), ("service", "service")],
+                max_length=20,
+                null=True,
+            ),
         ),
     ]

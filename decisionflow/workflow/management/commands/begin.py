@@ -1,6 +1,7 @@
 from cases.selectors import case_by_id
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.workflow.services import review_begin
+from reviews.models import Channel
 
 
 class Command(WorkflowCommand):
@@ -16,7 +17,7 @@ class Command(WorkflowCommand):
         parser.add_argument("case_id", metavar="CASE_ID", help="The case's external ID, e.g. T-1042.")
 
     def handle(self, *args, case_id, **options):
-        result = review_begin(case=case_by_id(case_id))
+        result = review_begin(case=case_by_id(case_id), channel=Channel.COMMAND)
         self.stdout.write(f"begin: status={result.status} op={result.operation_id} checkpoints={result.checkpoints}")
         if not result.created:
             self.stdout.write(

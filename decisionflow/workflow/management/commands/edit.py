@@ -6,6 +6,7 @@ from cases.selectors import case_by_id
 from decisionflow.core.commandline import EXIT_SAVED_NOT_BEGUN, WorkflowCommand
 from decisionflow.core.errors import InvalidInput
 from decisionflow.workflow.services import review_edit
+from reviews.models import Channel
 
 _SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
 
@@ -65,6 +66,7 @@ class Command(WorkflowCommand):
             body=body,
             source_versions=source_versions or None,
             editor=user,
+            channel=Channel.COMMAND,
         )
         revision, begun = edited.revision, edited.begun
         if not revision.changed:

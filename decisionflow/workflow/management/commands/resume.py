@@ -4,6 +4,7 @@ from cases.selectors import case_by_id
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.core.errors import ConflictingDecision, OutcomeUncertain, WorkflowIncompatible
 from decisionflow.workflow.services import FAULTS, decision_record
+from reviews.models import Channel
 
 
 class Command(WorkflowCommand):
@@ -53,7 +54,7 @@ class Command(WorkflowCommand):
                 operation_id=operation_id,
                 approved=bool(approve),
                 reviewer=user,
-                channel="command",
+                channel=Channel.COMMAND,
                 fault=fault,
             )
         except ConflictingDecision as exc:
