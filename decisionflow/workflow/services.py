@@ -574,6 +574,8 @@ def human_changers(proposal_pk: int) -> dict[int, Proposal]:
     nobody edited returns none).
     """
     case_pk = Proposal.objects.filter(pk=proposal_pk).values_list("case_id", flat=True).first()
+    if case_pk is None:
+        return {}
     chain = {
         p.pk: p
         for p in Proposal.objects.filter(case_id=case_pk)
