@@ -188,7 +188,7 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
 def _four_eyes_message(case, user) -> str | None:
     if not case.current_proposal_id:
         return None
-    refusal = four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user)
+    refusal = four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user, case_pk=case.pk)
     return refusal.message if refusal is not None else None
 
 
@@ -304,7 +304,7 @@ class ProposalAdmin(ViewOnlyAdmin):
         # No button that can only fail: the person who changed this proposal sees why they
         # cannot approve it instead of Approve (Decline stays).
         four_eyes = (
-            four_eyes_refusal(proposal_pk=proposal.pk, reviewer=request.user)
+            four_eyes_refusal(proposal_pk=proposal.pk, reviewer=request.user, case_pk=case.pk)
             if reviewer_ok and is_current and decision is None
             else None
         )

@@ -491,7 +491,7 @@ def decision_record(
                 raise _no_pending_review(case, operation_id)
             checkpoint = _bound_checkpoint(case, pending)
             if approved is True:
-                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer)
+                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
             answer_started = True
             commit = _answer(
                 checkpoint,
@@ -565,7 +565,7 @@ def four_eyes_enabled() -> bool:
     return bool(getattr(settings, "DECISIONFLOW_FOUR_EYES", True))
 
 
-def human_changers(proposal_pk: int) -> dict[int, Proposal]:
+def human_changers(proposal_pk: int, case_pk: int | None = None) -> dict[int, Proposal]:
     """Everyone who made a human change in this proposal or in an edit it builds on.
 
     Maps each person's user pk to the nearest proposal they made. An edit of an edit still
@@ -573,7 +573,8 @@ def human_changers(proposal_pk: int) -> dict[int, Proposal]:
     back to what the pipeline prepared. One query: the case's human proposals only (a case
     nobody edited returns none).
     """
-    case_pk = Proposal.objects.filter(pk=proposal_pk).values_list("case_id", flat=True).first()
+    if case_pk is None:
+        case_pk = Proposal.objects.filter(pk=proposal_pk).values_list("case_id", flat=True).first()
     if case_pk is None:
         return {}
     chain = {
@@ -593,7 +594,7 @@ def human_changers(proposal_pk: int) -> dict[int, Proposal]:
     return changers
 
 
-def four_eyes_refusal(*, proposal_pk: int, reviewer) -> FourEyesRefused | None:
+def four_eyes_refusal(*, proposal_pk: int, reviewer, case_pk: int | None = None) -> FourEyesRefused | None:
     """The refusal an approval of this proposal by ``reviewer`` would get, or None.
 
     Four eyes: whoever made a human change (a body edit or an evidence change) cannot approve
@@ -602,7 +603,7 @@ def four_eyes_refusal(*, proposal_pk: int, reviewer) -> FourEyesRefused | None:
     pk = getattr(reviewer, "pk", None)
     if pk is None or not four_eyes_enabled():
         return None
-    changed = human_changers(proposal_pk).get(pk)
+    changed = human_changers(proposal_pk, case_pk).get(pk)
     if changed is None:
         return None
     return FourEyesRefused(
@@ -612,8 +613,8 @@ def four_eyes_refusal(*, proposal_pk: int, reviewer) -> FourEyesRefused | None:
     )
 
 
-def four_eyes_check(*, proposal_pk: int, reviewer) -> None:
-    refusal = four_eyes_refusal(proposal_pk=proposal_pk, reviewer=reviewer)
+def four_eyes_check(*, proposal_pk: int, reviewer, case_pk: int | None = None) -> None:
+    refusal = four_eyes_refusal(proposal_pk=proposal_pk, reviewer=reviewer, case_pk=case_pk)
     if refusal is not None:
         raise refusal
 

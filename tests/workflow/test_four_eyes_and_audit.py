@@ -90,11 +90,11 @@ def test_a_prepared_proposal_has_no_human_author_and_begin_is_recorded_on_the_pe
     # The history page: "prepared by the pipeline", and who began each review, and how.
     client.force_login(lead)
     page = client.get(reverse("admin:cases_case_history", args=[case.pk])).content.decode()
-    assert "Prepared, prepared by the pipeline" in page and "Prepared by <strong>reviewer" not in page
+    assert "Prepared by the pipeline" in page and "Prepared by <strong>reviewer" not in page
     assert "by <strong>reviewer</strong> via admin" in page
     assert "by <strong>editor</strong> via API" in page
     review = client.get(reverse("admin:reviews_proposal_review", args=[prepared.pk])).content.decode()
-    assert "prepared by the pipeline" in review and " by reviewer" not in review
+    assert "Prepared by the pipeline" in review and " by reviewer" not in review
 
 
 def test_an_older_prepared_row_that_names_whoever_began_it_still_shows_the_pipeline(case, reviewer, client, lead):
@@ -109,7 +109,7 @@ def test_an_older_prepared_row_that_names_whoever_began_it_still_shows_the_pipel
     assert proposal_data(old)["author"] is None
     client.force_login(lead)
     page = client.get(reverse("admin:reviews_proposal_review", args=[old.pk])).content.decode()
-    assert "prepared by the pipeline" in page
+    assert "Prepared by the pipeline" in page and "by reviewer" not in page
 
 
 def test_begin_from_the_cli_records_the_channel_and_no_user(case):
