@@ -185,11 +185,21 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
     return True, [(messages.SUCCESS, format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link))]
 
 
-def _four_eyes_message(case, user) -> str | None:
+def _four_eyes_sentence(refusal: FourEyesRefused | None):
+    """What the person who changed the proposal is told before clicking (nothing was tried)."""
+    if refusal is None:
+        return None
+    return format_html(
+        "You made the {} {} in this proposal, so another reviewer must approve it. You may decline it.",
+        refusal.details["change"],
+        identity.short(refusal.details["changed_operation_id"]),
+    )
+
+
+def _four_eyes_message(case, user):
     if not case.current_proposal_id:
         return None
-    refusal = four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user, case_pk=case.pk)
-    return refusal.message if refusal is not None else None
+    return _four_eyes_sentence(four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user, case_pk=case.pk))
 
 
 def mark_sentences(body: str, sentences: list[str]):
@@ -330,7 +340,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             else escape(proposal.body),
             can_review=reviewer_ok,
             show_decide=reviewer_ok and is_current,
-            four_eyes=four_eyes.message if four_eyes is not None else None,
+            four_eyes=_four_eyes_sentence(four_eyes),
             show_edit=reviewer_ok and is_current and decision is None,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
         )

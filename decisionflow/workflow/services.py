@@ -610,6 +610,8 @@ def four_eyes_refusal(*, proposal_pk: int, reviewer, case_pk: int | None = None)
         f"four eyes: {reviewer.get_username()} made the {changed.get_origin_display().lower()} "
         f"{identity.short(changed.operation_id)} in this proposal, so another reviewer must approve it "
         "(you may decline it); nothing was written",
+        change=changed.get_origin_display().lower(),
+        changed_operation_id=changed.operation_id,
     )
 
 

@@ -185,7 +185,8 @@ def test_admin_review_page_shows_why_instead_of_approve_and_a_forged_click_is_re
     client.force_login(editor)
     url = reverse("admin:reviews_proposal_review", args=[edited.pk])
     page = client.get(url).content.decode()
-    assert 'id="df-four-eyes"' in page and "another reviewer must approve it" in page
+    assert 'id="df-four-eyes"' in page and "You made the human edit op-v1-" in page
+    assert "another reviewer must approve it. You may decline it." in page
     assert 'id="df-approve"' not in page and 'id="df-decline"' in page
 
     response = client.post(
@@ -217,7 +218,7 @@ def test_admin_bulk_approve_says_which_rows_four_eyes_refuses_and_skips_them(cas
     selected = {"action": "approve_selected", "_selected_action": [case.pk, other_case.pk]}
     confirmation = client.post(url, selected).content.decode()
     assert confirmation.count('class="df-four-eyes"') == 1
-    assert "will be refused: four eyes: editor made the human edit" in confirmation
+    assert "Four eyes: this row will be refused.</strong> You made the human edit" in confirmation
 
     data = {
         **selected,
