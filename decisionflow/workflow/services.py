@@ -479,9 +479,9 @@ def decision_record(
     recorded as a commit attempt.
     """
     operation_id = str(operation_id)
+    _check_fault(fault)  # a test-only switch, refused before the decision is looked at
     answer_started = False
     try:
-        _check_fault(fault)  # bad input, recorded like any other refusal
         with sqlite_bounded_wait():
             pending = _pending_with_checkpoint(case, operation_id)
             begun = False

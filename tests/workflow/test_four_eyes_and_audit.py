@@ -290,15 +290,6 @@ def test_not_found(case, begun, reviewer):
     assert last_attempt().reason == "not_found"
 
 
-def test_bad_input_an_unknown_fault(case, begun, reviewer):
-    from decisionflow.core.errors import InvalidInput
-
-    with pytest.raises(InvalidInput):
-        decide(case, begun.operation_id, reviewer, fault="no-such-fault")
-    assert (last_attempt().reason, last_attempt().operation_id) == ("bad_input", begun.operation_id)
-    assert ReviewDecision.objects.count() == 0
-
-
 def test_bad_input_an_admin_click_with_a_malformed_operation(case, begun, reviewer):
     client = Client()
     client.force_login(reviewer)
