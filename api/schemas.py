@@ -82,7 +82,7 @@ class EditIn(Strict):
 
 class ErrorOut(Schema):
     code: str = Field(
-        description="stable, machine-readable: invalid_request, unauthorized, forbidden, not_found, "
+        description="stable, machine-readable: invalid_request, unauthorized, forbidden, four_eyes, not_found, "
         "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
         "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error"
     )
