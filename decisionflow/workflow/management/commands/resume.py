@@ -18,7 +18,8 @@ class Command(WorkflowCommand):
         "resumed any number of times; a second approval is a replay. Exit codes: 0 committed, replayed or "
         "declined; 1 error; 3 conflicting decision; 4 stale, or not the recorded proposal; 5 incompatible "
         "workflow version, or a checkpoint that fails its checks (nothing ran); 6 the case is busy, try "
-        "again; 42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
+        "again; 8 four eyes: the reviewer changed this proposal, so another reviewer must approve it; "
+        "42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
     )
 
     def add_arguments(self, parser):
