@@ -17,6 +17,7 @@ from ninja.responses import Status
 
 from decisionflow.core import errors
 from decisionflow.workflow.services import decision_record, review_edit
+from reviews.models import Channel
 
 from . import selectors, services
 from .auth import AUTH
@@ -197,7 +198,7 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
         operation_id=payload.operation_id,
         approved=payload.approved,
         reviewer=request.auth,
-        channel="api",
+        channel=Channel.API,
         fault=services.fault_requested(request),
     )
     commit = decided.commit
@@ -227,6 +228,7 @@ def case_edit(request, payload: EditIn, case_id: str = CaseId):
         body=payload.body,
         source_versions=payload.source_versions,
         editor=request.auth,
+        channel=Channel.API,
     )
     revision = edited.revision
     data = {

@@ -1,11 +1,16 @@
 """Who is asking: a Bearer API token, or the admin session (with CSRF kept for unsafe methods).
 
-Unsafe methods also need the review permission. Checking it here, before the body is read,
-means a caller without the permission learns nothing from validation errors and the
-services are never reached.
+Reads follow the admin's permissions: they need the view permission on cases
+(``cases.view_case``, which the Reviewers and Support leads groups have), as every admin
+page does. ``is_staff`` is not needed: it only opens the admin's login. Unsafe methods need
+the review permission. Checking both here, before the body is parsed, means a caller
+without the permission learns nothing from validation errors and the services are never
+reached; a refused decision is still recorded as a commit attempt.
 """
 
 from __future__ import annotations
+
+import json
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -13,17 +18,62 @@ from ninja.errors import AuthenticationError, AuthorizationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
+from cases.models import Case
+from decisionflow.core import identity
+from decisionflow.core.errors import PermissionRefused
+from decisionflow.workflow.services import refusal_record
 from effects.services import REVIEW_PERMISSION
+from reviews.models import Channel
 
 from .services import token_authenticate
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
+VIEW_PERMISSION = "cases.view_case"
 
 
 def _permitted(request: HttpRequest, user):
-    if request.method not in SAFE_METHODS and not user.has_perm(REVIEW_PERMISSION):
-        raise AuthorizationError(message=f"{user.get_username()} does not have the review permission")
+    if request.method in SAFE_METHODS:
+        if not user.has_perm(VIEW_PERMISSION):
+            raise AuthorizationError(
+                message=f"{user.get_username()} does not have the view permission on cases ({VIEW_PERMISSION})"
+            )
+    elif not user.has_perm(REVIEW_PERMISSION):
+        message = f"{user.get_username()} does not have the review permission"
+        _record_refused_decision(request, user, message)
+        raise AuthorizationError(message=message)
     return user
+
+
+def _record_refused_decision(request: HttpRequest, user, message: str) -> None:
+    """The attempt row of a decision refused for want of the permission.
+
+    Only for ``POST /api/cases/{id}/decision`` of a case that exists. The operation and the
+    decision are read from the body for the record only, never answered: a body that names
+    no operation is recorded against the case's current one.
+    """
+    match = request.resolver_match
+    if match is None or not request.path.endswith("/decision") or "case_id" not in match.kwargs:
+        return
+    case = Case.objects.select_related("current_proposal").filter(case_id=match.kwargs["case_id"]).first()
+    if case is None:
+        return
+    try:
+        body = json.loads(request.body)
+    except Exception:  # noqa: BLE001 - any unreadable body: record without it
+        body = None
+    body = body if isinstance(body, dict) else {}
+    named = body.get("operation_id")
+    if not (isinstance(named, str) and identity.is_operation_id(named)):
+        named = case.current_proposal.operation_id if case.current_proposal is not None else ""
+    approved = body.get("approved")
+    refusal_record(
+        case=case,
+        operation_id=named,
+        approved=approved if isinstance(approved, bool) else None,
+        reviewer=user,
+        channel=Channel.API,
+        error=PermissionRefused(message),
+    )
 
 
 class TokenAuth(HttpBearer):

@@ -84,7 +84,7 @@ class EditIn(Strict):
 
 class ErrorOut(Schema):
     code: str = Field(
-        description="stable, machine-readable: invalid_request, unauthorized, forbidden, not_found, "
+        description="stable, machine-readable: invalid_request, unauthorized, forbidden, four_eyes, not_found, "
         "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
         "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error"
     )
@@ -146,7 +146,10 @@ class ProposalOut(Schema):
     action: str
     origin: Literal["prepared", "human_edit", "evidence_change"]
     parent_operation_id: str | None
-    author: str | None
+    author: str | None = Field(
+        description="the person who made this human edit or evidence change; null for a proposal the "
+        "pipeline prepared (it has no human author, whoever began the review)"
+    )
     created_at: datetime
     body: str
     evidence_id: str
@@ -165,6 +168,10 @@ class PendingOut(Schema):
     status: Literal["pending", "completed", "superseded"]
     workflow_version: str
     created_at: datetime
+    begun_by: str | None = Field(description="who began the review; null when a command began it without a user")
+    begun_channel: Literal["admin", "api", "command", "service"] | None = Field(
+        description="through which channel the review was begun (command: the CLI); null before this was recorded"
+    )
 
 
 class DecisionInfoOut(Schema):

@@ -25,7 +25,8 @@ def proposal_data(proposal: Proposal) -> dict:
         "action": proposal.action,
         "origin": proposal.origin,
         "parent_operation_id": proposal.parent.operation_id if proposal.parent is not None else None,
-        "author": proposal.author.get_username() if proposal.author is not None else None,
+        # A prepared proposal has no human author (older rows may name whoever began it).
+        "author": proposal.human_author.get_username() if proposal.human_author is not None else None,
         "created_at": proposal.created_at,
         "body": proposal.body,
         "evidence_id": proposal.evidence_id,
@@ -39,10 +40,16 @@ def proposal_data(proposal: Proposal) -> dict:
 
 
 def pending_data(operation_id: str) -> dict | None:
-    pending = PendingReview.objects.filter(operation_id=operation_id).first()
+    pending = PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id).first()
     if pending is None:
         return None
-    return {"status": pending.status, "workflow_version": pending.workflow_version, "created_at": pending.created_at}
+    return {
+        "status": pending.status,
+        "workflow_version": pending.workflow_version,
+        "created_at": pending.created_at,
+        "begun_by": pending.begun_by.get_username() if pending.begun_by is not None else None,
+        "begun_channel": pending.begun_channel,
+    }
 
 
 def operation_data(operation_id: str) -> dict:

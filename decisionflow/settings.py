@@ -39,6 +39,10 @@ DECISIONFLOW_FAULT_INJECTION = env.bool("DECISIONFLOW_FAULT_INJECTION", default=
 # answers "busy" (API 409 case_busy, exit 6, an admin message). Bulk commands keep their own.
 DECISIONFLOW_DECISION_LOCK_TIMEOUT = env.float("DECISIONFLOW_DECISION_LOCK_TIMEOUT", default=3.0)
 
+# Four eyes: whoever made a human change in a proposal cannot approve it (they may decline).
+# Off only where one person is the whole review team (README, docs/ADMIN.md).
+DECISIONFLOW_FOUR_EYES = env.bool("DECISIONFLOW_FOUR_EYES", default=True)
+
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
 

@@ -62,9 +62,19 @@ class EffectRecordAdmin(ViewOnlyAdmin):
 
 @admin.register(CommitAttempt)
 class CommitAttemptAdmin(ViewOnlyAdmin):
-    list_display = ("operation", "case", "outcome", "approved", "reviewer", "channel", "attempted_at", "detail")
+    list_display = (
+        "operation",
+        "case",
+        "outcome",
+        "reason",
+        "approved",
+        "reviewer",
+        "channel",
+        "attempted_at",
+        "detail",
+    )
     list_select_related = ("case", "reviewer")
-    list_filter = ("outcome", "channel", "attempted_at")
+    list_filter = ("outcome", "reason", "channel", "attempted_at")
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 
 from decisionflow.core.append_only import AppendOnlyModel
+from decisionflow.core.errors import RefusalReason
 from decisionflow.core.identity import short
 
 
@@ -67,6 +68,11 @@ class CommitAttempt(AppendOnlyModel):
     )
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     channel = models.CharField(max_length=20, default="service")
+    # Why a refused or failed attempt did not commit; None for committed, declined, replay
+    # and conflict (the commit statement's raw INSERT leaves the column out). Nullable also
+    # so that adding it is a plain ADD COLUMN: SQLite would rebuild a NOT NULL column's table
+    # and lose its append-only triggers.
+    reason = models.CharField(max_length=20, choices=RefusalReason.choices, null=True, blank=True)  # noqa: DJ001
     detail = models.TextField(blank=True)
     attempted_at = models.DateTimeField(auto_now_add=True)
 

@@ -27,9 +27,11 @@ from decisionflow.core import identity
 from decisionflow.core.errors import (
     CaseBusy,
     DecisionflowError,
+    DecisionOmitted,
     InvalidInput,
     NotFound,
     PermissionRefused,
+    RefusalReason,
     StaleProposal,
 )
 from decisionflow.core.faults import crash_point
@@ -73,13 +75,15 @@ def reviewer_check(reviewer) -> None:
         raise PermissionRefused(f"{reviewer.get_username()} does not have the review permission")
 
 
-def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail=""):
+def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail="", reason=None):
     # Every call appends one row, through the one-statement insert (no ORM save machinery:
     # this is on every commit's path).
-    _insert_row(CommitAttempt, _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail))
+    _insert_row(
+        CommitAttempt, _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail, reason)
+    )
 
 
-def _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail) -> dict:
+def _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail, reason=None) -> dict:
     return {
         "operation_id": str(operation_id)[:200],
         "case_id": case_id,
@@ -88,11 +92,20 @@ def _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel,
         "outcome": outcome,
         "channel": channel,
         "detail": detail[:2000],
+        "reason": RefusalReason(reason).value if reason else None,
     }
 
 
 def attempt_record(
-    *, operation_id, case: Case | None, approved, reviewer, channel: str, outcome: str, detail: str = ""
+    *,
+    operation_id,
+    case: Case | None,
+    approved,
+    reviewer,
+    channel: str,
+    outcome: str,
+    detail: str = "",
+    reason: str | None = None,
 ) -> None:
     """Append one ``CommitAttempt`` for a call that ended before a commit could record it.
 
@@ -112,11 +125,14 @@ def attempt_record(
         channel=channel,
         outcome=outcome,
         detail=detail,
+        reason=reason,
     )
 
 
-def _attempt_without_waiting(*, operation_id, case_pk, case_label, approved, reviewer, channel, outcome, detail):
-    fields = _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail)
+def _attempt_without_waiting(
+    *, operation_id, case_pk, case_label, approved, reviewer, channel, outcome, detail, reason=None
+):
+    fields = _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail, reason)
     if case_pk is None or connection.vendor != "postgresql":
         # No case row to lock; or SQLite, which has no row locks (only its database lock,
         # which every write waits for alike).
@@ -127,9 +143,9 @@ def _attempt_without_waiting(*, operation_id, case_pk, case_label, approved, rev
     sql = f"""
         WITH c AS (SELECT id FROM {Case._meta.db_table} WHERE id = %(case)s FOR KEY SHARE SKIP LOCKED)
         INSERT INTO {CommitAttempt._meta.db_table}
-            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at)
+            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, reason, attempted_at)
         SELECT %(operation_id)s, (SELECT id FROM c), %(approved)s, %(reviewer)s, %(outcome)s, %(channel)s,
-               CASE WHEN EXISTS (SELECT FROM c) THEN %(detail)s ELSE %(detail_named)s END, %(now)s
+               CASE WHEN EXISTS (SELECT FROM c) THEN %(detail)s ELSE %(detail_named)s END, %(reason)s, %(now)s
     """
     params = {
         "case": case_pk,
@@ -140,6 +156,7 @@ def _attempt_without_waiting(*, operation_id, case_pk, case_label, approved, rev
         "channel": channel,
         "detail": fields["detail"],
         "detail_named": f"{fields['detail']} (case {case_label}: its row was locked, so it is named here)"[:2000],
+        "reason": fields["reason"],
         "now": timezone.now(),
     }
     with connection.cursor() as cursor:
@@ -215,7 +232,7 @@ class _Call:
     # True once COMMIT may have been sent: from then on only the effect store knows.
     commit_sent: bool = False
 
-    def record(self, outcome: str, detail: str = "") -> None:
+    def record(self, outcome: str, detail: str = "", reason: str | None = None) -> None:
         if not self.case_known and identity.is_operation_id(self.operation_id):
             # Only refusals before the commit get here; the commit learns the case itself.
             found = Proposal.objects.filter(operation_id=self.operation_id).order_by()
@@ -228,6 +245,7 @@ class _Call:
             outcome=outcome,
             channel=self.channel,
             detail=detail,
+            reason=reason,
         )
         self.recorded = True
 
@@ -446,6 +464,7 @@ def _busy(call: _Call) -> CaseBusy:
             channel=call.channel,
             outcome=CommitAttempt.Outcome.REFUSED,
             detail=f"busy: {message}",
+            reason=RefusalReason.BUSY,
         )
     except Exception:
         # The refusal stands without its audit row.
@@ -541,7 +560,7 @@ def _record_failure(call: _Call, exc: Exception) -> None:
         log.warning("commit of %s failed (%s) on an unusable connection; no attempt recorded", what, exc)
         return
     try:
-        call.record(CommitAttempt.Outcome.FAILED, f"{type(exc).__name__}: {exc}")
+        call.record(CommitAttempt.Outcome.FAILED, f"{type(exc).__name__}: {exc}", RefusalReason.FAILED)
     except Exception:
         log.exception("could not record the failed attempt of %s", what)
 
@@ -562,7 +581,9 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
     try:
         # bool only: 1, "true" or None are not consent.
         if type(approved) is not bool:
-            raise InvalidInput(f"approved must be true or false, not {approved!r}: an omitted decision is not consent")
+            raise DecisionOmitted(
+                f"approved must be true or false, not {approved!r}: an omitted decision is not consent"
+            )
         if not identity.is_operation_id(operation_id):
             raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
         reviewer_check(reviewer)
@@ -570,7 +591,7 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
     except DecisionflowError as exc:
         if not call.recorded:
             outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
-            call.record(outcome, exc.message)
+            call.record(outcome, exc.message, exc.reason)
         raise
     except Exception as exc:
         _record_failure(call, exc)

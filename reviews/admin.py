@@ -38,9 +38,18 @@ class ReviewDecisionAdmin(ViewOnlyAdmin):
 
 @admin.register(PendingReview)
 class PendingReviewAdmin(ViewOnlyAdmin):
-    list_display = ("operation", "case", "status", "workflow_version", "checkpoint_id", "created_at")
-    list_select_related = ("case",)
-    list_filter = ("status", "workflow_version", "created_at")
+    list_display = (
+        "operation",
+        "case",
+        "status",
+        "begun_by",
+        "begun_channel",
+        "workflow_version",
+        "checkpoint_id",
+        "created_at",
+    )
+    list_select_related = ("case", "begun_by")
+    list_filter = ("status", "begun_channel", "workflow_version", "created_at")
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 

@@ -15,6 +15,15 @@ class Origin(models.TextChoices):
     EVIDENCE_CHANGE = "evidence_change", "Evidence change"
 
 
+class Channel(models.TextChoices):
+    """Where an action came from: the admin, the API or a command (the CLI)."""
+
+    ADMIN = "admin", "admin"
+    API = "api", "API"
+    COMMAND = "command", "CLI"
+    SERVICE = "service", "service"
+
+
 class Proposal(AppendOnlyModel):
     """Exactly what a reviewer approves, bound to one ``operation_id``. Never updated.
 
@@ -37,6 +46,8 @@ class Proposal(AppendOnlyModel):
     operation_id = models.CharField(max_length=80)
     origin = models.CharField(max_length=20, choices=Origin.choices)
     parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True, related_name="children")
+    # The person who made a human change; None for a proposal the pipeline prepared (rows
+    # written before this rule may still name whoever began the review: ``human_author``).
     author = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
@@ -71,6 +82,11 @@ class Proposal(AppendOnlyModel):
     @property
     def is_human_edit(self) -> bool:
         return self.origin == Origin.HUMAN_EDIT
+
+    @property
+    def human_author(self):
+        """The person who changed what the pipeline prepared; None for a prepared proposal."""
+        return None if self.origin == Origin.PREPARED else self.author
 
 
 class ReviewDecision(AppendOnlyModel):
@@ -111,6 +127,13 @@ class PendingReview(models.Model):
     checkpoint_id = models.CharField(max_length=100)
     workflow_version = models.CharField(max_length=40)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    # Who began the review, and through which channel: beginning is not authorship (the
+    # pipeline prepared the proposal). None: a command run without a user.
+    begun_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    # None for reviews begun before this was recorded.
+    begun_channel = models.CharField(max_length=20, choices=Channel.choices, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

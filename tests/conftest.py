@@ -142,6 +142,12 @@ def reviewer(make_user):
 
 
 @pytest.fixture
+def editor(make_user):
+    """A second reviewer: four eyes means the person who edits is not the one who approves."""
+    return make_user("editor")
+
+
+@pytest.fixture
 def lead(make_user):
     return make_user("lead", group="leads")
 

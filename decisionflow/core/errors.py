@@ -8,6 +8,25 @@ attributes and nothing else, so a new refusal is one new class here.
 
 from __future__ import annotations
 
+from django.db import models
+
+
+class RefusalReason(models.TextChoices):
+    """Why a decision was refused: the one vocabulary of the audit (``CommitAttempt.reason``).
+
+    Each refusal class names its reason, so a channel never chooses one itself.
+    """
+
+    OMITTED_DECISION = "omitted_decision", "Omitted decision"
+    NO_PERMISSION = "no_permission", "No permission"
+    FOUR_EYES = "four_eyes", "Four eyes"
+    STALE = "stale", "Stale proposal"
+    CHECKPOINT = "checkpoint", "Corrupt or incompatible checkpoint"
+    BUSY = "busy", "Case busy"
+    BAD_INPUT = "bad_input", "Bad input"
+    NOT_FOUND = "not_found", "Not found"
+    FAILED = "failed", "Failed"
+
 
 class DecisionflowError(Exception):
     """A failure of our own that is not the caller's fault (the workflow could not pause)."""
@@ -15,6 +34,7 @@ class DecisionflowError(Exception):
     code = "internal_error"
     exit_code = 1
     http_status = 500
+    reason = RefusalReason.FAILED
 
     def __init__(self, message: str, **details):
         super().__init__(message)
@@ -26,18 +46,42 @@ class InvalidInput(DecisionflowError):
     code = "invalid_request"
     exit_code = 1
     http_status = 400
+    reason = RefusalReason.BAD_INPUT
+
+
+class DecisionOmitted(InvalidInput):
+    """The request carried no real decision (no boolean, no Approve or Decline chosen)."""
+
+    reason = RefusalReason.OMITTED_DECISION
 
 
 class NotFound(DecisionflowError):
     code = "not_found"
     exit_code = 1
     http_status = 404
+    reason = RefusalReason.NOT_FOUND
 
 
 class PermissionRefused(DecisionflowError):
     code = "forbidden"
     exit_code = 1
     http_status = 403
+    reason = RefusalReason.NO_PERMISSION
+
+
+class FourEyesRefused(DecisionflowError):
+    """The reviewer made a human change in this proposal (an edit of its body or evidence).
+
+    Four eyes: whoever changed what the pipeline prepared cannot also approve it; somebody
+    else must. Declining stays allowed. 403, like any other "not you": the request is
+    understood, the proposal is decidable, only this person may not approve it, and
+    retrying will not change that. ``DECISIONFLOW_FOUR_EYES=0`` turns the rule off.
+    """
+
+    code = "four_eyes"
+    exit_code = 8  # 7 is `edit` saved but not begun
+    http_status = 403
+    reason = RefusalReason.FOUR_EYES
 
 
 class StaleProposal(DecisionflowError):
@@ -46,6 +90,7 @@ class StaleProposal(DecisionflowError):
     code = "stale_proposal"
     exit_code = 4
     http_status = 409
+    reason = RefusalReason.STALE
 
     def __init__(self, message: str, *, current_operation_id: str | None = None, **details):
         super().__init__(message, current_operation_id=current_operation_id, **details)
@@ -80,6 +125,7 @@ class WorkflowIncompatible(DecisionflowError):
     code = "workflow_incompatible"
     exit_code = 5
     http_status = 409
+    reason = RefusalReason.CHECKPOINT
 
 
 class CaseBusy(DecisionflowError):
@@ -91,6 +137,7 @@ class CaseBusy(DecisionflowError):
     code = "case_busy"
     exit_code = 6
     http_status = 409
+    reason = RefusalReason.BUSY
     retry_after = 2  # seconds: the API's Retry-After
 
 
@@ -114,6 +161,7 @@ class OutcomeUncertain(DecisionflowError):
 REFUSALS: tuple[type[DecisionflowError], ...] = (
     InvalidInput,
     PermissionRefused,
+    FourEyesRefused,
     NotFound,
     StaleProposal,
     AlreadyDecided,

@@ -32,20 +32,24 @@ from decisionflow.core.errors import (
     CaseBusy,
     ConflictingDecision,
     DecisionflowError,
+    DecisionOmitted,
+    FourEyesRefused,
+    InvalidInput,
     OutcomeUncertain,
+    PermissionRefused,
     StaleProposal,
 )
 from effects.models import EffectRecord
 from effects.services import REVIEW_PERMISSION, operation_reconcile
 from reviews.admin import PROPOSAL_BIG_FIELDS
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff, proposal_text_fields
 
 from . import picture as workflow_picture
 from . import selectors
-from .forms import DecisionForm, ProposalEditForm
+from .forms import APPROVE, DECLINE, DecisionForm, ProposalEditForm
 from .selectors import decidable_operation_id
-from .services import Outcome, decision_record, review_begin, review_edit
+from .services import Outcome, decision_record, four_eyes_refusal, refusal_record, review_begin, review_edit
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
     op = identity.short(operation_id)
     try:
         decided = decision_record(
-            case=case, operation_id=operation_id, approved=approved, reviewer=user, channel="admin"
+            case=case, operation_id=operation_id, approved=approved, reviewer=user, channel=Channel.ADMIN
         )
     except StaleProposal as exc:
         return False, [
@@ -136,6 +140,8 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
         ]
     except CaseBusy:
         return False, [(messages.ERROR, format_html("{}another action on this case is in progress; try again", prefix))]
+    except FourEyesRefused as exc:
+        return False, [(messages.ERROR, format_html("{}refused: {}", prefix, exc.message))]
     except OutcomeUncertain as exc:
         level, state = _uncertain_state(operation_id)
         return False, [
@@ -179,6 +185,23 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
         op,
     )
     return True, [(messages.SUCCESS, format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link))]
+
+
+def _four_eyes_sentence(refusal: FourEyesRefused | None):
+    """What the person who changed the proposal is told before clicking (nothing was tried)."""
+    if refusal is None:
+        return None
+    return format_html(
+        "You made the {} {} in this proposal, so another reviewer must approve it. You may decline it.",
+        refusal.details["change"],
+        identity.short(refusal.details["changed_operation_id"]),
+    )
+
+
+def _four_eyes_message(case, user):
+    if not case.current_proposal_id:
+        return None
+    return _four_eyes_sentence(four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user, case_pk=case.pk))
 
 
 def mark_sentences(body: str, sentences: list[str]):
@@ -283,6 +306,13 @@ class ProposalAdmin(ViewOnlyAdmin):
             for key, value in sorted(policy.get("parameters", {}).items())
         ]
         reviewer_ok = can_review(request.user)
+        # No button that can only fail: the person who changed this proposal sees why they
+        # cannot approve it instead of Approve (Decline stays).
+        four_eyes = (
+            four_eyes_refusal(proposal_pk=proposal.pk, reviewer=request.user, case_pk=case.pk)
+            if reviewer_ok and is_current and decision is None
+            else None
+        )
         context = self._context(
             request,
             proposal,
@@ -306,6 +336,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             text_warnings=text_policy.warnings(case_text_fields(case) + proposal_text_fields(proposal)),
             can_review=reviewer_ok,
             show_decide=reviewer_ok and is_current,
+            four_eyes=_four_eyes_sentence(four_eyes),
             show_edit=reviewer_ok and is_current and decision is None,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
             picture=workflow_picture.picture_for(case, workflow_picture.case_path(case), proposal.pk),
@@ -314,15 +345,44 @@ class ProposalAdmin(ViewOnlyAdmin):
 
     # --- Approve / Decline -------------------------------------------------------------
 
+    def _refused_click(self, request, pk, error: DecisionflowError) -> None:
+        """The attempt row for a click refused before the decision service (403, no decision)."""
+        proposal = Proposal.objects.select_related("case").only("id", "operation_id", "case").filter(pk=pk).first()
+        if proposal is None:
+            return  # no case or operation to name
+        named = request.POST.get("operation_id", "")
+        choice = request.POST.get("decision")
+        refusal_record(
+            case=proposal.case,
+            operation_id=named if identity.is_operation_id(named) else proposal.operation_id,
+            approved={APPROVE: True, DECLINE: False}.get(choice),
+            reviewer=request.user,
+            channel=Channel.ADMIN,
+            error=error,
+        )
+
     def decide_view(self, request, pk):
-        # Permission before anything else: a forged POST by a support lead gets 403.
+        # Permission before anything else: a forged POST by a support lead gets 403 (and an
+        # attempt row: a refused decision is audited like any other).
         if not can_review(request.user):
+            if request.method == "POST":
+                self._refused_click(
+                    request, pk, PermissionRefused(f"{request.user.get_username()} does not have the review permission")
+                )
             raise PermissionDenied
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         proposal = get_object_or_404(Proposal.objects.select_related("case").only("id", "case"), pk=pk)
         form = DecisionForm(request.POST)
         if not form.is_valid():
+            omitted = "decision" in form.errors
+            self._refused_click(
+                request,
+                pk,
+                (DecisionOmitted if omitted else InvalidInput)(
+                    "; ".join(str(e) for errors in form.errors.values() for e in errors)
+                ),
+            )
             for errors in form.errors.values():
                 for error in errors:
                     self.message_user(request, f"refused: {error}. Nothing was written.", messages.ERROR)
@@ -356,6 +416,7 @@ class ProposalAdmin(ViewOnlyAdmin):
                         body=form.cleaned_data["body"],
                         source_versions=form.source_versions(),
                         editor=request.user,
+                        channel=Channel.ADMIN,
                     )
                 except StaleProposal as exc:
                     self.message_user(
@@ -562,7 +623,7 @@ class CaseAdmin(ViewOnlyAdmin):
             return HttpResponseNotAllowed(["POST"])
         case = get_object_or_404(Case, pk=pk)
         try:
-            begun = review_begin(case=case, actor=request.user)
+            begun = review_begin(case=case, actor=request.user, channel=Channel.ADMIN)
         except DecisionflowError as exc:
             self.message_user(request, f"refused: {exc.message}", messages.ERROR)
             return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
@@ -616,9 +677,29 @@ class CaseAdmin(ViewOnlyAdmin):
             and request.POST.get("action") in DECIDE_ACTIONS
             and not self.has_review_permission(request)
         ):
+            if request.POST.get("post") == "yes":
+                self._refused_bulk(request)
             raise PermissionDenied
         # Seven columns and the filters need the width more than the nav does.
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
+
+    def _refused_bulk(self, request) -> None:
+        """The attempt rows of a confirmed bulk decision refused for want of the permission:
+        one per row that named an operation, as the same clicks one by one would leave."""
+        approved = request.POST.get("action") == "approve_selected"
+        pks = [pk for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if pk.isdigit()][:1000]
+        error = PermissionRefused(f"{request.user.get_username()} does not have the review permission")
+        for case in Case.objects.filter(pk__in=pks).order_by("case_id"):
+            named = request.POST.get(f"operation_id_{case.pk}", "")
+            if identity.is_operation_id(named):
+                refusal_record(
+                    case=case,
+                    operation_id=named,
+                    approved=approved,
+                    reviewer=request.user,
+                    channel=Channel.ADMIN,
+                    error=error,
+                )
 
     @admin.action(description="Approve selected", permissions=["review"])
     def approve_selected(self, request, queryset):
@@ -656,6 +737,8 @@ class CaseAdmin(ViewOnlyAdmin):
                     else None,
                     "first_line": body.split("\n", 1)[0] if body else "",
                     "text_warnings": text_policy.warnings(fields),
+                    # Approve only: the editor's own rows are refused (and said so) on confirm.
+                    "four_eyes": _four_eyes_message(case, request.user) if approved else None,
                     "status_label": selectors.STATUS_LABELS[case.review_status],
                     "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
                 }
@@ -672,6 +755,8 @@ class CaseAdmin(ViewOnlyAdmin):
         return TemplateResponse(request, "admin/cases/case/decide_selected_confirmation.html", context)
 
     def _act(self, request, cases, *, approved: bool):
+        # A row refused by four eyes goes through decide() like any other: the service
+        # refuses it, records the attempt, and the message names the reason.
         """Each row on its own: a row whose shown identity is no longer current is skipped."""
         done = skipped = 0
         for case in cases:

@@ -20,7 +20,6 @@ from typing import Any, Never
 
 from agent_framework import Executor, WorkflowBuilder, WorkflowContext, WorkflowRunState, handler, response_handler
 from asgiref.sync import sync_to_async
-from django.contrib.auth import get_user_model
 from django.db import OperationalError, connection
 
 from cases.models import Case
@@ -75,10 +74,9 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
     case = begin.case if begin is not None and begin.case.pk == message["case_pk"] else None
     if case is None:
         case = Case.objects.get(pk=message["case_pk"])
-    actor = begin.actor if begin is not None else None
-    if actor is None and message.get("actor_pk"):
-        actor = get_user_model().objects.filter(pk=message["actor_pk"]).first()
-    proposal = proposal_create(case=case, author=actor)
+    # The pipeline prepared it: no human author, whoever began the review (the pending
+    # review records who began it, and through which channel).
+    proposal = proposal_create(case=case)
     # Issue 7: killed after the proposal is written, before anything records a pending review.
     crash_point("begin-after-proposal")
     return {

@@ -127,7 +127,7 @@ def case_history(case: Case) -> CaseHistory:
         )
     for review in (
         PendingReview.objects.filter(case=case)
-        .select_related("proposal")
+        .select_related("proposal", "begun_by")
         .defer("proposal__body", "proposal__passages", "proposal__findings", "proposal__policy_snapshot")
     ):
         events.append(HistoryEvent(review.created_at, "pending_review", review))

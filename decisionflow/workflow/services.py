@@ -40,6 +40,7 @@ from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowRunState
 from agent_framework.exceptions import WorkflowCheckpointException
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from cases.models import Case
@@ -48,6 +49,7 @@ from decisionflow.core.errors import (
     CaseBusy,
     ConflictingDecision,
     DecisionflowError,
+    FourEyesRefused,
     InvalidInput,
     NotFound,
     OutcomeUncertain,
@@ -57,7 +59,7 @@ from decisionflow.core.errors import (
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
 from effects.models import CommitAttempt
 from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
-from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
+from reviews.models import Channel, Origin, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
@@ -156,7 +158,7 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
     return session_id, result.get_final_state(), result.get_request_info_events(), buffer
 
 
-def _begin_locked(case: Case, actor) -> BeginResult:
+def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE) -> BeginResult:
     existing = _existing_begin(case)
     if (
         existing is not None
@@ -173,7 +175,7 @@ def _begin_locked(case: Case, actor) -> BeginResult:
         # One durable transaction: the proposal, the pause checkpoint and the pending review
         # are written together or not at all.
         with transaction.atomic():
-            return _begin_write(case, actor, existing)
+            return _begin_write(case, actor, existing, channel)
     except IntegrityError:
         # Another process recorded this operation first (the case lock makes that rare).
         raced = _existing_begin(case)
@@ -182,7 +184,7 @@ def _begin_locked(case: Case, actor) -> BeginResult:
         return raced
 
 
-def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult:
+def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str = Channel.SERVICE) -> BeginResult:
     # `prepare` works on this very case object, so it points at the new proposal afterwards.
     session_id, state, requests, buffer = _begin_run(case, actor)
     if state != WorkflowRunState.IDLE_WITH_PENDING_REQUESTS or len(requests) != 1:
@@ -226,13 +228,19 @@ def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult
         PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=status, **fields)
         existing.pending_review.refresh_from_db()
         return BeginResult(PAUSED, operation_id, 1, existing.pending_review, True)
+    # Who began it is recorded here, not as the proposal's author: the pipeline prepared it.
     pending = PendingReview.objects.create(
-        case=case, proposal_id=request.data["proposal_pk"], operation_id=operation_id, **fields
+        case=case,
+        proposal_id=request.data["proposal_pk"],
+        operation_id=operation_id,
+        begun_by=actor if getattr(actor, "is_authenticated", False) else None,
+        begun_channel=str(channel)[:20],
+        **fields,
     )
     return BeginResult(PAUSED, operation_id, 1, pending, True)
 
 
-def review_begin(*, case: Case, actor=None) -> BeginResult:
+def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> BeginResult:
     """Run ``prepare`` and pause at ``human-review-v1``; record the pending review.
 
     Invariant: one pending review per operation. Begin for a case that is already pending
@@ -241,10 +249,11 @@ def review_begin(*, case: Case, actor=None) -> BeginResult:
     then it pauses again and moves the pending review to the new checkpoint. The proposal,
     the pause checkpoint (the only one written) and the pending review commit together;
     ``WorkflowIncompatible`` if the pause could not be stored, and then nothing is
-    recorded. Holds the case lock for the whole run.
+    recorded. Holds the case lock for the whole run. ``actor`` and ``channel`` are recorded
+    on the pending review as who began it and how; the proposal itself has no human author.
     """
     with case_lock(case.case_id):
-        return _begin_locked(case, actor)
+        return _begin_locked(case, actor, channel)
 
 
 # --- bind before running ----------------------------------------------------------------
@@ -470,17 +479,19 @@ def decision_record(
     recorded as a commit attempt.
     """
     operation_id = str(operation_id)
-    _check_fault(fault)
+    _check_fault(fault)  # a test-only switch, refused before the decision is looked at
     answer_started = False
     try:
         with sqlite_bounded_wait():
             pending = _pending_with_checkpoint(case, operation_id)
             begun = False
             if pending is None and identity.is_operation_id(operation_id):
-                pending, begun = _begin_if_decidable(case, operation_id, reviewer)
+                pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
             if pending is None:
                 raise _no_pending_review(case, operation_id)
             checkpoint = _bound_checkpoint(case, pending)
+            if approved is True:
+                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
             answer_started = True
             commit = _answer(
                 checkpoint,
@@ -502,7 +513,7 @@ def decision_record(
     return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=checkpoint.checkpoint_id, begun=begun)
 
 
-def _begin_if_decidable(case: Case, operation_id: str, reviewer) -> tuple[PendingReview | None, bool]:
+def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -> tuple[PendingReview | None, bool]:
     """Begin the review of ``operation_id`` if it is the case's decidable operation.
 
     Only here does a decision take the case lock (begin writes the proposal and the pause);
@@ -516,8 +527,16 @@ def _begin_if_decidable(case: Case, operation_id: str, reviewer) -> tuple[Pendin
         pending = _pending_with_checkpoint(case, operation_id)
         if pending is not None:
             return pending, False
-        _begin_locked(case, reviewer)
+        _begin_locked(case, reviewer, channel)
         return _pending_with_checkpoint(case, operation_id), True
+
+
+def refusal_record(
+    *, case: Case, operation_id: str, approved, reviewer, channel: str, error: DecisionflowError
+) -> None:
+    """The attempt row of a decision a channel refused before calling ``decision_record``
+    (an authenticated user without the permission, a click without a decision)."""
+    _record_refusal(case, operation_id, approved, reviewer, channel, error)
 
 
 def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
@@ -531,11 +550,75 @@ def _record_refusal(case, operation_id, approved, reviewer, channel, exc: Decisi
             channel=channel,
             outcome=outcome,
             detail=f"{exc.code}: {exc.message}",
+            reason=exc.reason,
         )
     except (CaseBusy, DatabaseError) as error:
         # The refusal stands whether or not the audit row could be written (a busy case
         # may still hold the row lock the attempt's foreign key needs).
         log.warning("could not record the refused attempt on %s: %s", operation_id, error)
+
+
+# --- four eyes --------------------------------------------------------------------------
+
+
+def four_eyes_enabled() -> bool:
+    return bool(getattr(settings, "DECISIONFLOW_FOUR_EYES", True))
+
+
+def human_changers(proposal_pk: int, case_pk: int | None = None) -> dict[int, Proposal]:
+    """Everyone who made a human change in this proposal or in an edit it builds on.
+
+    Maps each person's user pk to the nearest proposal they made. An edit of an edit still
+    carries the first editor's sentences, so the whole chain of human proposals counts,
+    back to what the pipeline prepared. One query: the case's human proposals only (a case
+    nobody edited returns none).
+    """
+    if case_pk is None:
+        case_pk = Proposal.objects.filter(pk=proposal_pk).values_list("case_id", flat=True).first()
+    if case_pk is None:
+        return {}
+    chain = {
+        p.pk: p
+        for p in Proposal.objects.filter(case_id=case_pk)
+        .exclude(origin=Origin.PREPARED)
+        .only("pk", "parent_id", "author_id", "origin", "operation_id")
+        .order_by()
+    }
+    changers: dict[int, Proposal] = {}
+    current: int | None = proposal_pk
+    while current in chain:
+        proposal = chain[current]
+        if proposal.author_id is not None:
+            changers.setdefault(proposal.author_id, proposal)
+        current = proposal.parent_id
+    return changers
+
+
+def four_eyes_refusal(*, proposal_pk: int, reviewer, case_pk: int | None = None) -> FourEyesRefused | None:
+    """The refusal an approval of this proposal by ``reviewer`` would get, or None.
+
+    Four eyes: whoever made a human change (a body edit or an evidence change) cannot approve
+    that proposal; they may decline it. Off with ``DECISIONFLOW_FOUR_EYES=0``.
+    """
+    pk = getattr(reviewer, "pk", None)
+    if pk is None or not four_eyes_enabled():
+        return None
+    changed = human_changers(proposal_pk, case_pk).get(pk)
+    if changed is None:
+        return None
+    return FourEyesRefused(
+        f"four eyes: {reviewer.get_username()} made the {changed.get_origin_display().lower()} "
+        f"{identity.short(changed.operation_id)} in this proposal, so another reviewer must approve it "
+        "(you may decline it); nothing was written",
+        change=changed.get_origin_display().lower(),
+        changed_operation_id=changed.operation_id,
+    )
+
+
+def four_eyes_check(*, proposal_pk: int, reviewer, case_pk: int | None = None) -> None:
+    refusal = four_eyes_refusal(proposal_pk=proposal_pk, reviewer=reviewer, case_pk=case_pk)
+    if refusal is not None:
+        raise refusal
 
 
 # --- edit -------------------------------------------------------------------------------
@@ -548,6 +631,7 @@ def review_edit(
     body: str | None = None,
     source_versions: dict[str, int] | None = None,
     editor,
+    channel: str = Channel.SERVICE,
 ) -> EditResult:
     """Revise the current proposal (``proposal_revise``) and begin the workflow for the new one.
 
@@ -575,7 +659,7 @@ def review_edit(
         if not revision.changed:
             return EditResult(revision, None)
         try:
-            return EditResult(revision, _begin_locked(case, editor))
+            return EditResult(revision, _begin_locked(case, editor, channel))
         except DecisionflowError as exc:
             # Not a warning on the console: every channel reports it to the person who edited.
             log.info("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)

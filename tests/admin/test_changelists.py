@@ -326,7 +326,7 @@ def test_decline_selected_declines_and_replays(reviewer_client, begun, case):
     assert ReviewDecision.objects.count() == 1 and EffectRecord.objects.count() == 0
 
 
-def test_history_for_support_leads(lead_client, reviewer_client, reviewer, begun, case):
+def test_history_for_support_leads(lead_client, reviewer_client, reviewer, editor, begun, case):
     from decisionflow.workflow.services import review_edit
 
     old = case.current_proposal
@@ -334,7 +334,7 @@ def test_history_for_support_leads(lead_client, reviewer_client, reviewer, begun
         case=case,
         expected_operation_id=old.operation_id,
         body=old.body + "\nWe will call you <today>.",
-        editor=reviewer,
+        editor=editor,
     )
     new = edited.revision.proposal
     decide = reverse("admin:reviews_proposal_decide", args=[new.pk])
@@ -351,7 +351,7 @@ def test_history_for_support_leads(lead_client, reviewer_client, reviewer, begun
     text = html.unescape(page)
     # Proposals with origins and authors, the diff, pending reviews.
     assert "Prepared" in text and "by the pipeline" in text
-    assert "Human edit" in text and "by <strong>reviewer</strong>" in text
+    assert "Human edit" in text and "by <strong>editor</strong>" in text
     assert "+We will call you &lt;today&gt;." in page  # the diff, escaped
     assert "review begun" in text and "now superseded" in text and "now completed" in text
     # Every attempt with its outcome, decisions, effects, the reconcile state.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from decisionflow.core.identity import short
@@ -131,7 +132,7 @@ def test_empty_body_is_refused(reviewer_client, begun, case):
     assert counts() == before
 
 
-def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client, begun, case, monkeypatch):
+def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client, editor, begun, case, monkeypatch):
     """The revision commits before begin runs: a failed begin leaves the edit saved and current."""
     from django.db import DatabaseError
 
@@ -157,9 +158,11 @@ def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client,
     assert PendingReview.objects.get(operation_id=old.operation_id).status == PendingReview.Status.SUPERSEDED
     assert WorkflowCheckpoint.objects.count() == checkpoints
 
-    # The first Approve on it begins the review, then decides it.
+    # The first Approve on it (by another reviewer: four eyes) begins the review, then decides it.
     monkeypatch.undo()
-    decided = reviewer_client.post(
+    other = Client()
+    other.force_login(editor)
+    decided = other.post(
         reverse("admin:reviews_proposal_decide", args=[new.pk]),
         {"operation_id": new.operation_id, "decision": "approve"},
         follow=True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
@@ -51,11 +52,20 @@ def test_forged_posts_get_403_and_write_nothing(who, lead_client, make_user, beg
     else:
         client = Client()
         client.force_login(make_user("nobody", group=None))
+    from effects.models import CommitAttempt
+
     before = counts()
     for name, url, data in state_changing_requests(case, case.current_proposal):
         response = client.post(url, data)
         assert response.status_code == 403, name
-    assert counts() == before
+    # Nothing is written but the audit: each refused decision (two clicks, one bulk row).
+    assert counts() == before | {"attempts": 3}
+    user = get_user_model().objects.get(username="lead" if who == "lead" else "nobody")
+    assert list(CommitAttempt.objects.order_by("id").values_list("reason", "approved", "reviewer", "operation_id")) == [
+        ("no_permission", True, user.pk, case.current_proposal.operation_id),
+        ("no_permission", False, user.pk, case.current_proposal.operation_id),
+        ("no_permission", True, user.pk, case.current_proposal.operation_id),
+    ]
 
 
 def test_lead_reads_the_review_page_without_buttons(lead_client, begun, case):

@@ -170,7 +170,15 @@ def test_missing_decision_is_not_consent(reviewer_client, begun, case):
         follow=True,
     )
     assert "an omitted decision is not consent" in " ".join(messages_of(response))
-    assert counts() == before
+    # Nothing written but the attempt row, with its reason and no decision.
+    assert counts() == before | {"attempts": before["attempts"] + 1}
+    attempt = CommitAttempt.objects.get()
+    assert (attempt.reason, attempt.approved, attempt.outcome, attempt.operation_id) == (
+        "omitted_decision",
+        None,
+        "refused",
+        case.current_proposal.operation_id,
+    )
 
 
 def test_get_on_decide_is_not_allowed(reviewer_client, begun, case):

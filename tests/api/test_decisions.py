@@ -92,12 +92,12 @@ def test_decline_then_replay_then_conflict(api, proposal):
     assert attempts()[-1] == ("conflict", "api")
 
 
-def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer):
+def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer, editor):
     from decisionflow.workflow.services import review_begin, review_edit
 
     review_begin(case=proposal.case, actor=reviewer)
     edited = review_edit(
-        case=proposal.case, expected_operation_id=DEMO_OP, body=proposal.body + "\nOne more line.", editor=reviewer
+        case=proposal.case, expected_operation_id=DEMO_OP, body=proposal.body + "\nOne more line.", editor=editor
     )
     new_op = edited.revision.proposal.operation_id
     before = snapshot()

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import snapshot
 
-from .conftest import DEMO_OP, assert_error
+from .conftest import DEMO_OP, Api, assert_error
 
 EDITS = "/api/cases/T-1042/edits"
 
@@ -74,7 +74,7 @@ def _begin_refused(monkeypatch):
     from decisionflow.core.errors import WorkflowIncompatible
     from decisionflow.workflow import services
 
-    def refused(case, actor):
+    def refused(case, actor, channel=None):
         raise WorkflowIncompatible("begin: the pause checkpoint for case T-1042 was not saved")
 
     monkeypatch.setattr(services, "_begin_locked", refused)
@@ -82,7 +82,7 @@ def _begin_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("failure", [_checkpoint_insert_fails, _begin_refused], ids=lambda f: f.__name__[1:])
-def test_edit_whose_review_cannot_be_begun_is_saved_201(api, proposal, reviewer, monkeypatch, failure):
+def test_edit_whose_review_cannot_be_begun_is_saved_201(api, client, proposal, reviewer, editor, monkeypatch, failure):
     """Begin fails after the revision committed: 201, review_begun false, the new proposal saved and current."""
     from decisionflow.workflow.services import review_begin
     from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
@@ -108,9 +108,14 @@ def test_edit_whose_review_cannot_be_begun_is_saved_201(api, proposal, reviewer,
     assert PendingReview.objects.get(operation_id=DEMO_OP).status == "superseded"
     assert WorkflowCheckpoint.objects.count() == checkpoints
 
-    # The first decision on the new proposal begins its review, then decides it.
+    # The first decision on the new proposal (by another reviewer: four eyes) begins its
+    # review, then decides it.
     monkeypatch.undo()
-    decided = api.post("/api/cases/T-1042/decision", {"operation_id": new_op, "approved": True})
+    from api.services import token_create
+
+    decided = Api(client, token_create(user=editor, name="tests")[1]).post(
+        "/api/cases/T-1042/decision", {"operation_id": new_op, "approved": True}
+    )
     assert (decided.status_code, decided.json()["outcome"]) == (200, "committed")
     assert PendingReview.objects.filter(operation_id=new_op).count() == 1
 

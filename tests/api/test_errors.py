@@ -200,10 +200,52 @@ def test_403_without_review_permission(lead_api, before, tripwire):
     assert_error(lead_api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi."}), 403, "forbidden")
     # Even an invalid body is refused for the permission first: nothing is validated for them.
     assert_error(lead_api.post(DECISION, {"approved": "yes"}), 403, "forbidden")
-    assert full_snapshot() == before
+    # Nothing is written but the audit of the two refused decisions (the edit is no decision).
+    assert full_snapshot() == before | {"attempts": before["attempts"] + 2}
+    from effects.models import CommitAttempt
+
+    rows = CommitAttempt.objects.order_by("id").values_list("reason", "approved", "reviewer__username", "channel")
+    assert [
+        (*row, op)
+        for row, op in zip(
+            rows, CommitAttempt.objects.order_by("id").values_list("operation_id", flat=True), strict=True
+        )
+    ] == [
+        ("no_permission", True, "lead", "api", DEMO_OP),
+        ("no_permission", None, "lead", "api", DEMO_OP),  # no decision given: recorded as none
+    ]
     # Reading needs no review permission: support leads browse.
     assert lead_api.get("/api/cases/T-1042").status_code == 200
     assert lead_api.get(f"/api/operations/{DEMO_OP}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("is_staff", "group", "status"),
+    [
+        (True, None, 403),  # staff alone opens no admin page, so it reads nothing here either
+        (False, None, 403),
+        (False, "leads", 200),  # a token needs the view permission, not is_staff
+        (False, "reviewers", 200),
+        (True, "leads", 200),
+    ],
+)
+def test_reads_follow_the_admin_view_permission(client, make_user, before, is_staff, group, status):
+    from api.services import token_create
+
+    user = make_user(f"reader-{is_staff}-{group}", group=group)
+    user.is_staff = is_staff
+    user.save()
+    reader = Api(client, token_create(user=user, name="tests")[1])
+    for path in ("/api/cases/T-1042", f"/api/operations/{DEMO_OP}"):
+        response = reader.get(path)
+        if status == 403:
+            body = assert_error(response, 403, "forbidden")
+            assert "cases.view_case" in body["message"]
+        else:
+            assert response.status_code == 200, response.content[:300]
+    # The admin session answers the same, whatever is_staff says about the admin's login.
+    client.force_login(user)
+    assert client.get("/api/cases/T-1042").status_code == status
 
 
 def test_403_session_post_without_csrf(reviewer, before, tripwire):

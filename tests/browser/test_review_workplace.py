@@ -92,6 +92,11 @@ def test_stale_tab_after_an_edit_in_another_tab(demo, login, live_server, screen
     new = Proposal.objects.get(case=demo, origin=Origin.HUMAN_EDIT)
     expect(tab_b.locator("#df-full-op")).to_have_text(new.operation_id)
     expect(tab_b.locator("mark.df-unchecked").first).to_contain_text("reply and we will call you")
+    # Four eyes: the editor sees why they cannot approve their own edit, not an Approve
+    # button that could only fail; Decline stays.
+    expect(tab_b.locator("#df-four-eyes")).to_contain_text("another reviewer must approve it")
+    assert tab_b.locator("#df-approve").count() == 0
+    expect(tab_b.locator("#df-decline")).to_be_visible()
     tab_b.screenshot(path=str(screenshot_dir / "edited-proposal.png"), full_page=True)
 
     # Tab A still shows the old proposal and its identity; Approve is refused as stale.
@@ -136,13 +141,14 @@ def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(de
     from decisionflow.workflow.services import decision_record, review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
+    second = get_user_model().objects.get(username="reviewer2")  # four eyes: one edits, the other approves
     old = demo.current_proposal
     edited = in_thread(
         review_edit,
         case=demo,
         expected_operation_id=old.operation_id,
         body=old.body.replace("Kind regards,", "We will call you on Monday.\n\nKind regards,"),
-        editor=reviewer,
+        editor=second,
     )
     new = edited.revision.proposal
     from decisionflow.core.errors import StaleProposal

@@ -158,7 +158,7 @@ def test_a_missing_file_is_a_clear_error(db, tmp_path):
         call_command("load_case", str(tmp_path / "nope.json"))
 
 
-def test_load_demo_loads_four_cases_and_two_logins_and_is_idempotent(db, capsys):
+def test_load_demo_loads_four_cases_and_three_logins_and_is_idempotent(db, capsys):
     from django.contrib.auth import get_user_model
 
     call_command("load_demo")
@@ -168,6 +168,9 @@ def test_load_demo_loads_four_cases_and_two_logins_and_is_idempotent(db, capsys)
     assert (counts(), get_user_model().objects.count()) == first
     out = capsys.readouterr().out
     assert "username=reviewer password=" in out and "username=lead password=" in out
+    # Four eyes: a second reviewer approves what the first one edited.
+    assert "username=reviewer2 password=" in out
+    assert get_user_model().objects.get(username="reviewer2").has_perm("reviews.review_proposal")
     reviewer = get_user_model().objects.get(username="reviewer")
     lead = get_user_model().objects.get(username="lead")
     assert reviewer.has_perm("reviews.review_proposal") and reviewer.is_staff

@@ -328,14 +328,14 @@ def test_a_begin_whose_pause_checkpoint_is_not_stored_reports_failure_and_record
     assert (Proposal.objects.count(), WorkflowCheckpoint.objects.count(), PendingReview.objects.count()) == (1, 1, 1)
 
 
-def test_an_edit_whose_review_cannot_be_begun_is_saved_and_exits_7(manage, committed_case, full_disk, tmp_path):
+def test_an_edit_whose_review_cannot_be_begun_is_saved_and_exits_7(manage, committed_case, editor, full_disk, tmp_path):
     from decisionflow.workflow.services import review_begin
 
     op = review_begin(case=committed_case).operation_id
     full_disk.arm()  # for the edit's begin only
     body = tmp_path / "body.txt"
     body.write_text("Hello,\n\nAn edit whose review could not be begun.\n\nSupport")
-    edit = manage("edit", "T-1042", "--expected-operation-id", op, "--body-file", str(body), "--editor", "reviewer")
+    edit = manage("edit", "T-1042", "--expected-operation-id", op, "--body-file", str(body), "--editor", "editor")
     assert edit.returncode == 7, (edit.stdout, edit.stderr)
     new_op = re.fullmatch(r"edit: op=(op-v1-[0-9a-f]{64}) origin=human_edit", edit.stdout.strip()).group(1)
     # (The service also logs a warning line on stderr before the command's own message.)

@@ -314,12 +314,12 @@ def test_edit_supersedes_the_pending_review_and_begins_the_new_proposal(case, be
     assert counts() == before
 
 
-def test_an_edit_whose_begin_fails_is_saved_and_says_so(case, begun, reviewer, monkeypatch):
+def test_an_edit_whose_begin_fails_is_saved_and_says_so(case, begun, reviewer, editor, monkeypatch):
     def full_disk(self, checkpoint):
         raise DatabaseError("disk full")
 
     monkeypatch.setattr(store.DatabaseCheckpointStorage, "write", full_disk)
-    edited = review_edit(case=case, expected_operation_id=begun.operation_id, body="Hello, edited.", editor=reviewer)
+    edited = review_edit(case=case, expected_operation_id=begun.operation_id, body="Hello, edited.", editor=editor)
     assert edited.revision.changed and edited.begun is None
     assert isinstance(edited.begin_error, WorkflowIncompatible) and "disk full" in edited.begin_error.message
     new_op = edited.revision.proposal.operation_id

@@ -2,6 +2,7 @@ from cases.selectors import case_by_id
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.core.text import shown
 from decisionflow.workflow.services import review_begin
+from reviews.models import Channel
 
 
 class Command(WorkflowCommand):
@@ -17,7 +18,7 @@ class Command(WorkflowCommand):
         parser.add_argument("case_id", metavar="CASE_ID", help="The case's external ID, e.g. T-1042.")
 
     def handle(self, *args, case_id, **options):
-        result = review_begin(case=case_by_id(case_id))
+        result = review_begin(case=case_by_id(case_id), channel=Channel.COMMAND)
         # Every value is shown quoted unless it is a plain token: no value can forge a line.
         self.stdout.write(
             f"begin: status={shown(result.status)} op={shown(result.operation_id)} checkpoints={result.checkpoints}"

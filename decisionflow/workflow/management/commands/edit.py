@@ -7,6 +7,7 @@ from decisionflow.core.commandline import EXIT_SAVED_NOT_BEGUN, WorkflowCommand
 from decisionflow.core.errors import InvalidInput
 from decisionflow.core.text import shown
 from decisionflow.workflow.services import review_edit
+from reviews.models import Channel
 
 _SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
 
@@ -66,6 +67,7 @@ class Command(WorkflowCommand):
             body=body,
             source_versions=source_versions or None,
             editor=user,
+            channel=Channel.COMMAND,
         )
         revision, begun = edited.revision, edited.begun
         # Every value is shown quoted unless it is a plain token: no value can forge a line.

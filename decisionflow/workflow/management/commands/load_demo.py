@@ -16,13 +16,15 @@ DEMO_DIR = Path(apps.get_app_config("cases").path) / "demo"
 # Local demo logins only; `make run` prints them. Never use these on a shared server.
 DEMO_USERS = [
     ("reviewer", "review-T1042", REVIEWERS, "Demo reviewer (approve, decline, edit)"),
+    # Four eyes: whoever edits a proposal cannot approve it, so the demo needs a second reviewer.
+    ("reviewer2", "review2-T1042", REVIEWERS, "Second demo reviewer (approves what the first one edited)"),
     ("lead", "lead-T1042", SUPPORT_LEADS, "Demo support lead (history, view only)"),
 ]
 
 
 class Command(BaseCommand):
     help = (
-        "Load the demo cases (T-1042 and three more) and the demo reviewer and support lead: "
+        "Load the demo cases (T-1042 and three more), two demo reviewers and a support lead: "
         "`python manage.py load_demo`. Running it again changes nothing."
     )
 

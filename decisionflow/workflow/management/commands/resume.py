@@ -4,6 +4,7 @@ from cases.selectors import case_by_id
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.core.errors import ConflictingDecision, OutcomeUncertain, WorkflowIncompatible
 from decisionflow.workflow.services import FAULTS, decision_record
+from reviews.models import Channel
 
 
 class Command(WorkflowCommand):
@@ -17,7 +18,8 @@ class Command(WorkflowCommand):
         "resumed any number of times; a second approval is a replay. Exit codes: 0 committed, replayed or "
         "declined; 1 error; 3 conflicting decision; 4 stale, or not the recorded proposal; 5 incompatible "
         "workflow version, or a checkpoint that fails its checks (nothing ran); 6 the case is busy, try "
-        "again; 42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
+        "again; 8 four eyes: the reviewer changed this proposal, so another reviewer must approve it; "
+        "42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
     )
 
     def add_arguments(self, parser):
@@ -53,7 +55,7 @@ class Command(WorkflowCommand):
                 operation_id=operation_id,
                 approved=bool(approve),
                 reviewer=user,
-                channel="command",
+                channel=Channel.COMMAND,
                 fault=fault,
             )
         except ConflictingDecision as exc:
