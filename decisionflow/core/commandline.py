@@ -190,7 +190,7 @@ def startup_failure(exc: BaseException) -> tuple[int, str] | None:
     # query: ask the database which migrations it lacks before blaming anything else.
     try:
         pending = unapplied_migrations()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a diagnosis that fails must not replace the error it explains
         pending = []
     finally:
         connections.close_all()

@@ -15,7 +15,9 @@ from tests.workflow.conftest import child_env, manage_argv
 
 
 def run(*argv: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(manage_argv(*argv), env=child_env(**env), capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run(
+        manage_argv(*argv), env=child_env(**env), capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
 
 
 def one_line(proc: subprocess.CompletedProcess, code: int, *words: str) -> str:

@@ -59,9 +59,9 @@ def committed_now(committed):
 def test_truncate_is_refused_on_postgres(committed_now, table):
     before = counts()
     for sql in (f"TRUNCATE {table} CASCADE", f"TRUNCATE {table} RESTART IDENTITY CASCADE"):
-        with pytest.raises(IntegrityError, match=f"TRUNCATE on {table} is refused"), transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(sql)
+        refused = pytest.raises(IntegrityError, match=f"TRUNCATE on {table} is refused")
+        with refused, transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql)
     assert counts() == before
 
 
@@ -70,9 +70,9 @@ def test_truncate_cascading_from_a_case_is_refused_on_postgres(committed_now):
     """The issue's example: a TRUNCATE ... CASCADE from a table above wiped decisions and effects."""
     before = counts()
     for table in ("cases_case", "cases_policy", "auth_user"):
-        with pytest.raises(IntegrityError, match="is refused: rows are append-only"), transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(f"TRUNCATE {table} CASCADE")
+        refused = pytest.raises(IntegrityError, match="is refused: rows are append-only")
+        with refused, transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {table} CASCADE")
     assert counts() == before
 
 
