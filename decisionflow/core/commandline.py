@@ -207,8 +207,10 @@ def execute_from_command_line(argv: list[str]) -> int:
     exit code; ``--traceback`` anywhere in the arguments shows the traceback instead."""
     from django.core.management import execute_from_command_line as django_execute
 
+    finished = False
     try:
         django_execute(argv)
+        finished = True
         # A pipe closed by the reader shows up here at the latest, not at interpreter exit.
         sys.stdout.flush()
     except Exception as exc:
@@ -216,6 +218,9 @@ def execute_from_command_line(argv: list[str]) -> int:
         if failure is None or "--traceback" in argv[1:]:
             raise
         code, message = failure
+        if isinstance(exc, BrokenPipeError) and finished:
+            # Only the buffered output was lost: the work itself was done.
+            message = "standard output was closed before all output was written (broken pipe); the command finished"
         if isinstance(exc, BrokenPipeError):
             # Whatever is still buffered goes nowhere, so the exit flush cannot fail again.
             devnull = os.open(os.devnull, os.O_WRONLY)
