@@ -83,19 +83,14 @@ class ProjectCommand(BaseCommand):
     requires_migrations_checks = True
 
     def check_migrations(self):
-        pending = unapplied_migrations(self._database())
+        pending = unapplied_migrations()
         if pending:
             message = not_migrated_message(pending)
             if getattr(self, "_called_from_command_line", False):
-                self.stderr.write(f"{self._name()}: {message}")
+                # The same line manage.py prints for a Django command (execute_from_command_line).
+                self.stderr.write(f"{type(self).__module__.rsplit('.', 1)[-1]}: {message}")
                 sys.exit(EXIT_CONFIG)
             raise CommandError(message, returncode=EXIT_CONFIG)
-
-    def _database(self) -> str:
-        return DEFAULT_DB_ALIAS
-
-    def _name(self) -> str:
-        return type(self).__module__.rsplit(".", 1)[-1]
 
 
 class WorkflowCommand(ProjectCommand):

@@ -137,3 +137,16 @@ def test_closed_pipe_with_traceback_shows_it(transactional_db):
     proc = closed_pipe("load_demo", "--traceback", unbuffered=True)
     assert proc.returncode != 0
     assert "BrokenPipeError" in proc.stderr
+
+
+def test_unapplied_migrations_through_call_command_is_a_command_error(db, monkeypatch):
+    """In-process callers (call_command) get a CommandError carrying the same exit code."""
+    from django.core.management import CommandError, call_command
+
+    from decisionflow.core import commandline
+
+    assert commandline.unapplied_migrations() == []  # the test database is migrated
+    monkeypatch.setattr(commandline, "unapplied_migrations", lambda: ["effects.0003_append_only_truncate_and_delete"])
+    with pytest.raises(CommandError, match="the database is not migrated: 1 migration") as refused:
+        call_command("reconcile", "--all")
+    assert refused.value.returncode == EXIT_CONFIG
