@@ -24,6 +24,43 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# The one way past the append-only triggers (effects/migrations/0003), for the test suite's
+# own flush only: Django empties every table after a transactional test (TransactionTestCase,
+# pytest-django's transactional_db and live_server), with TRUNCATE on PostgreSQL and DELETE
+# on SQLite, and the triggers refuse both. The application never turns this on
+# (tests/effects/test_append_only.py checks the source tree and a live connection).
+MAINTENANCE_FLUSH_ON = "SET LOCAL decisionflow.maintenance_flush = 'on'"
+MAINTENANCE_FLUSH_OFF = "SET LOCAL decisionflow.maintenance_flush = 'off'"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_past_append_only_triggers():
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    from decisionflow.core.append_only import SQLITE_MAINTENANCE_FLUSH, sqlite_guard_install
+
+    flush = BaseDatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):
+        connection = self.connection
+        if connection.vendor == "postgresql":
+            # One transaction runs the whole list, so SET LOCAL ends with it; the last
+            # statement turns it off again in case that transaction is an outer one's savepoint.
+            return flush(self, [MAINTENANCE_FLUSH_ON, *sql_list, MAINTENANCE_FLUSH_OFF])
+        if connection.vendor != "sqlite":
+            return flush(self, sql_list)
+        connection.ensure_connection()
+        connection.connection.create_function(SQLITE_MAINTENANCE_FLUSH, 0, lambda: 1)
+        try:
+            return flush(self, sql_list)
+        finally:
+            sqlite_guard_install(None, connection)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BaseDatabaseOperations, "execute_sql_flush", execute_sql_flush)
+        yield
+
+
 @contextmanager
 def held_elsewhere(hold):
     """Hold ``hold()`` (a lock's context manager) in another thread, on its own database

@@ -1,6 +1,7 @@
 """Write-once rows: no update and no delete through the ORM.
 
-The database enforces the same rule with triggers (see the 0002 migrations of reviews and effects); this layer gives a
+The database enforces the same rule with triggers (the 0002 migrations of reviews and effects:
+UPDATE and DELETE; effects 0003: TRUNCATE on PostgreSQL, DELETE on SQLite); this layer gives a
 clear Python error before the query is even sent. Note that ``QuerySet.update()`` and
 ``QuerySet.delete()`` skip ``Model.save()``/``Model.delete()``, so the queryset refuses too.
 """
@@ -8,6 +9,26 @@ clear Python error before the query is even sent. Note that ``QuerySet.update()`
 from __future__ import annotations
 
 from django.db import models
+
+# The SQL function the SQLite DELETE triggers ask (effects/migrations/0003): "is this the
+# test suite's flush?". Every connection the application opens answers no; only the test
+# suite's flush (tests/conftest.py) re-registers it to answer yes while it empties tables.
+SQLITE_MAINTENANCE_FLUSH = "decisionflow_maintenance_flush"
+
+
+def _never() -> int:
+    return 0
+
+
+def sqlite_guard_install(sender, connection, **kwargs) -> None:
+    """Register the DELETE triggers' question on a new SQLite connection, answered "no".
+
+    Connected to ``connection_created`` (effects/apps.py). Without it the triggers would
+    still refuse (with SQLite's "no such function"); with it they refuse with their own
+    message.
+    """
+    if connection.vendor == "sqlite":
+        connection.connection.create_function(SQLITE_MAINTENANCE_FLUSH, 0, _never)
 
 
 class AppendOnlyError(Exception):

@@ -1,13 +1,14 @@
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from cases.services import case_import, parse_case_file
+from decisionflow.core.commandline import ProjectCommand
 from decisionflow.core.errors import DecisionflowError
 from decisionflow.core.text import one_line, shown
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Import a case from the pipeline's JSON file: "
         "`python manage.py load_case FILE.json`. Identical content again changes nothing; "

@@ -60,6 +60,9 @@ def _naive_count(operation_id: str) -> int:
 
 
 class Command(WorkflowCommand):
+    # The story migrates its own scratch database; this process never uses the configured one.
+    requires_migrations_checks = False
+
     help = (
         "Replay the lost-receipt story (docs/COMMANDS.md) on a scratch SQLite database: `python manage.py demo`. "
         "Every step is a separate manage.py process: begin, approve with a lost receipt (exit 42), "

@@ -3,10 +3,11 @@ from pathlib import Path
 from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from cases.services import case_import, parse_case_file
+from decisionflow.core.commandline import ProjectCommand
 from decisionflow.core.errors import DecisionflowError
 from reviews.groups import REVIEWERS, SUPPORT_LEADS, ensure_review_groups
 
@@ -22,7 +23,7 @@ DEMO_USERS = [
 ]
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Load the demo cases (T-1042 and three more), two demo reviewers and a support lead: "
         "`python manage.py load_demo`. Running it again changes nothing."
