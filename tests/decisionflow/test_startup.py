@@ -146,7 +146,7 @@ def test_unapplied_migrations_through_call_command_is_a_command_error(db, monkey
     from decisionflow.core import commandline
 
     assert commandline.unapplied_migrations() == []  # the test database is migrated
-    monkeypatch.setattr(commandline, "unapplied_migrations", lambda: ["effects.0003_append_only_truncate_and_delete"])
+    monkeypatch.setattr(commandline, "unapplied_migrations", lambda: ["effects.0004_append_only_truncate_and_delete"])
     with pytest.raises(CommandError, match="the database is not migrated: 1 migration") as refused:
         call_command("reconcile", "--all")
     assert refused.value.returncode == EXIT_CONFIG

@@ -1,5 +1,5 @@
 """Append-only, completely: no TRUNCATE (PostgreSQL) and no DELETE (both) of decisions and
-effects, and the test suite's flush is the one way past (effects/migrations/0003)."""
+effects, and the test suite's flush is the one way past (effects/migrations/0004)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.workflow.conftest import child_env, manage_argv
 
 TABLES = ["reviews_proposal", "reviews_reviewdecision", "effects_effectrecord", "effects_commitattempt"]
 MODELS = [Proposal, ReviewDecision, EffectRecord, CommitAttempt]
-MIGRATION = importlib.import_module("effects.migrations.0003_append_only_truncate_and_delete")
+MIGRATION = importlib.import_module("effects.migrations.0004_append_only_truncate_and_delete")
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ def test_every_append_only_table_has_its_triggers(db):
 
 @pytest.mark.postgres
 def test_the_migration_goes_backwards_and_forwards_on_postgres(committed_now):
-    """Run 0003's own backward and forward steps in a transaction that is rolled back."""
+    """Run 0004's own backward and forward steps in a transaction that is rolled back."""
 
     class Rollback(Exception):
         pass
@@ -217,7 +217,7 @@ def test_the_migration_goes_backwards_and_forwards_on_postgres(committed_now):
 
 
 def test_migrate_backwards_and_forwards_on_sqlite(tmp_path):
-    """`migrate effects 0002` drops the DELETE triggers, `migrate` puts them back (SQLite file)."""
+    """`migrate effects 0003` drops the DELETE triggers, `migrate` puts them back (SQLite file)."""
     if connection.vendor == "postgresql":
         pytest.skip("the PostgreSQL run has its own backward-and-forward test; this one is a SQLite file")
     env = child_env(DATABASE_URL=f"sqlite:///{tmp_path / 'm.sqlite3'}")
@@ -230,5 +230,5 @@ def test_migrate_backwards_and_forwards_on_sqlite(tmp_path):
 
     deletes = {f"{t}_no_delete" for t in TABLES}
     assert deletes <= triggers("migrate", "--noinput", "-v", "0")
-    assert not deletes & triggers("migrate", "effects", "0002", "--noinput", "-v", "0")
+    assert not deletes & triggers("migrate", "effects", "0003", "--noinput", "-v", "0")
     assert deletes <= triggers("migrate", "--noinput", "-v", "0")

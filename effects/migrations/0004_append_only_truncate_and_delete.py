@@ -73,7 +73,7 @@ def backward(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effects", "0002_append_only"),
+        ("effects", "0003_attempt_reason"),
         ("reviews", "0002_append_only_and_groups"),
     ]
 
