@@ -68,11 +68,17 @@ def case_data(case: Case) -> dict:
     proposal = None
     if case.current_proposal_id:
         proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
+    reconcile = proposal and operation_data(proposal.operation_id)
+    decision = reconcile["decision"] if reconcile else None
     return {
         "case_id": case.case_id,
         "subject": case.subject,
+        # Said at the top, as `manage.py begin` says it: a decided case is decided.
+        "status": reconcile["state"] if reconcile else "NotStarted",
+        "decidable": decision is None,
+        "decision": decision,
         "operation_id": decidable_operation_id(case),
         "proposal": proposal and proposal_data(proposal),
         "pending": proposal and pending_data(proposal.operation_id),
-        "reconcile": proposal and operation_data(proposal.operation_id),
+        "reconcile": reconcile,
     }

@@ -309,7 +309,8 @@ class ProposalAdmin(ViewOnlyAdmin):
             if proposal.unchecked_sentences
             else escape(proposal.body),
             can_review=reviewer_ok,
-            show_decide=reviewer_ok and is_current,
+            # Decided means decided: a decided proposal offers no Approve or Decline.
+            show_decide=reviewer_ok and is_current and decision is None,
             show_edit=reviewer_ok and is_current and decision is None,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
         )
@@ -570,6 +571,21 @@ class CaseAdmin(ViewOnlyAdmin):
             self.message_user(request, f"refused: {exc.message}", messages.ERROR)
             return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
         case.refresh_from_db(fields=["current_proposal"])
+        if begun.decision is not None:
+            # Decided means decided: begin created nothing; say what stands instead.
+            self.message_user(
+                request,
+                format_html(
+                    "{} is already {} by {} at {} ({}); nothing new was created.",
+                    case.case_id,
+                    "approved" if begun.decision.approved else "declined",
+                    begun.decision.reviewer.get_username(),
+                    when(begun.decision.decided_at),
+                    op_html(begun.operation_id),
+                ),
+                messages.INFO,
+            )
+            return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
         self.message_user(
             request,
             format_html(
