@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
+
 from cases.models import Case
 from decisionflow.core.errors import NotFound
 from decisionflow.workflow.selectors import decidable_operation_id
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
+
+from .models import ApiToken
+
+
+def tokens_of(user) -> QuerySet[ApiToken]:
+    """A user's own tokens, newest first, revoked ones included (the history of their access)."""
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
 def case_get(case_id: str) -> Case:

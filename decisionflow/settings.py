@@ -54,6 +54,9 @@ INSTALLED_APPS = [
     "effects",
     "decisionflow.workflow",
     "api",
+    # django-ninja as an app so /api/docs serves the Swagger UI bundled in the pinned package
+    # (ninja/static/) instead of loading it from a CDN that an offline network cannot reach.
+    "ninja",
 ]
 
 MIDDLEWARE = [
