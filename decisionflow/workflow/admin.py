@@ -653,33 +653,30 @@ class CaseAdmin(ViewOnlyAdmin):
         cases = list(queryset.order_by("case_id"))
         if request.POST.get("post") == "yes":
             return self._act(request, cases, approved=approved)
-        bodies = dict(
-            Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
-                "pk", "body"
-            )
-        )
-        rows = []
-        for case in cases:
-            body = bodies.get(case.current_proposal_id, "")
-            rows.append(
-                {
-                    "case": case,
-                    "operation_id": case.current_operation_id,
-                    "short_operation_id": identity.short(case.current_operation_id)
-                    if case.current_operation_id
-                    else None,
-                    "first_line": body.split("\n", 1)[0] if body else "",
-                    "status_label": selectors.STATUS_LABELS[case.review_status],
-                    "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
-                }
-            )
+        plan = selectors.bulk_decision_plan(cases, approved=approved)
+        acting = sum(row.acts for row in plan)
+        rows = [
+            {
+                "plan": row,
+                "case": row.case,
+                "operation_id": row.operation_id,
+                "status_label": selectors.STATUS_LABELS[row.case.review_status],
+                "review_url": review_url(row.case.current_proposal_id) if row.case.current_proposal_id else None,
+            }
+            for row in plan
+        ]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
+            "is_nav_sidebar_enabled": False,
             "title": f"{verb.capitalize()} {len(cases)} selected case{'s' if len(cases) != 1 else ''}?",
             "verb": verb,
             "action": f"{verb}_selected",
             "rows": rows,
+            "acting": acting,
+            "skipping": len(plan) - acting,
+            # Counts only the rows that will act, in plain English: "Approve 1 proposal".
+            "button_label": f"{verb.capitalize()} {acting} proposal{'s' if acting != 1 else ''}",
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/cases/case/decide_selected_confirmation.html", context)
