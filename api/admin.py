@@ -129,9 +129,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             "name_value": request.POST.get("name", "") if name_error else "",
             "example_url": request.build_absolute_uri("/api/cases/T-1042"),
             "docs_url": request.build_absolute_uri("/api/docs"),
-            "manage_all_url": reverse("admin:api_apitoken_changelist")
-            if self.has_view_permission(request)
-            else None,
+            "manage_all_url": reverse("admin:api_apitoken_changelist") if self.has_view_permission(request) else None,
         }
         response = TemplateResponse(request, "admin/api/apitoken/mine.html", context)
         if plaintext is not None:

@@ -466,7 +466,9 @@ class ReviewerFilter(admin.SimpleListFilter):
 
 @admin.register(Case)
 class CaseAdmin(ViewOnlyAdmin):
-    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided")
+    # "created" carries the list's first sort key (newest first), so the sort indicator shows
+    # the order the rows are really in, not only the tie-breaker "case".
+    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided", "created")
     list_display_links = None
     list_filter = (StatusFilter, ReviewerFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("=case_id", "subject")
@@ -521,6 +523,10 @@ class CaseAdmin(ViewOnlyAdmin):
     @admin.display(description="decided", ordering="decision_at")
     def decided(self, obj):
         return when(obj.decision_at) if obj.decision_at else "-"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj):
+        return when(obj.created_at)
 
     @admin.display(description="customer message")
     def customer_message_pre(self, obj):

@@ -270,9 +270,7 @@ def _decided_begin(case: Case) -> BeginResult | None:
     case.refresh_from_db(fields=["current_proposal"])
     if case.current_proposal_id is None:
         return None
-    decision = (
-        ReviewDecision.objects.select_related("reviewer").filter(proposal_id=case.current_proposal_id).first()
-    )
+    decision = ReviewDecision.objects.select_related("reviewer").filter(proposal_id=case.current_proposal_id).first()
     if decision is None:
         return None
     pending = PendingReview.objects.filter(operation_id=decision.operation_id).first()
