@@ -59,21 +59,21 @@ REFUSED_OUTCOMES = {
 class CommitAttemptAdmin(ViewOnlyAdmin):
     # "asked" is what the caller asked for; "outcome" is what happened. An approval that was
     # refused as stale is "approve" + "Stale", never a green tick.
-    list_display = ("operation", "case", "asked", "outcome_badge", "reviewer", "channel", "attempted", "detail_text")
+    list_display = ("operation", "case", "asked", "outcome_badge", "by", "attempted", "detail_text")
     list_select_related = ("case", "reviewer")
     list_filter = ("outcome", "approved", "channel", "attempted_at")
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 
     def changelist_view(self, request, extra_context=None):
-        # Eight columns and the filters need the width more than the nav does (detail at 1280 px).
+        # Seven columns and the filters need the width more than the nav does (detail at 1280 px).
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 
     @admin.display(description="operation", ordering="operation_id")
     def operation(self, obj):
         return op_html(obj.operation_id)
 
-    @admin.display(description="decision asked", ordering="approved")
+    @admin.display(description="asked", ordering="approved")
     def asked(self, obj):
         if obj.approved is None:
             return format_html(
@@ -94,6 +94,12 @@ class CommitAttemptAdmin(ViewOnlyAdmin):
             obj.outcome,
             obj.get_outcome_display(),
         )
+
+    @admin.display(description="by", ordering="reviewer__username")
+    def by(self, obj):
+        # Who, and through which channel (admin, api, cli): one column, so the detail keeps the width.
+        who = obj.reviewer.get_username() if obj.reviewer else "(nobody)"
+        return format_html('{} <span class="df-muted">via {}</span>', who, obj.channel)
 
     @admin.display(description="attempted", ordering="attempted_at")
     def attempted(self, obj):

@@ -50,3 +50,12 @@ def op_html(operation_id: str | None):
 def pre_html(text: str | None):
     """Text exactly as stored, line breaks kept, HTML escaped."""
     return format_html('<pre class="df-pre">{}</pre>', text or "")
+
+
+def when_html(value: datetime | None):
+    """``when`` for a narrow list column: the date and the time of day each kept whole, so
+    the cell breaks between them instead of pushing the last columns off a 1280 px screen."""
+    if value is None:
+        return "-"
+    date, time_of_day = when(value).split(" ", 1)
+    return format_html('<span class="df-nowrap">{}</span> <span class="df-nowrap">{}</span>', date, time_of_day)

@@ -26,7 +26,7 @@ from django.utils.safestring import mark_safe
 
 from cases.models import Case, SourceVersion
 from decisionflow.core import identity
-from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when
+from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when, when_html
 from decisionflow.core.errors import (
     CaseBusy,
     ConflictingDecision,
@@ -522,11 +522,11 @@ class CaseAdmin(ViewOnlyAdmin):
 
     @admin.display(description="decided", ordering="decision_at")
     def decided(self, obj):
-        return when(obj.decision_at) if obj.decision_at else "-"
+        return when_html(obj.decision_at)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj):
-        return when(obj.created_at)
+        return when_html(obj.created_at)
 
     @admin.display(description="customer message")
     def customer_message_pre(self, obj):

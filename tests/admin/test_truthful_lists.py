@@ -59,7 +59,7 @@ def test_commit_attempts_show_the_decision_asked_apart_from_the_outcome(admin_cl
     assert all(SECONDS_AND_ZONE.search(row) for row in rows)
     # The detail is on the page and wraps inside its column (no side scrolling at 1280 px).
     assert f"stale: {stale_approval_then_commit[0][:18]}" in text_of(html) and "field-detail_text" in html
-    assert "max-width: 28rem" in html and 'class="nav-sidebar"' not in html
+    assert "max-width: 28rem" in html and " via api " in stale + committed and 'class="nav-sidebar"' not in html
 
 
 @pytest.mark.parametrize(
