@@ -666,7 +666,7 @@ class CaseAdmin(ViewOnlyAdmin):
                 "plan": row,
                 "case": row.case,
                 "operation_id": row.operation_id,
-                "status_label": selectors.STATUS_LABELS[row.case.review_status],
+                "status_label": row.status_label,
                 "review_url": review_url(row.case.current_proposal_id) if row.case.current_proposal_id else None,
             }
             for row in plan

@@ -163,6 +163,7 @@ class BulkRow:
     human_edit: bool
     acts: bool  # True: the decision is sent; False: the row is skipped
     reason: str  # why it is skipped ("" when it acts)
+    status_label: str  # the case's review status, as the case list shows it
     # Lines a reviewer must read before confirming (e.g. text markers, four-eyes); each is
     # plain text, shown in the row's warnings cell.
     warnings: list[str] = field(default_factory=list)
@@ -194,5 +195,5 @@ def bulk_decision_plan(cases: list, *, approved: bool) -> list[BulkRow]:
                 reason += "; " + ("an approval" if approved else "a decline") + " now would be refused as a conflict"
         else:
             reason = ""
-        rows.append(BulkRow(case, operation_id, human_edit, not reason, reason))
+        rows.append(BulkRow(case, operation_id, human_edit, not reason, reason, STATUS_LABELS[case.review_status]))
     return rows
