@@ -253,6 +253,9 @@ def review_begin(*, case: Case, actor=None) -> BeginResult:
     the pause checkpoint (the only one written) and the pending review commit together;
     ``WorkflowIncompatible`` if the pause could not be stored, and then nothing is
     recorded. Holds the case lock for the whole run.
+
+    Decided means decided: for a case whose current proposal is decided, begin writes
+    nothing and returns its reconcile state as ``status``, with ``decision``.
     """
     with case_lock(case.case_id):
         decided = _decided_begin(case)
