@@ -55,13 +55,30 @@ REFUSED_OUTCOMES = {
 }
 
 
+class AskedFilter(admin.SimpleListFilter):
+    """The decision asked for, in the words of the "asked" column (not Yes/No/Unknown)."""
+
+    title = "decision asked"
+    parameter_name = "asked"
+    VALUES = {"approve": True, "decline": False, "neither": None}
+
+    def lookups(self, request, model_admin):
+        return [(value, value) for value in self.VALUES]
+
+    def queryset(self, request, queryset):
+        if self.value() not in self.VALUES:
+            return queryset
+        approved = self.VALUES[self.value()]
+        return queryset.filter(approved__isnull=True) if approved is None else queryset.filter(approved=approved)
+
+
 @admin.register(CommitAttempt)
 class CommitAttemptAdmin(ViewOnlyAdmin):
     # "asked" is what the caller asked for; "outcome" is what happened. An approval that was
     # refused as stale is "approve" + "Stale", never a green tick.
     list_display = ("operation", "case", "asked", "outcome_badge", "by", "attempted", "detail_text")
     list_select_related = ("case", "reviewer")
-    list_filter = ("outcome", "approved", "channel", "attempted_at")
+    list_filter = ("outcome", AskedFilter, "channel", "attempted_at")
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 

@@ -62,6 +62,26 @@ def test_commit_attempts_show_the_decision_asked_apart_from_the_outcome(admin_cl
     assert "max-width: 28rem" in html and " via api " in stale + committed and 'class="nav-sidebar"' not in html
 
 
+def test_commit_attempts_filter_by_the_decision_asked(admin_client, stale_approval_then_commit, case, reviewer):
+    from decisionflow.core.errors import InvalidInput
+
+    with pytest.raises(InvalidInput):  # not a boolean: recorded as asking neither
+        decision_record(
+            case=case, operation_id=stale_approval_then_commit[1], approved="yes", reviewer=reviewer, channel="api"
+        )
+    url = reverse("admin:effects_commitattempt_changelist")
+    counts = {}
+    for asked in ("approve", "decline", "neither"):
+        counts[asked] = (
+            len(result_rows(admin_client.get(f"{url}?asked={asked}").content.decode())) if asked != "decline" else None
+        )
+    assert (
+        counts["approve"] == 2 and counts["neither"] == CommitAttempt.objects.filter(approved__isnull=True).count() == 1
+    )
+    assert "0 commit attempts" in text_of(admin_client.get(f"{url}?asked=decline").content.decode())
+    assert "By decision asked" in text_of(admin_client.get(url).content.decode())
+
+
 @pytest.mark.parametrize(
     "url_name",
     [
