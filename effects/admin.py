@@ -66,9 +66,10 @@ class AskedFilter(admin.SimpleListFilter):
         return [(value, value) for value in self.VALUES]
 
     def queryset(self, request, queryset):
-        if self.value() not in self.VALUES:
+        value = self.value()
+        if value is None or value not in self.VALUES:
             return queryset
-        approved = self.VALUES[self.value()]
+        approved = self.VALUES[value]
         return queryset.filter(approved__isnull=True) if approved is None else queryset.filter(approved=approved)
 
 
