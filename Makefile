@@ -79,6 +79,8 @@ run: $(VENV)/.runtime graphviz
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_demo
 	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (Ctrl-C to stop)"
+	@echo "API tokens: sign in as the demo reviewer, then http://127.0.0.1:8000/admin/api/apitoken/mine/ (docs/API.md)"
+	@echo "API docs (work offline): http://127.0.0.1:8000/api/docs"
 	$(PY) manage.py runserver 127.0.0.1:8000
 
 test: $(VENV)/.test browser graphviz

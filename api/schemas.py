@@ -192,6 +192,15 @@ class OperationOut(Schema):
 class CaseOut(Schema):
     case_id: str
     subject: str
+    status: Literal["NotStarted", "Pending", "Committed", "Declined", "NoLocalEffectRecorded"] = Field(
+        description="where the case's current proposal stands: NotStarted before the review was begun, "
+        "otherwise its reconcile state"
+    )
+    decidable: bool = Field(
+        description="false once the current proposal is decided: a decision now is a replay or a conflict, "
+        "never a new decision"
+    )
+    decision: DecisionInfoOut | None = Field(description="who decided the current proposal, and when")
     operation_id: str = Field(
         description="the operation a decision must name now: the current proposal's, or "
         "before the review was begun, the one begin will prepare"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
+
 from cases.models import Case
 from cases.selectors import case_text_fields
 from decisionflow.core import text
@@ -10,6 +12,13 @@ from decisionflow.workflow.selectors import decidable_operation_id
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
+
+from .models import ApiToken
+
+
+def tokens_of(user) -> QuerySet[ApiToken]:
+    """A user's own tokens, newest first, revoked ones included (the history of their access)."""
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
 def case_get(case_id: str) -> Case:
@@ -82,12 +91,18 @@ def case_data(case: Case) -> dict:
     fields = [(name, value) for name, value in case_text_fields(case) if name == "subject"]
     if proposal is not None:
         fields += [(f"proposal.{name}", value) for name, value in proposal_text_fields(proposal)]
+    reconcile = proposal and operation_data(proposal.operation_id)
+    decision = reconcile["decision"] if reconcile else None
     return {
         "case_id": case.case_id,
         "subject": case.subject,
+        # Said at the top, as `manage.py begin` says it: a decided case is decided.
+        "status": reconcile["state"] if reconcile else "NotStarted",
+        "decidable": decision is None,
+        "decision": decision,
         "warnings": text.warnings(fields),
         "operation_id": decidable_operation_id(case),
         "proposal": proposal and proposal_data(proposal),
         "pending": proposal and pending_data(proposal.operation_id),
-        "reconcile": proposal and operation_data(proposal.operation_id),
+        "reconcile": reconcile,
     }

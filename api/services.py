@@ -10,6 +10,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from decisionflow.core import faults
+from decisionflow.core.errors import InvalidInput, NotFound, PermissionRefused
+from effects.services import REVIEW_PERMISSION
 
 from .models import ApiToken
 
@@ -42,6 +44,53 @@ def token_revoke(*, token: ApiToken) -> bool:
     if revoked:
         token.revoked_at = now
     return bool(revoked)
+
+
+# Self-service: a reviewer's own tokens ---------------------------------------------------
+
+# Who may hold and manage their own tokens: whoever may decide through the API.
+SELF_SERVICE_PERMISSION = REVIEW_PERMISSION
+TOKEN_NAME_MAX = ApiToken._meta.get_field("name").max_length or 100
+
+
+def can_self_serve(user) -> bool:
+    return bool(user.is_active and user.has_perm(SELF_SERVICE_PERMISSION))
+
+
+def _self_service_check(user) -> None:
+    if not can_self_serve(user):
+        raise PermissionRefused(
+            f"{user.get_username()} does not have the review permission (group Reviewers); "
+            "an administrator can issue a token instead"
+        )
+
+
+def token_self_create(*, user, name: str) -> tuple[ApiToken, str]:
+    """``user`` issues a token for themselves; returns the row and the plaintext (shown once).
+
+    Needs the review permission. The name says what the token is for: not blank, at most
+    100 characters. Refused input writes nothing.
+    """
+    _self_service_check(user)
+    name = (name or "").strip()
+    if not name:
+        raise InvalidInput("give the token a name that says what it is for, e.g. 'retry loop on host X'")
+    if len(name) > TOKEN_NAME_MAX:
+        raise InvalidInput(f"the token's name is {len(name)} characters long; at most {TOKEN_NAME_MAX}")
+    return token_create(user=user, name=name)
+
+
+def token_self_revoke(*, user, token_id: int) -> tuple[ApiToken, bool]:
+    """``user`` revokes one of their own tokens; the row and whether this call revoked it.
+
+    Someone else's token is NotFound, exactly as a token that does not exist: the page does
+    not tell anyone which token IDs are taken. Revoking twice is harmless (False).
+    """
+    _self_service_check(user)
+    token = ApiToken.objects.filter(pk=token_id, user=user).first()
+    if token is None:
+        raise NotFound(f"you have no API token {token_id}")
+    return token, token_revoke(token=token)
 
 
 def token_authenticate(plaintext: str):

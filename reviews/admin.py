@@ -36,6 +36,38 @@ class ReviewDecisionAdmin(ViewOnlyAdmin):
         return obj.proposal.case.case_id
 
 
+class PendingStatusFilter(admin.SimpleListFilter):
+    """Status, pending by default: the list is where reviewers look for work still waiting.
+
+    Completed and superseded rows are history; "All" shows them too.
+    """
+
+    title = "status"
+    parameter_name = "status"
+    ALL = "all"
+
+    def lookups(self, request, model_admin):
+        return [*PendingReview.Status.choices, (self.ALL, "All")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value == self.ALL:
+            return queryset
+        if value in PendingReview.Status.values:
+            return queryset.filter(status=value)
+        return queryset.filter(status=PendingReview.Status.PENDING)
+
+    def choices(self, changelist):
+        # No Django "All" entry (it would mean "no parameter", which is the pending default).
+        current = self.value() or PendingReview.Status.PENDING
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": current == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+
 @admin.register(PendingReview)
 class PendingReviewAdmin(ViewOnlyAdmin):
     list_display = (
@@ -49,7 +81,7 @@ class PendingReviewAdmin(ViewOnlyAdmin):
         "created_at",
     )
     list_select_related = ("case", "begun_by")
-    list_filter = ("status", "begun_channel", "workflow_version", "created_at")
+    list_filter = (PendingStatusFilter, "begun_channel", "workflow_version", "created_at")
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 

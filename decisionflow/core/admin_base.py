@@ -52,3 +52,12 @@ def pre_html(text: str | None):
     """Text exactly as stored, line breaks kept, HTML escaped, the text policy's markers
     drawn where they stand (docs/TEXT.md)."""
     return format_html('<pre class="df-pre">{}</pre>', marked_html(text or ""))
+
+
+def when_html(value: datetime | None):
+    """``when`` for a narrow list column: the date and the time of day each kept whole, so
+    the cell breaks between them instead of pushing the last columns off a 1280 px screen."""
+    if value is None:
+        return "-"
+    date, time_of_day = when(value).split(" ", 1)
+    return format_html('<span class="df-nowrap">{}</span> <span class="df-nowrap">{}</span>', date, time_of_day)

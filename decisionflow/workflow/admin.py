@@ -8,6 +8,7 @@ the result. Approve and Decline (on the review page and in bulk) call
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -27,7 +28,7 @@ from cases.models import Case, SourceVersion
 from cases.selectors import case_text_fields
 from decisionflow.core import identity
 from decisionflow.core import text as text_policy
-from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when
+from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html, when, when_html
 from decisionflow.core.errors import (
     CaseBusy,
     ConflictingDecision,
@@ -335,7 +336,8 @@ class ProposalAdmin(ViewOnlyAdmin):
             else text_policy.marked_html(proposal.body),
             text_warnings=text_policy.warnings(case_text_fields(case) + proposal_text_fields(proposal)),
             can_review=reviewer_ok,
-            show_decide=reviewer_ok and is_current,
+            # Decided means decided: a decided proposal offers no Approve or Decline.
+            show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
             show_edit=reviewer_ok and is_current and decision is None,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
@@ -523,7 +525,9 @@ class ReviewerFilter(admin.SimpleListFilter):
 
 @admin.register(Case)
 class CaseAdmin(ViewOnlyAdmin):
-    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided")
+    # "created" carries the list's first sort key (newest first), so the sort indicator shows
+    # the order the rows are really in, not only the tie-breaker "case".
+    list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided", "created")
     list_display_links = None
     list_filter = (StatusFilter, ReviewerFilter, ("created_at", admin.DateFieldListFilter))
     search_fields = ("=case_id", "subject")
@@ -577,7 +581,11 @@ class CaseAdmin(ViewOnlyAdmin):
 
     @admin.display(description="decided", ordering="decision_at")
     def decided(self, obj):
-        return when(obj.decision_at) if obj.decision_at else "-"
+        return when_html(obj.decision_at)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj):
+        return when_html(obj.created_at)
 
     @admin.display(description="customer message")
     def customer_message_pre(self, obj):
@@ -628,6 +636,21 @@ class CaseAdmin(ViewOnlyAdmin):
             self.message_user(request, f"refused: {exc.message}", messages.ERROR)
             return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
         case.refresh_from_db(fields=["current_proposal"])
+        if begun.decision is not None:
+            # Decided means decided: begin created nothing; say what stands instead.
+            self.message_user(
+                request,
+                format_html(
+                    "{} is already {} by {} at {} ({}); nothing new was created.",
+                    case.case_id,
+                    "approved" if begun.decision.approved else "declined",
+                    begun.decision.reviewer.get_username(),
+                    when(begun.decision.decided_at),
+                    op_html(begun.operation_id),
+                ),
+                messages.INFO,
+            )
+            return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
         self.message_user(
             request,
             format_html(
@@ -716,40 +739,50 @@ class CaseAdmin(ViewOnlyAdmin):
         cases = list(queryset.order_by("case_id"))
         if request.POST.get("post") == "yes":
             return self._act(request, cases, approved=approved)
-        proposals = {
+        plan = selectors.bulk_decision_plan(cases, approved=approved)
+        if approved:
+            # Four eyes: a row this reviewer changed is not offered; the button never counts
+            # a row the service would refuse (the reviewer may still decline it).
+            plan = [
+                dataclasses.replace(row, acts=False, reason=f"four eyes: {sentence}")
+                if row.acts and (sentence := _four_eyes_message(row.case, request.user))
+                else row
+                for row in plan
+            ]
+        acting = sum(row.acts for row in plan)
+        current = {
             p.pk: p
             for p in Proposal.objects.filter(
                 pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]
             ).only("pk", "body", "passages", "findings", "policy_snapshot")
         }
         rows = []
-        for case in cases:
-            current = proposals.get(case.current_proposal_id)
-            body = current.body if current is not None else ""
+        for row in plan:
+            proposal = current.get(row.case.current_proposal_id)
             # The text policy's markers of everything the row approves (docs/TEXT.md).
-            fields = [("subject", case.subject)] + (proposal_text_fields(current) if current is not None else [])
+            fields = [("subject", row.case.subject)] + (proposal_text_fields(proposal) if proposal else [])
             rows.append(
                 {
-                    "case": case,
-                    "operation_id": case.current_operation_id,
-                    "short_operation_id": identity.short(case.current_operation_id)
-                    if case.current_operation_id
-                    else None,
-                    "first_line": body.split("\n", 1)[0] if body else "",
+                    "plan": row,
+                    "case": row.case,
+                    "operation_id": row.operation_id,
+                    "status_label": row.status_label,
                     "text_warnings": text_policy.warnings(fields),
-                    # Approve only: the editor's own rows are refused (and said so) on confirm.
-                    "four_eyes": _four_eyes_message(case, request.user) if approved else None,
-                    "status_label": selectors.STATUS_LABELS[case.review_status],
-                    "review_url": review_url(case.current_proposal_id) if case.current_proposal_id else None,
+                    "review_url": review_url(row.case.current_proposal_id) if row.case.current_proposal_id else None,
                 }
             )
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
+            "is_nav_sidebar_enabled": False,
             "title": f"{verb.capitalize()} {len(cases)} selected case{'s' if len(cases) != 1 else ''}?",
             "verb": verb,
             "action": f"{verb}_selected",
             "rows": rows,
+            "acting": acting,
+            "skipping": len(plan) - acting,
+            # Counts only the rows that will act, in plain English: "Approve 1 proposal".
+            "button_label": f"{verb.capitalize()} {acting} proposal{'s' if acting != 1 else ''}",
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         }
         return TemplateResponse(request, "admin/cases/case/decide_selected_confirmation.html", context)

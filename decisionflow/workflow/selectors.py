@@ -14,9 +14,10 @@ from django.db.models import Case as Conditional
 from django.db.models import CharField, Exists, Model, OuterRef, QuerySet, Subquery, Value, When
 
 from cases.models import Case
+from decisionflow.core.admin_base import when
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, operations_reconcile
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
 from reviews.services import prepared_content
 
@@ -151,3 +152,48 @@ def decidable_operation_id(case: Case) -> str:
             return current.operation_id
         return Proposal.objects.values_list("operation_id", flat=True).get(pk=case.current_proposal_id)
     return prepared_content(case)["operation_id"]
+
+
+@dataclass(frozen=True)
+class BulkRow:
+    """One row of the bulk confirmation: what confirming will do to this case, and why."""
+
+    case: Case
+    operation_id: str | None
+    human_edit: bool
+    acts: bool  # True: the decision is sent; False: the row is skipped
+    reason: str  # why it is skipped ("" when it acts)
+    status_label: str  # the case's review status, as the case list shows it
+    # Lines a reviewer must read before confirming (e.g. text markers, four-eyes); each is
+    # plain text, shown in the row's warnings cell.
+    warnings: list[str] = field(default_factory=list)
+
+
+def bulk_decision_plan(cases: list, *, approved: bool) -> list[BulkRow]:
+    """What a bulk Approve or Decline of these cases will do, row by row (one query).
+
+    ``cases`` come from ``cases_with_status``. A case acts only when its current proposal
+    exists and is undecided; every other row says why it is skipped. The decision service
+    checks each row again when the reviewer confirms, so the plan can only be too hopeful
+    (a row decided meanwhile becomes a replay or a conflict), never write more.
+    """
+    origins = dict(
+        Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
+            "pk", "origin"
+        )
+    )
+    rows = []
+    for case in cases:
+        operation_id = case.current_operation_id
+        human_edit = origins.get(case.current_proposal_id) == Origin.HUMAN_EDIT
+        if not operation_id:
+            reason = "no review begun: open the case and start its review first"
+        elif case.decision_approved is not None:
+            done = "approved" if case.decision_approved else "declined"
+            reason = f"already {done} by {case.decision_reviewer} at {when(case.decision_at)}"
+            if case.decision_approved != approved:
+                reason += "; " + ("an approval" if approved else "a decline") + " now would be refused as a conflict"
+        else:
+            reason = ""
+        rows.append(BulkRow(case, operation_id, human_edit, not reason, reason, STATUS_LABELS[case.review_status]))
+    return rows

@@ -58,7 +58,15 @@ from decisionflow.core.errors import (
 )
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
 from effects.models import CommitAttempt
-from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
+from effects.services import (
+    COMMITTED,
+    CONFLICTING,
+    DECLINED,
+    CommitResult,
+    attempt_record,
+    operation_reconcile,
+    reviewer_check,
+)
 from reviews.models import Channel, Origin, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from reviews.services import RevisionResult, proposal_revise
 
@@ -91,11 +99,14 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class BeginResult:
-    status: str  # "PendingRequests"
+    # "PendingRequests"; for a case whose current proposal is decided, its reconcile state
+    # ("Committed", "Declined" or "NoLocalEffectRecorded") and ``decision`` says who and when.
+    status: str
     operation_id: str
     checkpoints: int  # checkpoint rows written by this begin (0 when it found one)
     pending_review: PendingReview
     created: bool  # False when begin found an existing pending review for this operation
+    decision: ReviewDecision | None = None  # set when the current proposal is already decided
 
 
 @dataclass(frozen=True)
@@ -251,9 +262,35 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
     ``WorkflowIncompatible`` if the pause could not be stored, and then nothing is
     recorded. Holds the case lock for the whole run. ``actor`` and ``channel`` are recorded
     on the pending review as who began it and how; the proposal itself has no human author.
+
+    Decided means decided: for a case whose current proposal is decided, begin writes
+    nothing and returns its reconcile state as ``status``, with ``decision``.
     """
     with case_lock(case.case_id):
+        decided = _decided_begin(case)
+        if decided is not None:
+            return decided
         return _begin_locked(case, actor, channel)
+
+
+def _decided_begin(case: Case) -> BeginResult | None:
+    """A case whose current proposal is decided: its real state, and nothing is written.
+
+    Decided means decided: no new pause, not even when the recorded one is from another
+    workflow version (a decision on it could only be a replay or a conflict).
+    """
+    case.refresh_from_db(fields=["current_proposal"])
+    if case.current_proposal_id is None:
+        return None
+    decision = ReviewDecision.objects.select_related("reviewer").filter(proposal_id=case.current_proposal_id).first()
+    if decision is None:
+        return None
+    pending = PendingReview.objects.filter(operation_id=decision.operation_id).first()
+    if pending is None:  # decided outside the workflow (the review core called directly)
+        return None
+    row = operation_reconcile(decision.operation_id)
+    state = row.state if row is not None else (COMMITTED if decision.approved else DECLINED)
+    return BeginResult(state, decision.operation_id, 0, pending, False, decision)
 
 
 # --- bind before running ----------------------------------------------------------------

@@ -282,9 +282,10 @@ def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewe
     page = confirm.content.decode()
     case.refresh_from_db()
     other.refresh_from_db()
-    # Each case, its operation identity and its draft's first line, escaped.
+    # Each case, its full operation identity, and what will happen to it.
     assert case.current_proposal.operation_id in page and other.current_proposal.operation_id in page
-    assert "Hello," in page and "no review begun: will be skipped" in page
+    assert "skip: no review begun" in page
+    assert ">Approve 2 proposals</button>" in page
     assert counts() == before  # the confirmation page writes nothing
 
     # Meanwhile someone edits T-1150: its row is now stale and must be skipped.

@@ -35,3 +35,14 @@ def test_openapi_json_describes_the_endpoints(client, db):
 
 def test_docs_page(client, db):
     assert client.get("/api/docs").status_code == 200
+
+
+def test_the_docs_page_loads_nothing_from_another_host(client, db):
+    """Swagger UI comes from the pinned django-ninja's static files, never a CDN."""
+    import re
+
+    page = client.get("/api/docs").content.decode()
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert any(s.endswith("swagger-ui-bundle.js") for s in sources), sources
+    assert all(s.startswith("/static/") for s in sources), sources
+    assert "cdn" not in page.lower()

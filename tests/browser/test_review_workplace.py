@@ -38,6 +38,9 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     # The body is shown exactly as hashed, line breaks included.
     assert page.locator("#df-body").inner_text() == demo.current_proposal.body
     page.screenshot(path=str(screenshot_dir / "review-page.png"), full_page=True)
+    # A second tab opened before the decision still shows the buttons it was served with.
+    old_tab = context.new_page()
+    open_case(old_tab, live_server, "T-1042")
 
     page.click("#df-approve")
     page.wait_for_selector("ul.messagelist")
@@ -48,14 +51,28 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     page.locator("ul.messagelist a", has_text="effect record").click()
     expect(page.locator("body")).to_contain_text(short(op))
 
+    # Decided means decided: the review page now offers no decision buttons, only the
+    # decision, who made it and when, with links to the effect and the history.
     page.go_back()
     page.reload()
-    page.click("#df-approve")
-    page.wait_for_selector("ul.messagelist")
+    expect(page.locator("#df-approve")).to_have_count(0)
+    expect(page.locator("#df-decline")).to_have_count(0)
+    expect(page.locator("#df-edit")).to_have_count(0)
+    expect(page.locator("#df-decided")).to_contain_text("Approved by reviewer at")
+    expect(page.locator("#df-decided-effect")).to_have_attribute(
+        "href", re.compile(r"/admin/effects/effectrecord/\d+/")
+    )
+    expect(page.locator("#df-decided-history")).to_have_attribute("href", re.compile(r"/history/$"))
+    page.locator("#df-actions").screenshot(path=str(screenshot_dir / "decided.png"))
+
+    # The older tab's Approve is a replay: nothing new is written.
+    old_tab.click("#df-approve")
+    old_tab.wait_for_selector("ul.messagelist")
     decision = ReviewDecision.objects.get(operation_id=op)
     assert re.search(
-        r"already approved by reviewer at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, no new record", messages(page)
+        r"already approved by reviewer at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, no new record", messages(old_tab)
     )
+    expect(old_tab.locator("#df-approve")).to_have_count(0)
     assert decision.reviewer.username == "reviewer"
     assert EffectRecord.objects.filter(operation_id=op).count() == 1
 
@@ -177,7 +194,8 @@ def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(de
     page.screenshot(path=str(screenshot_dir / "history.png"), full_page=True)
 
     page.goto(f"{live_server.url}/admin/reviews/proposal/{new.pk}/review/")
-    expect(page.locator("#df-no-actions")).to_be_visible()
+    # Decided: everyone, the lead included, reads the decision instead of any buttons.
+    expect(page.locator("#df-decided")).to_contain_text("Approved by reviewer at")
     assert page.locator("#df-approve").count() == 0 and page.locator("#df-decline").count() == 0
     assert page.locator("#df-edit").count() == 0
 
