@@ -758,7 +758,7 @@ class CaseAdmin(ViewOnlyAdmin):
         }
         rows = []
         for row in plan:
-            proposal = current.get(row.case.current_proposal_id)
+            proposal = current.get(row.case.current_proposal_id or 0)
             # The text policy's markers of everything the row approves (docs/TEXT.md).
             fields = [("subject", row.case.subject)] + (proposal_text_fields(proposal) if proposal else [])
             rows.append(
