@@ -42,6 +42,19 @@ DECISIONFLOW_DECISION_LOCK_TIMEOUT = env.float("DECISIONFLOW_DECISION_LOCK_TIMEO
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
 
+# Prometheus metrics (docs/DEPLOY.md). PROMETHEUS_MULTIPROC_DIR is the folder that every process
+# of a host (gunicorn workers, cron commands) writes its counts to; /metrics sums them. Metrics
+# are on when it is set (the shipped gunicorn config sets it), or with DECISIONFLOW_METRICS=1
+# for a single process. Off, nothing imports prometheus_client (a faster command start).
+DECISIONFLOW_METRICS = env.bool("DECISIONFLOW_METRICS", default=bool(env.str("PROMETHEUS_MULTIPROC_DIR", default="")))
+
+# /metrics (docs/DEPLOY.md): served only to these addresses or networks (comma-separated, e.g.
+# "10.0.0.0/8,127.0.0.1") and/or to requests carrying this bearer token; with neither, to nobody
+# (loopback only with DEBUG). REMOTE_ADDR is the peer: behind a proxy on the same host, that is
+# the proxy, so protect it with the token or keep /metrics off the proxy.
+DECISIONFLOW_METRICS_ALLOW = env.list("DECISIONFLOW_METRICS_ALLOW", default=["127.0.0.1", "::1"] if DEBUG else [])
+DECISIONFLOW_METRICS_TOKEN = env.str("DECISIONFLOW_METRICS_TOKEN", default="")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -55,16 +68,27 @@ INSTALLED_APPS = [
     "decisionflow.workflow",
     "api",
 ]
+if DECISIONFLOW_METRICS:
+    INSTALLED_APPS.append("django_prometheus")
 
 MIDDLEWARE = [
+    # Request counts and latencies for /metrics; its "after" half is the last entry.
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # /healthz, /readyz and /metrics, answered before host validation and the HTTPS redirect.
+    "decisionflow.health.OperationsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files from STATIC_ROOT (collectstatic), compressed and cached forever by hash.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+if not DECISIONFLOW_METRICS:
+    MIDDLEWARE = [m for m in MIDDLEWARE if not m.startswith("django_prometheus.")]
 
 ROOT_URLCONF = "decisionflow.urls"
 
@@ -89,6 +113,17 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Writers queue for the lock instead of failing at once with "database is locked".
     DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+# The same backends, counting queries, errors and their durations for /metrics.
+_PROMETHEUS_BACKENDS = {
+    "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",
+    "django.db.backends.postgresql": "django_prometheus.db.backends.postgresql",
+}
+if DECISIONFLOW_METRICS:
+    DATABASES["default"]["ENGINE"] = _PROMETHEUS_BACKENDS.get(
+        DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
+    )
+    # Django's default cache (local memory, per process), counted for /metrics.
+    CACHES = {"default": {"BACKEND": "django_prometheus.cache.backends.locmem.LocMemCache"}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -105,11 +140,18 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# `manage.py collectstatic` writes here; WhiteNoise serves it (docs/DEPLOY.md).
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "var" / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Hashed names (cache-busting) and gzip copies; with DEBUG off, collectstatic must run first.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 LOGIN_URL = "admin:login"
 
 # Production hardening; `manage.py check --deploy` is clean with DEBUG off.
+# (The operations endpoints answer plain HTTP by address: OperationsMiddleware serves them first.)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=not DEBUG)
@@ -125,9 +167,27 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
+# Logs go to stderr. The decision events (logger decisionflow.events) are one JSON line each,
+# at INFO (DECISIONFLOW_EVENT_LOG_LEVEL=WARNING silences them); LOG_FORMAT=json makes every
+# other log line JSON too. The format: docs/DEPLOY.md, "Logs".
+LOG_FORMAT = env.str("LOG_FORMAT", default="text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "json": {"()": "decisionflow.core.observability.JsonFormatter"},
+        "text": {"format": "%(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "text"},
+        "events": {"class": "logging.StreamHandler", "formatter": "json"},
+    },
+    "loggers": {
+        "decisionflow.events": {
+            "handlers": ["events"],
+            "level": env.str("DECISIONFLOW_EVENT_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        },
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }

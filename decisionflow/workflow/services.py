@@ -44,6 +44,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from cases.models import Case
 from decisionflow.core import faults, identity
+from decisionflow.core.observability import CHECKPOINT_REFUSED, counts_refusals, observed_decision
 from decisionflow.core.errors import (
     CaseBusy,
     ConflictingDecision,
@@ -293,6 +294,7 @@ def _no_pending_review(case: Case, operation_id: str) -> DecisionflowError:
     )
 
 
+@counts_refusals(CHECKPOINT_REFUSED, WorkflowIncompatible)
 def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
     """Prove that ``pending``'s checkpoint is the pause of this case's review of this operation.
 
@@ -445,6 +447,7 @@ def _conflict(commit: CommitResult) -> ConflictingDecision:
     )
 
 
+@observed_decision  # one metric increment and one JSON event line per call
 def decision_record(
     *,
     case: Case,
