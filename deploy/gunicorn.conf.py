@@ -102,7 +102,7 @@ class JsonLogger(glogging.Logger):
         }
         try:
             self.access_log.info("access", extra={"fields": fields})
-        except Exception:
+        except Exception:  # noqa: BLE001 - a log line must never fail the request (gunicorn does the same)
             self.exception("could not write the access log line")
 
 

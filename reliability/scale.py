@@ -28,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import contextlib
+
 from reliability import load  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -44,15 +46,34 @@ def _proc_cpu(pid: int) -> float:
 def _tree(pid: int) -> list[int]:
     pids = [pid]
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):
             pids += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
     return pids
 
 
 def servers_cpu(servers) -> float:
     return sum(_proc_cpu(p) for _port, proc, _log in servers.procs for p in _tree(proc.pid))
+
+
+def postgres_cpu() -> float:
+    """CPU seconds of every live ``postgres`` process on this machine (the server is local).
+
+    An upper bound for this run: other databases on the same server count too, and backends
+    that exited during the window (one per request without persistent connections) do not,
+    so the figure is read with server_requests and new_db_connections beside it.
+    """
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(postgres)" in text:
+            fields = text.rsplit(")", 1)[1].split()
+            # utime + stime, plus the reaped children's (cutime + cstime): the postmaster
+            # collects the CPU of every backend that exited, so short-lived ones count too.
+            total += sum(int(f) for f in fields[11:15]) / TICK
+    return total
 
 
 def machine_cpu() -> tuple[float, float]:
@@ -142,7 +163,7 @@ def main(argv=None) -> int:
     }
     try:
         servers.wait_ready()
-        before = (servers_cpu(servers), driver_cpu(), machine_cpu(), read_metrics(metrics_dir))
+        before = (servers_cpu(servers), driver_cpu(), machine_cpu(), read_metrics(metrics_dir), postgres_cpu())
         started = time.monotonic()
         deadline = started + args.seconds
         clients = [
@@ -154,7 +175,7 @@ def main(argv=None) -> int:
         for t in clients:
             t.join(max(1.0, deadline - time.monotonic()) + 300)
         elapsed = time.monotonic() - started
-        after = (servers_cpu(servers), driver_cpu(), machine_cpu(), read_metrics(metrics_dir))
+        after = (servers_cpu(servers), driver_cpu(), machine_cpu(), read_metrics(metrics_dir), postgres_cpu())
     finally:
         servers.stop()
     m0, m1 = before[3], after[3]
@@ -190,6 +211,8 @@ def main(argv=None) -> int:
         server_cpu_seconds=round(after[0] - before[0], 1),
         server_cpu_ms_per_request=round((after[0] - before[0]) * 1000 / requests, 1),
         driver_cpu_seconds=round(after[1] - before[1], 1),
+        postgres_cpu_seconds=round(after[4] - before[4], 1),
+        postgres_cpu_ms_per_statement=round((after[4] - before[4]) * 1000 / statements, 3),
         machine_busy_cpu_seconds=round(after[2][0] - before[2][0], 1),
         machine_cpu_seconds=round(after[2][1] - before[2][1], 1),
     )

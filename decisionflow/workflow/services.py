@@ -44,7 +44,6 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from cases.models import Case
 from decisionflow.core import faults, identity
-from decisionflow.core.observability import CHECKPOINT_REFUSED, counts_refusals, observed_decision
 from decisionflow.core.errors import (
     CaseBusy,
     ConflictingDecision,
@@ -56,6 +55,7 @@ from decisionflow.core.errors import (
     WorkflowIncompatible,
 )
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
+from decisionflow.core.observability import CHECKPOINT_REFUSED, counts_refusals, observed_decision
 from effects.models import CommitAttempt
 from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint

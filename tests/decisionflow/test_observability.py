@@ -9,6 +9,7 @@ draft text.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -94,12 +95,10 @@ def test_each_outcome_moves_its_metrics_by_one_and_logs_one_line(world, event_li
 
     def decide(user, case, operation_id, approved, fault=None):
         measured.update(before=metrics(), case=case, user=user, operation_id=operation_id)
-        try:
+        with contextlib.suppress(DecisionflowError):
             decision_record(
                 case=case, operation_id=operation_id, approved=approved, reviewer=user, channel=channel, fault=fault
             )
-        except DecisionflowError:
-            pass
         measured["after"] = metrics()
         return label
 
@@ -115,9 +114,7 @@ def test_each_outcome_moves_its_metrics_by_one_and_logs_one_line(world, event_li
     assert refusals == (1 if code else 0)
     if code:
         assert delta(before, after, "decisionflow_decision_refusals_total", code=code) == 1
-    assert delta(before, after, "decisionflow_checkpoint_loads_refused_total") == (
-        1 if label == "incompatible" else 0
-    )
+    assert delta(before, after, "decisionflow_checkpoint_loads_refused_total") == (1 if label == "incompatible" else 0)
     assert delta(before, after, "decisionflow_busy_refusals_total") == (1 if label == "busy" else 0)
     if label in ("committed", "declined", "replay", "conflict"):
         # The commit ran once and was timed under the same outcome.

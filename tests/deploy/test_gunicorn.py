@@ -90,9 +90,9 @@ def metric(text: str, name: str) -> float:
 
 
 def test_gunicorn_with_the_shipped_config_serves_admin_api_and_metrics(tmp_path, case, make_user):
-    from api.services import token_create
-
     from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    from api.services import token_create
 
     reviewer = make_user("deploy-reviewer")
     # The tests' MD5 hasher is not one production settings accept; a cheap PBKDF2 hash is.
