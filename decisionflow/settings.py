@@ -168,8 +168,9 @@ X_FRAME_OPTIONS = "DENY"
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 # Logs go to stderr. The decision events (logger decisionflow.events) are one JSON line each,
-# at INFO (DECISIONFLOW_EVENT_LOG_LEVEL=WARNING silences them); LOG_FORMAT=json makes every
-# other log line JSON too. The format: docs/DEPLOY.md, "Logs".
+# at INFO (DECISIONFLOW_EVENT_LOG_LEVEL=WARNING silences them), on the web's stderr and, when
+# DECISIONFLOW_EVENT_LOG_FILE is set, in that file (the only place a command writes them).
+# LOG_FORMAT=json makes every other log line JSON too. The format: docs/DEPLOY.md, "Logs".
 LOG_FORMAT = env.str("LOG_FORMAT", default="text")
 LOGGING = {
     "version": 1,
@@ -181,10 +182,22 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "json" if LOG_FORMAT == "json" else "text"},
         "events": {"class": "logging.StreamHandler", "formatter": "json"},
+        # Commands keep stderr for their one error line: their events go only to this file.
+        **(
+            {
+                "events_file": {
+                    "class": "logging.handlers.WatchedFileHandler",  # reopened after logrotate
+                    "filename": env.str("DECISIONFLOW_EVENT_LOG_FILE"),
+                    "formatter": "json",
+                }
+            }
+            if env.str("DECISIONFLOW_EVENT_LOG_FILE", default="")
+            else {}
+        ),
     },
     "loggers": {
         "decisionflow.events": {
-            "handlers": ["events"],
+            "handlers": ["events"] + (["events_file"] if env.str("DECISIONFLOW_EVENT_LOG_FILE", default="") else []),
             "level": env.str("DECISIONFLOW_EVENT_LOG_LEVEL", default="INFO"),
             "propagate": False,
         },

@@ -20,6 +20,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from decisionflow.core.errors import DecisionflowError, InvalidInput, NotFound
+from decisionflow.core.observability import events_off_stderr
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -70,7 +71,9 @@ class WorkflowCommand(BaseCommand):
 
     def execute(self, *args, **options):
         try:
-            return super().execute(*args, **options)
+            # stderr is for the one error line; the decision events go to their file, if any.
+            with events_off_stderr():
+                return super().execute(*args, **options)
         except DecisionflowError as exc:
             self._stop(options, exc.exit_code, [exc.message, *self.hints(exc)])
         except Exit as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
@@ -348,6 +349,31 @@ def reconcile_observed(*, scope: str, exit_error: type[BaseException]):
 
 
 # --- logs ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def events_off_stderr():
+    """Within a command, keep the decision events off stderr (and on any file handler).
+
+    A command's stderr carries exactly its one-line error (docs/COMMANDS.md): scripts parse
+    it. Its events still go to ``DECISIONFLOW_EVENT_LOG_FILE`` when that is set.
+    """
+    streams = {sys.stderr, sys.__stderr__}
+    detached = [
+        h
+        for h in events.handlers
+        if isinstance(h, logging.StreamHandler)
+        and not isinstance(h, logging.FileHandler)
+        and getattr(h, "stream", None) in streams
+    ]
+    for handler in detached:
+        events.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in detached:
+            events.addHandler(handler)
+
 
 # The attributes every LogRecord has; anything else was passed in ``extra`` and is a field.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}

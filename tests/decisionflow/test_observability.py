@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import logging
+import subprocess
 import uuid
 
 import pytest
@@ -187,3 +188,27 @@ def test_metrics_off_imports_nothing_and_records_nothing(settings):
     metric.labels(x="1").inc()
     metric.inc()
     assert metric._metric is None
+
+
+def test_a_command_writes_its_decision_event_to_the_file_and_keeps_stderr_for_errors(world, tmp_path):  # noqa: F811
+    """`manage.py resume`: stderr holds only the error line scripts parse; the event goes to
+    DECISIONFLOW_EVENT_LOG_FILE, one JSON line per decision."""
+    from tests.workflow.conftest import child_env, manage_argv
+    from tests.workflow.test_decision_service import _begun, _op
+
+    case = _begun()
+    log_file = tmp_path / "events.jsonl"
+    env = child_env(DECISIONFLOW_EVENT_LOG_FILE=str(log_file))
+    argv = ["resume", case.case_id, "--operation-id", _op(case), "--reviewer", world["reviewer"].get_username()]
+    first = subprocess.run(manage_argv(*argv, "--approve"), env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == ""
+    conflict = subprocess.run(manage_argv(*argv, "--decline"), env=env, capture_output=True, text=True, timeout=120)
+    assert conflict.returncode == 3
+    assert conflict.stderr.startswith("conflicting decision: ") and "{" not in conflict.stderr.splitlines()[0]
+    events = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert [(e["channel"], e["outcome"], e["code"]) for e in events] == [
+        ("command", "committed", None),
+        ("command", "conflict", "conflicting_decision"),
+    ]
+    assert all(e["case_id"] == case.case_id and e["actor"] == "reviewer" for e in events)
