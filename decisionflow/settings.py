@@ -46,6 +46,19 @@ DECISIONFLOW_FOUR_EYES = env.bool("DECISIONFLOW_FOUR_EYES", default=True)
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
 
+# Prometheus metrics (docs/DEPLOY.md). PROMETHEUS_MULTIPROC_DIR is the folder that every process
+# of a host (gunicorn workers, cron commands) writes its counts to; /metrics sums them. Metrics
+# are on when it is set (the shipped gunicorn config sets it), or with DECISIONFLOW_METRICS=1
+# for a single process. Off, nothing imports prometheus_client (a faster command start).
+DECISIONFLOW_METRICS = env.bool("DECISIONFLOW_METRICS", default=bool(env.str("PROMETHEUS_MULTIPROC_DIR", default="")))
+
+# /metrics (docs/DEPLOY.md): served only to these addresses or networks (comma-separated, e.g.
+# "10.0.0.0/8,127.0.0.1") and/or to requests carrying this bearer token; with neither, to nobody
+# (loopback only with DEBUG). REMOTE_ADDR is the peer: behind a proxy on the same host, that is
+# the proxy, so protect it with the token or keep /metrics off the proxy.
+DECISIONFLOW_METRICS_ALLOW = env.list("DECISIONFLOW_METRICS_ALLOW", default=["127.0.0.1", "::1"] if DEBUG else [])
+DECISIONFLOW_METRICS_TOKEN = env.str("DECISIONFLOW_METRICS_TOKEN", default="")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -62,16 +75,27 @@ INSTALLED_APPS = [
     # (ninja/static/) instead of loading it from a CDN that an offline network cannot reach.
     "ninja",
 ]
+if DECISIONFLOW_METRICS:
+    INSTALLED_APPS.append("django_prometheus")
 
 MIDDLEWARE = [
+    # Request counts and latencies for /metrics; its "after" half is the last entry.
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # /healthz, /readyz and /metrics, answered before host validation and the HTTPS redirect.
+    "decisionflow.health.OperationsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files from STATIC_ROOT (collectstatic), compressed and cached forever by hash.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+if not DECISIONFLOW_METRICS:
+    MIDDLEWARE = [m for m in MIDDLEWARE if not m.startswith("django_prometheus.")]
 
 ROOT_URLCONF = "decisionflow.urls"
 
@@ -96,6 +120,17 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Writers queue for the lock instead of failing at once with "database is locked".
     DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 30, "transaction_mode": "IMMEDIATE"})
+# The same backends, counting queries, errors and their durations for /metrics.
+_PROMETHEUS_BACKENDS = {
+    "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",
+    "django.db.backends.postgresql": "django_prometheus.db.backends.postgresql",
+}
+if DECISIONFLOW_METRICS:
+    DATABASES["default"]["ENGINE"] = _PROMETHEUS_BACKENDS.get(
+        DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
+    )
+    # Django's default cache (local memory, per process), counted for /metrics.
+    CACHES = {"default": {"BACKEND": "django_prometheus.cache.backends.locmem.LocMemCache"}}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -114,11 +149,18 @@ USE_TZ = True
 FORMAT_MODULE_PATH = ["decisionflow.formats"]
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# `manage.py collectstatic` writes here; WhiteNoise serves it (docs/DEPLOY.md).
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "var" / "static")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Hashed names (cache-busting) and gzip copies; with DEBUG off, collectstatic must run first.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 LOGIN_URL = "admin:login"
 
 # Production hardening; `manage.py check --deploy` is clean with DEBUG off.
+# (The operations endpoints answer plain HTTP by address: OperationsMiddleware serves them first.)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=not DEBUG)
@@ -135,14 +177,48 @@ X_FRAME_OPTIONS = "DENY"
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 LOG_LEVEL = env.str("LOG_LEVEL", default="WARNING")
-# One log line per event: a single console handler, on the root. Django's own defaults give
-# the "django" logger a second console handler (under DEBUG) that printed every line twice;
-# here it only propagates to the root. 4xx responses are logged without their traceback.
+# Logs go to stderr. The decision events (logger decisionflow.events) are one JSON line each,
+# at INFO (DECISIONFLOW_EVENT_LOG_LEVEL=WARNING silences them), on the web's stderr and, when
+# DECISIONFLOW_EVENT_LOG_FILE is set, in that file (the only place a command writes them).
+# LOG_FORMAT=json makes every other log line JSON too. One log line per event: a single
+# console handler, on the root; Django's own "django" logger (which under DEBUG printed every
+# line a second time) only propagates to it, and 4xx responses are logged without their traceback. The format: docs/DEPLOY.md, "Logs".
+LOG_FORMAT = env.str("LOG_FORMAT", default="text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"client_errors_on_one_line": {"()": "decisionflow.core.logfilters.ClientErrorsOnOneLine"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["client_errors_on_one_line"]}},
+    "formatters": {
+        "json": {"()": "decisionflow.core.observability.JsonFormatter"},
+        "text": {"format": "%(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "text",
+            "filters": ["client_errors_on_one_line"],
+        },
+        "events": {"class": "logging.StreamHandler", "formatter": "json"},
+        # Commands keep stderr for their one error line: their events go only to this file.
+        **(
+            {
+                "events_file": {
+                    "class": "logging.handlers.WatchedFileHandler",  # reopened after logrotate
+                    "filename": env.str("DECISIONFLOW_EVENT_LOG_FILE"),
+                    "formatter": "json",
+                }
+            }
+            if env.str("DECISIONFLOW_EVENT_LOG_FILE", default="")
+            else {}
+        ),
+    },
+    "loggers": {
+        "django": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "decisionflow.events": {
+            "handlers": ["events"] + (["events_file"] if env.str("DECISIONFLOW_EVENT_LOG_FILE", default="") else []),
+            "level": env.str("DECISIONFLOW_EVENT_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        },
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django": {"handlers": [], "level": LOG_LEVEL, "propagate": True}},
 }

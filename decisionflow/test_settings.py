@@ -8,10 +8,20 @@ import os
 # Tests run with the development secret unless the environment names one.
 os.environ.setdefault("DEBUG", "1")
 
+# Metrics on, in multiprocess mode as under gunicorn: a folder of this test process (children
+# it starts inherit it, as cron commands share the web's). Set before prometheus_client loads.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="decisionflow-metrics-")
+    atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
+
 from .settings import *  # noqa: E402, F403
 from .settings import DATABASES, env  # noqa: E402
 
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+if DATABASES["default"]["ENGINE"].endswith(".sqlite3"):
     # Tests that start manage.py subprocesses need a file the children can open; the pid
     # keeps parallel test runs on one machine apart.
     DATABASES["default"]["TEST"] = {
@@ -20,3 +30,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 # Real hashers cost about a second per user on these machines; tests need no strength.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Tests never run collectstatic: plain static storage (the manifest one needs its manifest).
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+# Nor is there a STATIC_ROOT to serve (WhiteNoise would warn about the missing folder).
+STATIC_ROOT = None

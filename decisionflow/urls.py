@@ -6,10 +6,16 @@ from django.urls import include, path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.generic import RedirectView
 
+from decisionflow import health
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/", include("api.urls")),
+    # Also answered by health.OperationsMiddleware before host validation (see there).
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
 ]
 
 # An Approve, Decline or Edit URL of a proposal leads back to that proposal's review page.

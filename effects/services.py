@@ -36,6 +36,7 @@ from decisionflow.core.errors import (
 )
 from decisionflow.core.faults import crash_point
 from decisionflow.core.locks import decision_lock_timeout
+from decisionflow.core.observability import observed_commit
 from reviews.models import PendingReview, Proposal, ReviewDecision
 
 from .models import CommitAttempt, EffectRecord
@@ -565,6 +566,7 @@ def _record_failure(call: _Call, exc: Exception) -> None:
         log.exception("could not record the failed attempt of %s", what)
 
 
+@observed_commit  # commit latency by outcome
 def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str = "service") -> CommitResult:
     """Record a reviewer's decision on one operation and, for an approval, write its effect.
 

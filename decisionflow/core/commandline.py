@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections
 
 from decisionflow.core.errors import DecisionflowError, InvalidInput, NotFound
+from decisionflow.core.observability import events_off_stderr
 from decisionflow.core.text import one_line
 
 EXIT_OK = 0
@@ -122,7 +123,9 @@ class WorkflowCommand(ProjectCommand):
 
     def execute(self, *args, **options):
         try:
-            return super().execute(*args, **options)
+            # stderr is for the one error line; the decision events go to their file, if any.
+            with events_off_stderr():
+                return super().execute(*args, **options)
         except DecisionflowError as exc:
             self._stop(options, exc.exit_code, [exc.message, *self.hints(exc)])
         except Exit as exc:

@@ -29,6 +29,7 @@ from django.db import DatabaseError, OperationalError, connection
 from filelock import FileLock, Timeout
 
 from decisionflow.core.errors import CaseBusy, DecisionflowError, LockBusy
+from decisionflow.core.observability import lock_waited
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +73,21 @@ def named_lock(
     Raises ``busy`` (``busy_message``, or one naming ``what``) if the lock cannot be had in time.
     """
     message = busy_message or f"{what} is locked by another process; try again later"
+    kind = name.split(":", 1)[0]  # the metric's label: "case", "reconcile"
+    started = time.monotonic()
     if connection.vendor == "postgresql":
         key = _advisory_key(name)
-        deadline = time.monotonic() + (timeout or 0)
+        deadline = started + (timeout or 0)
         with connection.cursor() as cursor:
             while True:
                 cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
                 if cursor.fetchone()[0]:
                     break
                 if time.monotonic() >= deadline:
+                    lock_waited(kind, time.monotonic() - started, had=False)
                     raise busy(message)
                 time.sleep(0.05)
+        lock_waited(kind, time.monotonic() - started, had=True)
         try:
             yield
         finally:
@@ -95,7 +100,9 @@ def named_lock(
         try:
             lock.acquire(timeout=-1 if timeout is None else timeout)
         except Timeout:
+            lock_waited(kind, time.monotonic() - started, had=False)
             raise busy(message) from None
+        lock_waited(kind, time.monotonic() - started, had=True)
         try:
             yield
         finally:
@@ -157,6 +164,7 @@ def sqlite_bounded_wait():
     except OperationalError as exc:
         if "locked" not in str(exc):
             raise
+        lock_waited("database", decision_lock_timeout(), had=False)
         raise CaseBusy("another action on this case is in progress (the database is locked); try again") from exc
     finally:
         with connection.cursor() as cursor:

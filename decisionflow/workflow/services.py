@@ -57,6 +57,7 @@ from decisionflow.core.errors import (
     WorkflowIncompatible,
 )
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
+from decisionflow.core.observability import CHECKPOINT_REFUSED, counts_refusals, observed_decision
 from effects.models import CommitAttempt
 from effects.services import (
     COMMITTED,
@@ -339,6 +340,7 @@ def _no_pending_review(case: Case, operation_id: str) -> DecisionflowError:
     )
 
 
+@counts_refusals(CHECKPOINT_REFUSED, WorkflowIncompatible)
 def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
     """Prove that ``pending``'s checkpoint is the pause of this case's review of this operation.
 
@@ -491,6 +493,7 @@ def _conflict(commit: CommitResult) -> ConflictingDecision:
     )
 
 
+@observed_decision  # one metric increment and one JSON event line per call
 def decision_record(
     *,
     case: Case,

@@ -29,7 +29,11 @@ def test_debug_off_with_secret_key_starts():
 def test_database_url_selects_the_backend():
     from django.conf import settings
 
-    assert settings.DATABASES["default"]["ENGINE"] in ("django.db.backends.sqlite3", "django.db.backends.postgresql")
+    # django-prometheus's wrappers of Django's two backends (they count queries for /metrics).
+    assert settings.DATABASES["default"]["ENGINE"] in (
+        "django_prometheus.db.backends.sqlite3",
+        "django_prometheus.db.backends.postgresql",
+    )
 
 
 def test_pytest_runs_on_the_test_settings_module():

@@ -2,8 +2,9 @@ from itertools import islice
 from json.encoder import encode_basestring
 
 from cases.models import Case
-from decisionflow.core.commandline import WorkflowCommand
+from decisionflow.core.commandline import Exit, WorkflowCommand
 from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
+from decisionflow.core.observability import reconcile_observed
 from decisionflow.core.text import shown
 from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
 
@@ -42,7 +43,8 @@ class Command(WorkflowCommand):
             if missing:
                 self.fail(1, f"reconcile: no case {', '.join(shown(c) for c in missing)}")
         self.as_json = as_json
-        with reconcile_lock():
+        # Runs by result and operations by state, for /metrics (docs/DEPLOY.md).
+        with reconcile_observed(scope="cases" if case_ids else "all", exit_error=Exit) as run, reconcile_lock():
             unrepaired = []
             rows = operations_reconcile(case_ids=case_ids or None)
             # Written a chunk at a time: over a million operations, one write call per line
@@ -50,6 +52,8 @@ class Command(WorkflowCommand):
             while chunk := list(islice(rows, 2000)):
                 self.stdout.write("\n".join(map(self.line, chunk)))
                 unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
+                run.states.update(row.state for row in chunk)
+            run.listed = True
             if not unrepaired:
                 return
             if not repair:
@@ -63,6 +67,7 @@ class Command(WorkflowCommand):
                 # A bulk repair keeps its own, longer wait: it is not a person waiting on a page.
                 with case_lock(row.case_id, timeout=DEFAULT_TIMEOUT):
                     effects_repair(rows=[row], dry_run=False)
+                run.repaired += 1
                 self.report(operation_reconcile(row.operation_id), repaired=True)
 
     def line(self, row, repaired=False) -> str:

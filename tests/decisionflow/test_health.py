@@ -1,0 +1,141 @@
+"""/healthz, /readyz and /metrics: each failure mode, the cache header, and who may scrape.
+
+The database-down and never-migrated cases run in a child process whose DATABASE_URL points
+at a port nobody listens on, or at an empty SQLite file: the real failure, not a stub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+READYZ_IN_A_CHILD = """
+import django, json
+django.setup()
+from django.test import Client
+response = Client().get("/readyz", headers={"host": "10.9.8.7:8000"})
+print(json.dumps({"status": response.status_code, "cache": response["Cache-Control"], "body": response.json()}))
+"""
+
+
+def readyz_child(database_url: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env.update(DATABASE_URL=database_url, DEBUG="1", DJANGO_SETTINGS_MODULE="decisionflow.settings")
+    proc = subprocess.run(
+        [sys.executable, "-c", READYZ_IN_A_CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_no_store(response_or_header):
+    header = response_or_header if isinstance(response_or_header, str) else response_or_header["Cache-Control"]
+    assert "no-store" in header
+
+
+def test_healthz_answers_without_the_database_or_a_known_host(client):
+    # No db fixture: pytest-django fails any database access, so this proves none happens.
+    response = client.get("/healthz", headers={"host": "10.0.0.5:8000"})
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+    assert_no_store(response)
+
+
+def test_readyz_is_ready_on_a_migrated_database(db, client):
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["checks"]["database"]["ok"] is True and body["checks"]["migrations"] == {"ok": True}
+    assert_no_store(response)
+
+
+def test_readyz_names_a_migration_that_is_not_applied(db, client):
+    from django.db.migrations.recorder import MigrationRecorder
+
+    latest = MigrationRecorder.Migration.objects.filter(app="effects").order_by("-name").first()
+    latest.delete()  # rolled back with the test
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["status"] == "unavailable"
+    assert body["checks"]["database"]["ok"] is True
+    migrations = body["checks"]["migrations"]
+    assert migrations["ok"] is False and "manage.py migrate" in migrations["error"]
+    assert migrations["unapplied"] == [f"effects.{latest.name}"]
+    assert_no_store(response)
+
+
+def test_readyz_on_a_database_that_was_never_migrated(tmp_path):
+    result = readyz_child(f"sqlite:///{tmp_path / 'empty.sqlite3'}")
+    assert result["status"] == 503
+    checks = result["body"]["checks"]
+    assert checks["database"]["ok"] is True
+    assert checks["migrations"]["ok"] is False
+    assert "effects.0001_initial" in checks["migrations"]["unapplied"]
+    assert_no_store(result["cache"])
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://postgres@127.0.0.1:1/nothing?connect_timeout=3",  # nothing listens on port 1
+        "sqlite:////nonexistent-folder/for/readyz/db.sqlite3",  # cannot be opened
+    ],
+    ids=["postgresql-down", "sqlite-unopenable"],
+)
+def test_readyz_when_the_database_is_down(url):
+    result = readyz_child(url)
+    assert result["status"] == 503
+    body = result["body"]
+    assert body["status"] == "unavailable"
+    database = body["checks"]["database"]
+    assert database["ok"] is False and database["error"].startswith("OperationalError")
+    # The public body names the failure, not the server (host, port, user).
+    assert "127.0.0.1" not in database["error"] and "nonexistent" not in database["error"]
+    assert body["checks"]["migrations"] == {"ok": False, "error": "not checked: the database did not answer"}
+    assert_no_store(result["cache"])
+
+
+def test_health_endpoints_skip_the_https_redirect_and_refuse_writes(db, client, settings):
+    settings.SECURE_SSL_REDIRECT = True
+    assert client.get("/readyz").status_code == 200
+    assert client.get("/admin/login/").status_code == 301  # everything else still redirects
+    response = client.post("/readyz")
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+
+
+# --- /metrics: who may read it -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "allow, token, headers, status",
+    [
+        ([], "", {}, 403),  # nothing configured: nobody
+        (["10.0.0.0/8"], "", {}, 403),  # the test client is 127.0.0.1
+        (["127.0.0.0/8"], "", {}, 200),
+        ([], "s3cret-token", {}, 403),
+        ([], "s3cret-token", {"Authorization": "Bearer wrong"}, 403),
+        ([], "s3cret-token", {"Authorization": "Bearer s3cret-token"}, 200),
+        (["127.0.0.1"], "s3cret-token", {}, 403),  # both configured: both needed
+        (["127.0.0.1"], "s3cret-token", {"Authorization": "Bearer s3cret-token"}, 200),
+    ],
+)
+def test_metrics_are_served_only_to_allowed_clients(db, client, settings, allow, token, headers, status):
+    settings.DECISIONFLOW_METRICS_ALLOW = allow
+    settings.DECISIONFLOW_METRICS_TOKEN = token
+    response = client.get("/metrics", headers=headers)
+    assert response.status_code == status
+    assert_no_store(response)
+    if status == 200:
+        assert response["Content-Type"].startswith("text/plain")
+        assert b"django_http_requests_before_middlewares_total" in response.content
+    else:
+        assert response.json()["code"] == "forbidden"
+        assert b"decisionflow_" not in response.content
