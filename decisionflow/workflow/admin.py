@@ -754,7 +754,7 @@ class CaseAdmin(ViewOnlyAdmin):
             p.pk: p
             for p in Proposal.objects.filter(
                 pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]
-            ).only("pk", "body", "passages", "findings", "policy_snapshot")
+            ).only("pk", "body", "passages", "findings", "policy_snapshot", "unchecked_sentences")
         }
         rows = []
         for row in plan:
@@ -768,6 +768,8 @@ class CaseAdmin(ViewOnlyAdmin):
                     "operation_id": row.operation_id,
                     "status_label": row.status_label,
                     "text_warnings": text_policy.warnings(fields),
+                    # What a person wrote is not covered by the pipeline's checks: read it here.
+                    "person_written": proposal.unchecked_sentences if proposal and row.human_edit else [],
                     "review_url": review_url(row.case.current_proposal_id) if row.case.current_proposal_id else None,
                 }
             )

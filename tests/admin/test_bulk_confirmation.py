@@ -35,8 +35,8 @@ def button(page) -> str | None:
 
 
 @pytest.fixture
-def four(case, reviewer, load_case):
-    """T-1042 pending, T-1150 edited by a person and pending, T-1077 approved, T-1103 never begun."""
+def four(case, reviewer, editor, load_case):
+    """T-1042 pending, T-1150 edited by another person and pending, T-1077 approved, T-1103 never begun."""
     review_begin(case=case)
     edited = load_case("t1150.json")
     review_begin(case=edited)
@@ -45,7 +45,7 @@ def four(case, reviewer, load_case):
         case=edited,
         expected_operation_id=edited.current_proposal.operation_id,
         body=edited.current_proposal.body + "\nWe will call you.",
-        editor=reviewer,
+        editor=editor,
     )
     approved = load_case("t1077.json")
     op = review_begin(case=approved).operation_id
@@ -67,6 +67,7 @@ def test_each_row_says_what_will_happen_and_the_button_counts_the_acting_rows(re
     assert re.search(r'class="df-human-edit">no<', page.split('data-case="T-1042"', 1)[1])
     t1150 = row_of(page, "T-1150")
     assert t1150.startswith("act") and "yes: edited by a person" in t1150
+    assert "“We will call you.”" in t1150  # the person-written sentence, to be read here
     t1077 = row_of(page, "T-1077")
     assert t1077.startswith("skip") and re.search(r"skip: already approved by reviewer at \S+ \S+ UTC", t1077)
     t1103 = row_of(page, "T-1103")
@@ -106,3 +107,20 @@ def test_confirming_acts_on_the_counted_rows_only(reviewer_client, four):
     said = " ".join(str(m) for m in response.context["messages"])
     assert "approve selected: 2 done, 0 skipped or refused." in said
     assert sorted(EffectRecord.objects.values_list("case__case_id", flat=True)) == ["T-1042", "T-1077", "T-1150"]
+
+
+def test_the_editor_is_not_offered_their_own_edit(editor, four):
+    """Four eyes: the person who edited T-1150 sees it skipped with the reason, and the
+    button does not count it; their decline is still offered."""
+    from django.test import Client
+
+    case, edited, approved, never = four
+    client = Client()
+    client.force_login(editor)
+    page = confirm(client, "approve_selected", four)
+    assert button(page) == "Approve 1 proposal"
+    t1150 = row_of(page, "T-1150")
+    assert t1150.startswith("skip") and "skip: four eyes: You made the human edit" in t1150
+    assert sorted(map(int, re.findall(r'name="operation_id_(\d+)"', page))) == [case.pk]
+    page = confirm(client, "decline_selected", four)
+    assert row_of(page, "T-1150").startswith("act") and button(page) == "Decline 2 proposals"

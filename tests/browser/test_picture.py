@@ -44,6 +44,8 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
     from decisionflow.workflow.services import decision_record, review_begin, review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
+    # Four eyes: the person who edits is not the one who approves.
+    editor = get_user_model().objects.create_user("picture-editor")
     first = demo.current_proposal
     pending = PendingReview.objects.get(operation_id=first.operation_id)
     context, page = login(*REVIEWER)
@@ -69,7 +71,7 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
         case=demo,
         expected_operation_id=first.operation_id,
         body=first.body.replace("Kind regards,", "We will call you on Monday.\n\nKind regards,"),
-        editor=reviewer,
+        editor=editor,
     )
     second = edited.revision.proposal
     review_page(page, live_server, first.pk)
