@@ -43,7 +43,11 @@ from reviews.selectors import evidence_moves, proposal_diff
 from . import selectors
 from .forms import DecisionForm, ProposalEditForm
 from .selectors import decidable_operation_id
-from .services import Outcome, decision_record, review_begin, review_edit
+
+# The workflow services (and through them agent-framework, ~0.3 s of imports) are imported
+# inside the views that call them: admin autodiscovery runs for every manage.py command, and
+# cron commands such as reconcile and prune_checkpoints must not pay for the engine
+# (tests/decisionflow/test_cron_start.py).
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,8 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
     Every value is escaped. A refusal says that nothing was written; an uncertain outcome
     says so and shows what reconcile reads, never a guess.
     """
+    from .services import Outcome, decision_record
+
     op = identity.short(operation_id)
     try:
         decided = decision_record(
@@ -352,6 +358,8 @@ class ProposalAdmin(ViewOnlyAdmin):
             form = ProposalEditForm(request.POST, proposal=proposal)
             if form.is_valid():
                 expected = form.cleaned_data["expected_operation_id"]
+                from .services import review_edit
+
                 try:
                     edited = review_edit(
                         case=case,
@@ -564,6 +572,8 @@ class CaseAdmin(ViewOnlyAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         case = get_object_or_404(Case, pk=pk)
+        from .services import review_begin
+
         try:
             begun = review_begin(case=case, actor=request.user)
         except DecisionflowError as exc:

@@ -41,6 +41,7 @@ from agent_framework import WorkflowRunState
 from agent_framework.exceptions import WorkflowCheckpointException
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
 
 from cases.models import Case
 from decisionflow.core import faults, identity
@@ -56,7 +57,7 @@ from decisionflow.core.errors import (
 )
 from decisionflow.core.locks import case_lock, sqlite_bounded_wait
 from effects.models import CommitAttempt
-from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, reviewer_check
+from effects.services import CONFLICTING, DECLINED, CommitResult, attempt_record, effect_commit, reviewer_check
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from reviews.services import RevisionResult, proposal_revise
 
@@ -202,8 +203,9 @@ def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult
             f"begin: the pause checkpoint for case {case.case_id} was not saved (the engine only logged a "
             "warning); no pending review was recorded, run begin again"
         )
+    storage = DatabaseCheckpointStorage()
     try:
-        DatabaseCheckpointStorage().write(pause)
+        storage.write(pause)
     except DatabaseError as exc:
         raise WorkflowIncompatible(
             f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "
@@ -212,6 +214,7 @@ def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult
     fields = {
         "workflow_session_id": session_id,
         "checkpoint_id": pause.checkpoint_id,
+        "checkpoint_at": storage.written_at,
         "workflow_version": WORKFLOW_VERSION,
     }
     if existing is not None:
@@ -223,7 +226,9 @@ def _begin_write(case: Case, actor, existing: BeginResult | None) -> BeginResult
         # completed: re-pausing never makes a decided review look pending again.
         decided = ReviewDecision.objects.filter(operation_id=operation_id).exists()
         status = PendingReview.Status.COMPLETED if decided else PendingReview.Status.PENDING
-        PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=status, **fields)
+        PendingReview.objects.filter(pk=existing.pending_review.pk).update(
+            status=status, updated_at=timezone.now(), **fields
+        )
         existing.pending_review.refresh_from_db()
         return BeginResult(PAUSED, operation_id, 1, existing.pending_review, True)
     pending = PendingReview.objects.create(
@@ -480,16 +485,25 @@ def decision_record(
                 pending, begun = _begin_if_decidable(case, operation_id, reviewer)
             if pending is None:
                 raise _no_pending_review(case, operation_id)
-            checkpoint = _bound_checkpoint(case, pending)
-            answer_started = True
-            commit = _answer(
-                checkpoint,
-                operation_id=operation_id,
-                approved=approved,
-                reviewer=reviewer,
-                channel=channel,
-                fault=fault,
-            )
+            if _pause_pruned(pending):
+                # Decided, and its pause checkpoint pruned since (reviews/retention.py): the
+                # decision stands, so the review core answers a retry (replay or conflict)
+                # without the engine, exactly as the answered run's commit step would.
+                answer_started = True
+                commit = effect_commit(
+                    operation_id=operation_id, approved=approved, reviewer=reviewer, channel=str(channel)[:20]
+                )
+            else:
+                checkpoint = _bound_checkpoint(case, pending)
+                answer_started = True
+                commit = _answer(
+                    checkpoint,
+                    operation_id=operation_id,
+                    approved=approved,
+                    reviewer=reviewer,
+                    channel=channel,
+                    fault=fault,
+                )
     except OutcomeUncertain:
         raise
     except DecisionflowError as exc:
@@ -499,7 +513,12 @@ def decision_record(
         raise
     if commit.status == CONFLICTING:
         raise _conflict(commit)
-    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=checkpoint.checkpoint_id, begun=begun)
+    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=pending.checkpoint_id, begun=begun)
+
+
+def _pause_pruned(pending: PendingReview) -> bool:
+    """A completed review whose checkpoint row is gone (the join found none): pruned."""
+    return pending.status == PendingReview.Status.COMPLETED and getattr(pending, "checkpoint_payload", 0) is None
 
 
 def _begin_if_decidable(case: Case, operation_id: str, reviewer) -> tuple[PendingReview | None, bool]:
@@ -569,9 +588,10 @@ def review_edit(
                 editor=editor,
             )
             if revision.changed:
+                # update() skips auto_now; checkpoint retention counts its window from this time.
                 PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
                     operation_id=revision.proposal.operation_id
-                ).update(status=PendingReview.Status.SUPERSEDED)
+                ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
         if not revision.changed:
             return EditResult(revision, None)
         try:
