@@ -52,7 +52,7 @@ def bench_cron_start(env: dict, *, runs: int) -> dict:
     """``env`` carries DATABASE_URL (an empty, migrated database) and the project's settings."""
     res = {
         "key": "cron_start",
-        "title": "13. cron start: `manage.py reconcile --all`, empty database",
+        "title": "14. cron start: `manage.py reconcile --all`, empty database",
         "subject": "`python manage.py reconcile --all` (no cases)",
         "baseline": "`django-admin check` of a bare Django project (contrib apps only), same database",
         "kind": "cost",
