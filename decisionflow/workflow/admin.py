@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -44,10 +45,31 @@ from . import selectors
 from .forms import DecisionForm, ProposalEditForm
 from .selectors import decidable_operation_id
 
+if TYPE_CHECKING:
+    from .services import BeginResult, DecisionResult, EditResult
+
+
 # The workflow services (and through them agent-framework, ~0.3 s of imports) are imported
-# inside the views that call them: admin autodiscovery runs for every manage.py command, and
-# cron commands such as reconcile and prune_checkpoints must not pay for the engine
-# (tests/decisionflow/test_cron_start.py).
+# when a view first calls one: admin autodiscovery runs for every manage.py command, and cron
+# commands such as reconcile and prune_checkpoints must not pay for the engine
+# (tests/workflow/test_retention.py). The names stay module attributes, as before.
+def decision_record(**kwargs) -> DecisionResult:
+    from .services import decision_record as service
+
+    return service(**kwargs)
+
+
+def review_begin(**kwargs) -> BeginResult:
+    from .services import review_begin as service
+
+    return service(**kwargs)
+
+
+def review_edit(**kwargs) -> EditResult:
+    from .services import review_edit as service
+
+    return service(**kwargs)
+
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +122,7 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
     Every value is escaped. A refusal says that nothing was written; an uncertain outcome
     says so and shows what reconcile reads, never a guess.
     """
-    from .services import Outcome, decision_record
+    from .services import Outcome
 
     op = identity.short(operation_id)
     try:
@@ -358,8 +380,6 @@ class ProposalAdmin(ViewOnlyAdmin):
             form = ProposalEditForm(request.POST, proposal=proposal)
             if form.is_valid():
                 expected = form.cleaned_data["expected_operation_id"]
-                from .services import review_edit
-
                 try:
                     edited = review_edit(
                         case=case,
@@ -572,8 +592,6 @@ class CaseAdmin(ViewOnlyAdmin):
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         case = get_object_or_404(Case, pk=pk)
-        from .services import review_begin
-
         try:
             begun = review_begin(case=case, actor=request.user)
         except DecisionflowError as exc:
