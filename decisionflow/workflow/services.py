@@ -130,6 +130,14 @@ def _existing_begin(case: Case) -> BeginResult | None:
     return BeginResult(status=PAUSED, operation_id=operation_id, checkpoints=0, pending_review=pending, created=False)
 
 
+def _decided_and_pruned(pending: PendingReview) -> bool:
+    """A completed review whose pause checkpoint was pruned (reviews/retention.py)."""
+    return (
+        pending.status == PendingReview.Status.COMPLETED
+        and not WorkflowCheckpoint.objects.filter(checkpoint_id=pending.checkpoint_id).exists()
+    )
+
+
 def _pause_is_usable(case: Case, pending: PendingReview) -> bool:
     """Whether a recorded pause can be resumed: it passes every binding check."""
     try:
@@ -159,6 +167,9 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
 
 def _begin_locked(case: Case, actor) -> BeginResult:
     existing = _existing_begin(case)
+    if existing is not None and _decided_and_pruned(existing.pending_review):
+        # Nothing is left to resume, and a retried decision is answered without the pause.
+        return existing
     if (
         existing is not None
         and existing.pending_review.workflow_version == WORKFLOW_VERSION

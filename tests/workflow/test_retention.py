@@ -109,6 +109,11 @@ def test_pruning_keeps_what_recovery_needs_and_nothing_else(reviewer, lead):
     assert _approve(decided, decided_pr.operation_id, reviewer).outcome == Outcome.REPLAY
     with pytest.raises(ConflictingDecision):
         _approve(decided, decided_pr.operation_id, reviewer, approved=False)
+    # Begin on the decided case finds its review and writes no new pause.
+    from decisionflow.workflow.services import review_begin
+
+    again_begun = review_begin(case=decided)
+    assert (again_begun.created, again_begun.checkpoints) == (False, 0) and _ids() == kept
 
     # The history still shows each pause checkpoint and when it was taken.
     client = Client()
