@@ -26,6 +26,8 @@ SCALES = {
         "workflow_n": 20,
         "storage_n": 50,
         "admin_requests": 15,
+        "retention_n": 50,
+        "retention_pending": 5,
     },
     "smoke": {
         "runs": 1,
@@ -37,6 +39,8 @@ SCALES = {
         "workflow_n": 1,
         "storage_n": 1,
         "admin_requests": 1,
+        "retention_n": 2,
+        "retention_pending": 1,
     },
 }
 
@@ -72,6 +76,16 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
         plan.append(("resume", lambda: [measures.bench_resume(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
         plan.append(("storage", lambda: [measures.bench_storage(n=scale["storage_n"], vendor=vendor)]))
         plan.append(("admin", lambda: [admin_pages.bench_admin(requests=scale["admin_requests"])]))
+    if only and "retention" in only:
+        # Only on request: bench.run gives it a database of its own (it ages and prunes rows).
+        from .retention import bench_retention
+
+        plan.append(
+            (
+                "retention",
+                lambda: [bench_retention(n=scale["retention_n"], pending=scale["retention_pending"], vendor=vendor)],
+            )
+        )
     if pg and only and "reconcile_service" in only:
         # Only on request: bench.run points it at the million-operation database.
         plan.append(("reconcile_service", lambda: [measures.bench_reconcile_service(runs=min(runs, 3))]))
@@ -79,7 +93,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     for name, fn in plan:
         if only and name not in only:
             continue
-        if name in ("begin", "resume", "storage") and not measures.workflow_available():
+        if name in ("begin", "resume", "storage", "retention") and not measures.workflow_available():
             out.append(
                 {
                     "key": f"{name}_{vendor}",

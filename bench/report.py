@@ -22,6 +22,7 @@ ORDER = [
     "orm_sqlite",
     "replay_sqlite",
     "begin_sqlite",
+    "cron_start",
 ]
 
 # What profiling found, per measure; printed under "Findings". Kept next to the renderer so
@@ -81,6 +82,13 @@ FINDINGS = {
         "on a quiet machine, agent_framework._clients and _tools the largest), even for `--help`. "
         "Recommended (api/ and the commands, not files this benchmark owns): import the workflow inside "
         "the functions that run it. Report only; no goal."
+    ),
+    "cron_start": (
+        "Before issue 16 the admin autodiscovery imported decisionflow.workflow.services, and through it "
+        "agent-framework (~0.3 s), for every command: 1.40× (median of 5, same bench). The workflow admin now "
+        "imports the services inside the views that call them, so `reconcile`, `prune_checkpoints` and "
+        "`load_case` import no agent-framework (tests/workflow/test_retention.py checks it with "
+        "`-X importtime`). What remains is this project's own apps and django-environ, not the engine."
     ),
     "reconcile_command": (
         "Profiled (cProfile, EXPLAIN): the server-side cursor that streams the rows was planned for the first rows (index-driven "
@@ -330,6 +338,47 @@ def side_by_side_section(by_key: dict) -> list[str]:
     return lines
 
 
+def _bytes(value) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def retention_section(results: list[dict]) -> list[str]:
+    """Storage per case before and after `prune_checkpoints` (bench/retention.py)."""
+    rows = [r for r in results if r.get("kind") == "retention"]
+    if not rows:
+        return []
+    lines = [
+        "## 13. Checkpoint retention: storage per case before and after pruning",
+        "",
+        "Fresh cases begun and approved (finished) plus a few left pending, all moved 40 days back, then "
+        "`checkpoints_prune(older_than=30 days, apply=True)` (what `manage.py prune_checkpoints --older-than "
+        "30d --apply` runs). Per case, over every table the case touches; row bytes are `pg_column_size` "
+        "(PostgreSQL) or the columns' length (SQLite); disk is `pg_total_relation_size` growth after a "
+        "plain VACUUM (space kept for reuse, not returned to the OS).",
+        "",
+        "| database | cases (finished + pending) | checkpoint rows per case | checkpoint row bytes per case | "
+        "all rows per case | all row bytes per case | disk bytes per case | deleted | prune time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cb, ca, b, a = r["checkpoint_before"], r["checkpoint_after"], r["before"], r["after"]
+        lines.append(
+            f"| {r['vendor']} | {r['finished']} + {r['pending']} | {cb['rows']:.2f} → **{ca['rows']:.2f}** | "
+            f"{_bytes(cb['data'])} → **{_bytes(ca['data'])}** | {b['rows']:.2f} → {a['rows']:.2f} | "
+            f"{_bytes(b['data'])} → {_bytes(a['data'])} | {_bytes(b['disk'])} → {_bytes(a['disk'])} | "
+            f"{r['deleted']} in {r['batches']} batch(es) | {r['prune_s'] * 1000:.0f} ms |"
+        )
+    lines += [
+        "",
+        "Checkpoint rows left for the finished cases: "
+        + ", ".join(f"{r['vendor']} **{r['finished_checkpoints_left']}**" for r in rows)
+        + ". What is left of the checkpoints are the pending reviews' pauses (always kept). Decisions, effects "
+        "and commit attempts are append-only and untouched.",
+        "",
+    ]
+    return lines
+
+
 def render(info: dict, results: list[dict]) -> str:
     by_key = {r["key"]: r for r in results}
     lines = [
@@ -445,6 +494,8 @@ def render(info: dict, results: list[dict]) -> str:
             disk = f"{v['disk']:,.0f}" if v["disk"] is not None else "—"
             lines.append(f"| `{table}` | {v['rows']:.2f} | {v['data']:,.0f} | {disk} |")
         lines.append("")
+
+    lines += retention_section(results)
 
     adm = by_key.get("admin")
     if adm and adm.get("kind") == "admin":

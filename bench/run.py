@@ -31,6 +31,9 @@ from . import report
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
+# The parts of a run, for --skip and --only.
+PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "retention", "cron_start")
+
 SIZES = {
     "full": {"runs": 5, "process_runs": 7, "reconcile_runs": 3, "reconcile_ops": 1_000_000, "admin_cases": 100_000},
     "smoke": {"runs": 1, "process_runs": 1, "reconcile_runs": 1, "reconcile_ops": 300, "admin_cases": 30},
@@ -292,6 +295,46 @@ def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
     return res
 
 
+# --- 13. checkpoint retention and 14. cron start ---------------------------------------
+
+
+def bench_retention_part(base: str, scale: str, *, name: str, pg: bool) -> list[dict]:
+    """Storage per case before and after pruning, on PostgreSQL (its own database) and SQLite."""
+    out: list[dict] = []
+    targets = []
+    if pg:
+        log(f"retention: recreating {name} and migrating")
+        pg_recreate(base, name)
+        targets.append(pg_url(base, name))
+    with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
+        targets.append(f"sqlite:///{tmp}/retention.sqlite3")
+        for url in targets:
+            migrate(url)
+            out += inproc(url, scale, only="retention")
+    return out
+
+
+def bench_cron_start_part(base: str | None, runs: int, *, name: str) -> list[dict]:
+    from .cron_start import bench_cron_start as measure
+
+    log(f"cron start: recreating {name} (empty, migrated); a bare Django project in a temporary directory")
+    url = None
+    if base is not None:
+        pg_recreate(base, name)
+        url = pg_url(base, name)
+    with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
+        url = url or f"sqlite:///{tmp}/cron.sqlite3"
+        migrate(url)
+        try:
+            return [measure(env_for(url), runs=runs)]
+        except Exception:
+            import traceback
+
+            return [
+                {"key": "cron_start", "kind": "error", "bench": "cron_start", "error": traceback.format_exc(limit=6)}
+            ]
+
+
 # --- machine ----------------------------------------------------------------------------
 
 
@@ -367,6 +410,11 @@ def main(argv=None) -> int:
     parser.add_argument("--db-prefix", default="decisionflow_bench")
     parser.add_argument("--fresh", action="store_true", help="reload the reconcile database even if it is intact")
     parser.add_argument("--skip", default="", help="comma-separated: postgres,side,sqlite,process,reconcile")
+    parser.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated: run only these parts ({','.join(PARTS)}); e.g. --only retention,cron_start",
+    )
     parser.add_argument("--side-n", type=int, help="side by side: cases per round (default 300; smoke 20)")
     parser.add_argument("--side-rounds", type=int, help="side by side: rounds per side (default 5; smoke 3)")
     parser.add_argument("--render", metavar="JSON", help="only re-render the report from a --json file")
@@ -376,17 +424,26 @@ def main(argv=None) -> int:
         _write_report(Path(args.out), report.render(saved["machine"], saved["results"]))
         return 0
     skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(",")))
+    if only - set(PARTS) or skip - set(PARTS):
+        parser.error(
+            f"unknown part(s): {', '.join(sorted((only | skip) - set(PARTS)))}; the parts are {', '.join(PARTS)}"
+        )
+    if only:
+        skip |= set(PARTS) - only
     sizes = SIZES[args.scale]
     started = time.perf_counter()
     info = machine(args.postgres)
     results: list[dict] = []
-    if not skip >= {"postgres", "reconcile", "side"}:
+    pg_ok = True
+    if not skip >= {"postgres", "reconcile", "side", "retention", "cron_start"}:
         try:
             pg_admin(args.postgres).close()
         except Exception as exc:
             # Without a server the SQLite and process figures are still worth having.
             log(f"no PostgreSQL at {args.postgres} ({exc}); measuring without it")
             skip |= {"postgres", "reconcile", "side"}
+            pg_ok = False
             results.append(
                 {
                     "key": "postgres",
@@ -439,6 +496,13 @@ def main(argv=None) -> int:
         log("process start")
         with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
             results.append(bench_process_start(f"sqlite:///{tmp}/unused.sqlite3", sizes["process_runs"]))
+
+    if "retention" not in skip:
+        results += bench_retention_part(args.postgres, args.scale, name=f"{args.db_prefix}_retention", pg=pg_ok)
+
+    if "cron_start" not in skip:
+        base = args.postgres if pg_ok else None
+        results += bench_cron_start_part(base, sizes["process_runs"], name=f"{args.db_prefix}_cron")
 
     if "reconcile" not in skip:
         try:

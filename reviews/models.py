@@ -125,6 +125,9 @@ class PendingReview(models.Model):
     operation_id = models.CharField(max_length=80)
     workflow_session_id = models.CharField(max_length=100)
     checkpoint_id = models.CharField(max_length=100)
+    # When the pause checkpoint was taken (its row's created_at), copied here at write time:
+    # checkpoint rows are pruned (reviews/retention.py) and the history must stay whole.
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
     workflow_version = models.CharField(max_length=40)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     # Who began the review, and through which channel: beginning is not authorship (the
@@ -143,6 +146,8 @@ class PendingReview(models.Model):
             # `begin` twice for one operation finds the first pause instead of making another.
             models.UniqueConstraint(fields=["operation_id"], name="pending_review_unique_operation"),
         ]
+        # Pruning asks, per checkpoint, whether a pending review still needs it.
+        indexes = [models.Index(fields=["checkpoint_id"], name="pending_review_checkpoint")]
 
     def __str__(self):
         return f"{self.case} {short(self.operation_id)} ({self.status})"
@@ -150,6 +155,10 @@ class PendingReview(models.Model):
 
 class WorkflowCheckpoint(models.Model):
     """One agent-framework checkpoint, stored as JSON only (nothing is ever unpickled).
+
+    The one table with a documented deletion path: ``manage.py prune_checkpoints`` deletes
+    the rows no pending review needs any more (reviews/retention.py). A pending review's
+    pause checkpoint is never deleted.
 
     ``digest`` is the SHA-256 of ``payload`` as stored; a load whose payload no longer
     matches is refused as tampered or corrupt.

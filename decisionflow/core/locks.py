@@ -143,6 +143,12 @@ def reconcile_lock():
     return named_lock("reconcile", what="reconcile", timeout=0)
 
 
+def cron_lock(command: str):
+    """One run of a cron command (e.g. prune_checkpoints) at a time. It does not wait: a
+    second run exits at once (``LockBusy``), and the next cron tick tries again."""
+    return named_lock(f"cron:{command}", what=command, timeout=0)
+
+
 @contextmanager
 def sqlite_bounded_wait():
     """On SQLite, a decision waits for the database's write lock no longer than for its case.

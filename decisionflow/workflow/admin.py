@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -50,7 +51,44 @@ from . import picture as workflow_picture
 from . import selectors
 from .forms import APPROVE, DECLINE, DecisionForm, ProposalEditForm
 from .selectors import decidable_operation_id
-from .services import Outcome, decision_record, four_eyes_refusal, refusal_record, review_begin, review_edit
+
+if TYPE_CHECKING:
+    from .services import BeginResult, DecisionResult, EditResult
+
+
+# The workflow services (and through them agent-framework, ~0.3 s of imports) are imported
+# when a view first calls one: admin autodiscovery runs for every manage.py command, and cron
+# commands such as reconcile and prune_checkpoints must not pay for the engine
+# (tests/workflow/test_retention.py). The names stay module attributes, as before.
+def decision_record(**kwargs) -> DecisionResult:
+    from .services import decision_record as service
+
+    return service(**kwargs)
+
+
+def review_begin(**kwargs) -> BeginResult:
+    from .services import review_begin as service
+
+    return service(**kwargs)
+
+
+def review_edit(**kwargs) -> EditResult:
+    from .services import review_edit as service
+
+    return service(**kwargs)
+
+
+def four_eyes_refusal(**kwargs):
+    from .services import four_eyes_refusal as service
+
+    return service(**kwargs)
+
+
+def refusal_record(**kwargs) -> None:
+    from .services import refusal_record as service
+
+    service(**kwargs)
+
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +141,8 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
     Every value is escaped. A refusal says that nothing was written; an uncertain outcome
     says so and shows what reconcile reads, never a guess.
     """
+    from .services import Outcome
+
     op = identity.short(operation_id)
     try:
         decided = decision_record(

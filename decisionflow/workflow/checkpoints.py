@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from datetime import datetime
 from typing import Any
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
@@ -217,6 +218,8 @@ class DatabaseCheckpointStorage:
     def __init__(self) -> None:
         # Checkpoint IDs this instance saved, in order: `begin` reports how many it wrote.
         self.saved: list[str] = []
+        # When ``write`` stored the last pause (the row's created_at).
+        self.written_at: datetime | None = None
 
     # --- the two methods the engine calls -------------------------------------------------
 
@@ -266,8 +269,8 @@ class DatabaseCheckpointStorage:
     # --- sync helpers -----------------------------------------------------------------------
 
     @staticmethod
-    def _insert(checkpoint: EngineCheckpoint, payload: str) -> None:
-        WorkflowCheckpoint.objects.create(
+    def _insert(checkpoint: EngineCheckpoint, payload: str) -> WorkflowCheckpoint:
+        row = WorkflowCheckpoint.objects.create(
             checkpoint_id=checkpoint.checkpoint_id,
             workflow_name=checkpoint.workflow_name,
             graph_signature_hash=checkpoint.graph_signature_hash,
@@ -280,6 +283,7 @@ class DatabaseCheckpointStorage:
             # Issue 7: a process killed while the pause checkpoint is being saved, after the
             # insert and before it commits.
             crash_point("begin-during-checkpoint-save")
+        return row
 
     def _save_sync(self, checkpoint: EngineCheckpoint, payload: str) -> str:
         try:
@@ -298,7 +302,9 @@ class DatabaseCheckpointStorage:
         A plain insert, no savepoint: its id is a fresh UUID, and if the insert fails the
         caller's whole transaction (proposal, pending review) must fail with it.
         """
-        self._insert(checkpoint, encode_checkpoint(checkpoint))
+        row = self._insert(checkpoint, encode_checkpoint(checkpoint))
+        # The pending review keeps this time: the row itself may be pruned once decided.
+        self.written_at = row.created_at
         return checkpoint.checkpoint_id
 
     # The columns ``load_sync`` reads, for a caller that reads them in its own query.

@@ -28,15 +28,7 @@ from decisionflow.core.faults import LostReceipt, crash_point
 from effects.services import CommitResult, effect_commit
 from reviews.services import proposal_create
 
-# The workflow's own version. It is recorded with every pending review, and a pending review
-# from another version is never resumed by this code. Bump it whenever a message's shape or
-# an executor's meaning changes: the engine's graph hash covers neither.
-WORKFLOW_VERSION = "review-v2"
-WORKFLOW_NAME = "decisionflow-review"
-
-PREPARE_ID = "prepare"
-HUMAN_REVIEW_ID = "human-review-v1"
-COMMIT_ID = "commit"
+from .names import COMMIT_ID, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_NAME, WORKFLOW_VERSION  # noqa: F401 - re-exported
 
 _STATUS_NAMES = {
     WorkflowRunState.IDLE_WITH_PENDING_REQUESTS: "PendingRequests",

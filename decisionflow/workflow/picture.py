@@ -36,7 +36,7 @@ from decisionflow.core import identity
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
 
-from .engine import COMMIT_ID, GRAPH_SIGNATURE_HASH, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_VERSION, build_workflow
+from .names import COMMIT_ID, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_VERSION
 
 if TYPE_CHECKING:
     from .selectors import CaseHistory
@@ -105,6 +105,8 @@ def workflow_dot() -> str:
     repeated node or edge statement add attributes instead of a second node or edge.
     """
     from agent_framework import WorkflowViz
+
+    from .engine import build_workflow  # the engine only when a picture is first drawn (cron starts fast)
 
     workflow = build_workflow()
     dot = WorkflowViz(workflow).to_digraph().strip()
@@ -184,10 +186,21 @@ def _render(dot_source: str) -> Drawing:
     return Drawing(svg)
 
 
-@functools.cache
-def base_svg(workflow_version: str = WORKFLOW_VERSION, graph_hash: str = GRAPH_SIGNATURE_HASH) -> Drawing:
+def base_svg(workflow_version: str = WORKFLOW_VERSION, graph_hash: str | None = None) -> Drawing:
     """The unmarked picture, drawn once per workflow version and graph (per process)."""
+    if graph_hash is None:
+        from .engine import GRAPH_SIGNATURE_HASH  # the engine only when a page first needs it
+
+        graph_hash = GRAPH_SIGNATURE_HASH
+    return _drawn(workflow_version, graph_hash)
+
+
+@functools.cache
+def _drawn(workflow_version: str, graph_hash: str) -> Drawing:
     return _render(workflow_dot())
+
+
+base_svg.cache_clear = _drawn.cache_clear  # type: ignore[attr-defined]  # tests draw afresh
 
 
 def marked_svg(standing: str, *, label: str) -> SafeString | None:

@@ -42,6 +42,7 @@ from agent_framework.exceptions import WorkflowCheckpointException
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
 
 from cases.models import Case
 from decisionflow.core import faults, identity
@@ -65,6 +66,7 @@ from effects.services import (
     DECLINED,
     CommitResult,
     attempt_record,
+    effect_commit,
     operation_reconcile,
     reviewer_check,
 )
@@ -143,6 +145,14 @@ def _existing_begin(case: Case) -> BeginResult | None:
     return BeginResult(status=PAUSED, operation_id=operation_id, checkpoints=0, pending_review=pending, created=False)
 
 
+def _decided_and_pruned(pending: PendingReview) -> bool:
+    """A completed review whose pause checkpoint was pruned (reviews/retention.py)."""
+    return (
+        pending.status == PendingReview.Status.COMPLETED
+        and not WorkflowCheckpoint.objects.filter(checkpoint_id=pending.checkpoint_id).exists()
+    )
+
+
 def _pause_is_usable(case: Case, pending: PendingReview) -> bool:
     """Whether a recorded pause can be resumed: it passes every binding check."""
     try:
@@ -172,6 +182,9 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
 
 def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE) -> BeginResult:
     existing = _existing_begin(case)
+    if existing is not None and _decided_and_pruned(existing.pending_review):
+        # Nothing is left to resume, and a retried decision is answered without the pause.
+        return existing
     if (
         existing is not None
         and existing.pending_review.workflow_version == WORKFLOW_VERSION
@@ -216,8 +229,9 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
             f"begin: the pause checkpoint for case {case.case_id} was not saved (the engine only logged a "
             "warning); no pending review was recorded, run begin again"
         )
+    storage = DatabaseCheckpointStorage()
     try:
-        DatabaseCheckpointStorage().write(pause)
+        storage.write(pause)
     except DatabaseError as exc:
         raise WorkflowIncompatible(
             f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "
@@ -226,6 +240,7 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
     fields = {
         "workflow_session_id": session_id,
         "checkpoint_id": pause.checkpoint_id,
+        "checkpoint_at": storage.written_at,
         "workflow_version": WORKFLOW_VERSION,
     }
     if existing is not None:
@@ -237,7 +252,9 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
         # completed: re-pausing never makes a decided review look pending again.
         decided = ReviewDecision.objects.filter(operation_id=operation_id).exists()
         status = PendingReview.Status.COMPLETED if decided else PendingReview.Status.PENDING
-        PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=status, **fields)
+        PendingReview.objects.filter(pk=existing.pending_review.pk).update(
+            status=status, updated_at=timezone.now(), **fields
+        )
         existing.pending_review.refresh_from_db()
         return BeginResult(PAUSED, operation_id, 1, existing.pending_review, True)
     # Who began it is recorded here, not as the proposal's author: the pipeline prepared it.
@@ -529,18 +546,29 @@ def decision_record(
                 pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
             if pending is None:
                 raise _no_pending_review(case, operation_id)
-            checkpoint = _bound_checkpoint(case, pending)
-            if approved is True:
-                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
-            answer_started = True
-            commit = _answer(
-                checkpoint,
-                operation_id=operation_id,
-                approved=approved,
-                reviewer=reviewer,
-                channel=channel,
-                fault=fault,
-            )
+            if _pause_pruned(pending):
+                # Decided, and its pause checkpoint pruned since (reviews/retention.py): the
+                # decision stands, so the review core answers a retry (replay or conflict)
+                # without the engine, exactly as the answered run's commit step would.
+                if approved is True:
+                    four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
+                answer_started = True
+                commit = effect_commit(
+                    operation_id=operation_id, approved=approved, reviewer=reviewer, channel=str(channel)[:20]
+                )
+            else:
+                checkpoint = _bound_checkpoint(case, pending)
+                if approved is True:
+                    four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
+                answer_started = True
+                commit = _answer(
+                    checkpoint,
+                    operation_id=operation_id,
+                    approved=approved,
+                    reviewer=reviewer,
+                    channel=channel,
+                    fault=fault,
+                )
     except OutcomeUncertain:
         raise
     except DecisionflowError as exc:
@@ -550,7 +578,12 @@ def decision_record(
         raise
     if commit.status == CONFLICTING:
         raise _conflict(commit)
-    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=checkpoint.checkpoint_id, begun=begun)
+    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=pending.checkpoint_id, begun=begun)
+
+
+def _pause_pruned(pending: PendingReview) -> bool:
+    """A completed review whose checkpoint row is gone (the join found none): pruned."""
+    return pending.status == PendingReview.Status.COMPLETED and getattr(pending, "checkpoint_payload", 0) is None
 
 
 def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -> tuple[PendingReview | None, bool]:
@@ -693,9 +726,10 @@ def review_edit(
                 editor=editor,
             )
             if revision.changed:
+                # update() skips auto_now; checkpoint retention counts its window from this time.
                 PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
                     operation_id=revision.proposal.operation_id
-                ).update(status=PendingReview.Status.SUPERSEDED)
+                ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
         if not revision.changed:
             return EditResult(revision, None)
         try:

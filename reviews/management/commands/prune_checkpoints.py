@@ -1,0 +1,52 @@
+from decisionflow.core.commandline import WorkflowCommand
+from reviews.retention import DEFAULT_BATCH_SIZE, checkpoints_prune, parse_window
+
+
+class Command(WorkflowCommand):
+    help = (
+        "Delete the workflow checkpoints that recovery no longer needs: taken before the retention "
+        "window, and not the pause of a review that is still pending or was decided or superseded "
+        "within the window. A pending review's pause checkpoint is always kept. Without --apply it is "
+        "a dry run: it prints what would go and writes nothing. With --apply it deletes in batches "
+        "of --batch-size rows, each its own short transaction, under the prune_checkpoints cron lock; "
+        "run it again after an interruption and it finishes the job. Run from cron, e.g. nightly: "
+        "`17 3 * * * cd /srv/decisionflow && .venv/bin/python manage.py prune_checkpoints "
+        "--older-than 30d --apply >> var/log/prune_checkpoints.log 2>&1`. "
+        "Exit codes: 0 ok (nothing to prune included); 1 usage error, or another prune_checkpoints run "
+        "holds the lock."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--older-than",
+            required=True,
+            metavar="WINDOW",
+            help="The retention window: 30d, 12h or 90m (a bare number is days).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"Rows deleted per transaction (default {DEFAULT_BATCH_SIZE}).",
+        )
+        parser.add_argument("--apply", action="store_true", help="Delete; without it, only report (dry run).")
+
+    def handle(self, *args, older_than, batch_size, apply, **options):
+        window = parse_window(older_than)
+
+        def progress(batch: int, deleted: int) -> None:
+            self.stdout.write(f"prune_checkpoints: batch {batch} deleted {deleted}")
+
+        result = checkpoints_prune(older_than=window, batch_size=batch_size, apply=apply, progress=progress)
+        cutoff = result.cutoff.isoformat(timespec="seconds")
+        kept = f"{result.kept_for_pending} kept as the pause of a pending review"
+        if result.applied:
+            self.stdout.write(
+                f"prune_checkpoints: deleted {result.rows} checkpoint(s) taken before {cutoff} "
+                f"in {result.batches} batch(es); {kept}"
+            )
+        else:
+            self.stdout.write(
+                f"prune_checkpoints: dry run: {result.rows} checkpoint(s) taken before {cutoff} would be deleted "
+                f"({result.payload_chars} payload characters); {kept}. Nothing was deleted: add --apply"
+            )
