@@ -91,7 +91,7 @@ class AskedFilter(admin.SimpleListFilter):
 class CommitAttemptAdmin(ViewOnlyAdmin):
     # "asked" is what the caller asked for; "outcome" is what happened. An approval that was
     # refused as stale is "approve" + "Stale", never a green tick.
-    list_display = ("operation", "case", "asked", "outcome_badge", "reason", "by", "attempted", "detail_text")
+    list_display = ("operation", "case", "asked", "outcome_badge", "by", "attempted", "detail_text")
     list_select_related = ("case", "reviewer")
     list_filter = ("outcome", "reason", AskedFilter, "channel", "attempted_at")
     search_fields = ("=operation_id", "=case__case_id")
@@ -120,12 +120,16 @@ class CommitAttemptAdmin(ViewOnlyAdmin):
     @admin.display(description="outcome", ordering="outcome")
     def outcome_badge(self, obj):
         kind = "bad" if obj.outcome in REFUSED_OUTCOMES else "ok"
-        return format_html(
+        badge = format_html(
             '<span class="df-outcome df-outcome-{} df-outcome-{}">{}</span>',
             kind,
             obj.outcome,
             obj.get_outcome_display(),
         )
+        if not obj.reason:
+            return badge
+        # Why it was refused, under the outcome (a column of its own would push detail off 1280 px).
+        return format_html('{}<div class="df-small df-muted df-reason">{}</div>', badge, obj.get_reason_display())
 
     @admin.display(description="by", ordering="reviewer__username")
     def by(self, obj):

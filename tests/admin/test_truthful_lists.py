@@ -32,12 +32,12 @@ def result_rows(html: str) -> list[str]:
 
 
 @pytest.fixture
-def stale_approval_then_commit(case, reviewer):
+def stale_approval_then_commit(case, reviewer, editor):
     """T-1042: an approval refused as stale (after an edit), then the edited proposal committed."""
     old = review_begin(case=case).operation_id
     case.refresh_from_db()
     edited = review_edit(
-        case=case, expected_operation_id=old, body=case.current_proposal.body + "\nEdited.", editor=reviewer
+        case=case, expected_operation_id=old, body=case.current_proposal.body + "\nEdited.", editor=editor
     )
     new = edited.revision.proposal.operation_id
     with pytest.raises(StaleProposal):
@@ -105,12 +105,12 @@ def test_every_list_shows_times_with_seconds_and_the_zone(admin_client, stale_ap
     assert not re.search(r"\b(a\.m\.|p\.m\.|midnight|noon)", text_of(html))
 
 
-def test_the_effect_record_page_shows_times_and_wraps_long_lines(admin_client, case, reviewer):
+def test_the_effect_record_page_shows_times_and_wraps_long_lines(admin_client, case, reviewer, editor):
     op = review_begin(case=case).operation_id
     case.refresh_from_db()
     long_line = "x" * 600
     edited = review_edit(
-        case=case, expected_operation_id=op, body=case.current_proposal.body + "\n" + long_line, editor=reviewer
+        case=case, expected_operation_id=op, body=case.current_proposal.body + "\n" + long_line, editor=editor
     )
     new = edited.revision.proposal.operation_id
     decision_record(case=case, operation_id=new, approved=True, reviewer=reviewer, channel="test")
@@ -206,7 +206,7 @@ def test_one_log_line_per_403(configured_logging, lead_client, case):
     edit = reverse("admin:reviews_proposal_edit", args=[case.current_proposal_id])
     assert lead_client.get(edit).status_code == 403
     lines = configured_logging.getvalue().splitlines()
-    assert lines == [f"Forbidden (Permission denied): {edit}"], lines
+    assert lines == [f"WARNING django.request: Forbidden (Permission denied): {edit}"], lines
 
 
 def test_a_server_error_still_logs_its_traceback(configured_logging):

@@ -45,7 +45,7 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
 
     reviewer = get_user_model().objects.get(username="reviewer")
     # Four eyes: the person who edits is not the one who approves.
-    editor = get_user_model().objects.create_user("picture-editor")
+    editor = get_user_model().objects.get(username="reviewer2")
     first = demo.current_proposal
     pending = PendingReview.objects.get(operation_id=first.operation_id)
     context, page = login(*REVIEWER)

@@ -109,6 +109,7 @@ def test_the_bulk_confirmation_counts_only_the_rows_that_will_act(demo, login, l
     from django.contrib.auth import get_user_model
 
     reviewer = get_user_model().objects.get(username="reviewer")
+    editor = get_user_model().objects.get(username="reviewer2")  # four eyes: not the approver
     edited = Case.objects.get(case_id="T-1150")
     in_thread(review_begin, case=edited)
     edited.refresh_from_db()
@@ -117,7 +118,7 @@ def test_the_bulk_confirmation_counts_only_the_rows_that_will_act(demo, login, l
         case=edited,
         expected_operation_id=edited.current_proposal.operation_id,
         body=edited.current_proposal.body + "\nWe will call you tomorrow.",
-        editor=reviewer,
+        editor=editor,
     )
     approved = Case.objects.get(case_id="T-1077")
     op = in_thread(review_begin, case=approved).operation_id
@@ -167,6 +168,7 @@ def test_commit_attempts_and_the_effect_page_fit_1280_px(demo, login, live_serve
     from django.contrib.auth import get_user_model
 
     reviewer = get_user_model().objects.get(username="reviewer")
+    editor = get_user_model().objects.get(username="reviewer2")  # four eyes: not the approver
     old = demo.current_proposal.operation_id
     long_line = "The reference for this case is " + "0123456789" * 30 + "."
     edited = in_thread(
@@ -174,7 +176,7 @@ def test_commit_attempts_and_the_effect_page_fit_1280_px(demo, login, live_serve
         case=demo,
         expected_operation_id=old,
         body=demo.current_proposal.body + "\n" + long_line,
-        editor=reviewer,
+        editor=editor,
     )
     new = edited.revision.proposal.operation_id
     from decisionflow.core.errors import StaleProposal

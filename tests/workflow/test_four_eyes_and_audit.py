@@ -217,8 +217,12 @@ def test_admin_bulk_approve_says_which_rows_four_eyes_refuses_and_skips_them(cas
     url = reverse("admin:cases_case_changelist")
     selected = {"action": "approve_selected", "_selected_action": [case.pk, other_case.pk]}
     confirmation = client.post(url, selected).content.decode()
-    assert confirmation.count('class="df-four-eyes"') == 1
-    assert "Four eyes: this row will be refused.</strong> You made the human edit" in confirmation
+    # The editor's own row is not offered: skipped with the reason, and not counted or sent.
+    assert confirmation.count("skip: four eyes: You made the human edit") == 1
+    assert 'id="df-confirm">Approve 1 proposal</button>' in confirmation
+    assert f'name="operation_id_{case.pk}"' not in confirmation
+
+    # A confirmation posted anyway (an old page, a hand-made request) is refused by the service.
 
     data = {
         **selected,
@@ -235,7 +239,7 @@ def test_admin_bulk_approve_says_which_rows_four_eyes_refuses_and_skips_them(cas
 
     # A decline needs no warning.
     declining = client.post(url, {**selected, "action": "decline_selected"}).content.decode()
-    assert 'class="df-four-eyes"' not in declining
+    assert "skip: four eyes" not in declining and "Decline 2 proposals" in declining
 
 
 def test_api_answers_403_four_eyes(case, edited, editor, client):
