@@ -20,7 +20,7 @@ on PostgreSQL (cases migration 0003); see CaseAdmin.search_fields.
 
 from __future__ import annotations
 
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db import connections
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
@@ -71,15 +71,16 @@ class CaseListPaginator(Paginator):
     """A paginator for a large, index-ordered list: a bounded count, and pages whose rows
     are chosen by primary key first (see the module's docstring)."""
 
-    def __init__(self, object_list, per_page, orphans=0, allow_empty_first_page=True, *, page_hint: int = 1):
+    def __init__(self, object_list: QuerySet, per_page, orphans=0, allow_empty_first_page=True, *, page_hint: int = 1):
         super().__init__(object_list, per_page, orphans, allow_empty_first_page)
+        self.queryset = object_list
         self.page_hint = page_hint
         self.count_is_estimate = False
         self.count_is_lower_bound = False
 
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list
+        queryset = self.queryset
         unfiltered = not queryset.query.where and not queryset.query.distinct
         if unfiltered and connections[queryset.db].vendor == "postgresql":
             count, self.count_is_estimate = _estimated_count(queryset)
@@ -112,8 +113,8 @@ class CaseListPaginator(Paginator):
             top = self.count
         # One query: the page's ids in list order on the index (a LIMIT/OFFSET subquery that
         # selects no status), then those rows with their statuses, in the same order.
-        ids = self.object_list.values("pk")[bottom:top]
-        return self._get_page(self.object_list.filter(pk__in=ids), number, self)
+        ids = self.queryset.values("pk")[bottom:top]
+        return Page(self.queryset.filter(pk__in=ids), number, self)
 
     def get_elided_page_range(self, number=1, *, on_each_side=3, on_ends=2):
         pages = super().get_elided_page_range(number, on_each_side=on_each_side, on_ends=on_ends)
@@ -124,10 +125,10 @@ class CaseListPaginator(Paginator):
         number = self.validate_number(number)
         shown: list = []
         for page in pages:
-            if page != self.ELLIPSIS and page > number + on_each_side:
+            if isinstance(page, int) and page > number + on_each_side:
                 break
             shown.append(page)
-        while shown and shown[-1] == self.ELLIPSIS:
+        while shown and not isinstance(shown[-1], int):
             shown.pop()
         yield from shown
         yield self.ELLIPSIS
