@@ -464,7 +464,10 @@ def render(info: dict, results: list[dict]) -> str:
         "peer's own `decisionflow_bench_peer`, created and dropped by the peer) and "
         "`decisionflow_bench_reconcile` on the "
         "PostgreSQL server at `BENCH_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432`), and a "
-        "temporary SQLite file. `--skip postgres,side,sqlite,process,reconcile` leaves parts out; "
+        "temporary SQLite file, and for the admin's pages `decisionflow_bench_pages_10k` and "
+        "`decisionflow_bench_pages_1m` (loaded once, ~2 minutes, and kept while intact). "
+        "`--skip postgres,side,sqlite,process,reconcile,pages` leaves parts out; `--only pages` runs one part and "
+        "replaces only its section of this document (`--pages-rounds`, `--pages-requests` size it); "
         "`--side-n` and `--side-rounds` size the side-by-side run; `--json FILE` keeps the raw numbers.",
         "- The side-by-side run needs the peer's virtual environment, `.venv-peer`, which `make bench` builds "
         "(`make .venv-peer/.installed`: requirements/peer.txt, with hashes). Without it the peer is reported "
@@ -545,12 +548,13 @@ def pages_section(pg: dict | None, info: dict) -> str | None:
     lines += [
         "",
         "Why it holds (issue 14; decisionflow/workflow/listing.py): the list is read in the order of an "
-        "index that matches it (`case_list_order`: `created_at DESC, case_id`); a page first finds its 100 "
+        "index that matches it (`case_list_order`: `created_at DESC, case_id, id`); a page first finds its 100 "
         "case ids on that index alone, and only those 100 cases get their statuses computed (the status "
         "subqueries of every skipped row made deep pages slow, and their estimated cost made PostgreSQL "
         "JIT-compile the query); there is no COUNT over the whole table (the unfiltered list shows the "
         "planner's estimate, a filtered or searched one counts at most a few pages ahead); and the search "
-        "by part of a case ID (or subject) uses trigram indexes (`pg_trgm`). A deep page still walks the "
+        "by part of a case ID (or subject) uses trigram indexes (`pg_trgm`); the reviewer filter's choices "
+        "are found with one index probe per reviewer, not by reading every decision. A deep page still walks the "
         "index up to its offset, so page 1,000 costs more than page 100 (the last page at "
         f"{_size(small)} cases is page {max(1, pg['cases'][str(small)] // 100)}); the search with "
         "more matches shows more rows where there are more cases, so it is context.",

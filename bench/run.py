@@ -4,11 +4,14 @@
 
 It uses its own databases only: on PostgreSQL (BENCH_POSTGRES_URL, default
 postgres://postgres@127.0.0.1:5432) it drops and recreates ``decisionflow_bench`` (the
-review-core, workflow and admin benchmarks, over 100,000 bulk-loaded cases),
+review-core and workflow benchmarks, over 100,000 bulk-loaded cases),
 ``decisionflow_bench_side`` (our side of the side-by-side run with the LangGraph peer, which
 creates and drops its own ``decisionflow_bench_peer``; see bench/side_by_side.py) and
 ``decisionflow_bench_reconcile`` (1,000,000 operations; kept between runs when its contents
-are exactly what this run would load, unless --fresh); on SQLite, a temporary file. All
+are exactly what this run would load, unless --fresh), ``decisionflow_bench_pages_10k`` and
+``decisionflow_bench_pages_1m`` (the admin's pages at 10,000 and 1,000,000 cases; kept the
+same way); on SQLite, a temporary file. ``--only pages`` runs one part and replaces only its
+section of the report. All
 are migrated with ``manage.py migrate``. Nothing here reads or writes a test database.
 """
 
@@ -39,7 +42,7 @@ SIZES = {
         "reconcile_ops": 1_000_000,
         "admin_cases": 100_000,
         "page_cases": (10_000, 1_000_000),
-        "page_rounds": 4,
+        "page_rounds": 6,
         "page_requests": 8,
     },
     "smoke": {
@@ -524,7 +527,7 @@ def main(argv=None) -> int:
         default="",
         help="comma-separated parts to run, nothing else (e.g. pages); the report keeps the other sections",
     )
-    parser.add_argument("--pages-rounds", type=int, help="pages: alternating rounds per size (default 4; smoke 2)")
+    parser.add_argument("--pages-rounds", type=int, help="pages: alternating rounds per size (default 6; smoke 2)")
     parser.add_argument("--pages-requests", type=int, help="pages: timed requests per page per round (default 8)")
     parser.add_argument("--side-n", type=int, help="side by side: cases per round (default 300; smoke 20)")
     parser.add_argument("--side-rounds", type=int, help="side by side: rounds per side (default 5; smoke 3)")
