@@ -156,3 +156,10 @@ def test_first_page_and_search_use_indexes_not_a_sequential_scan(admin_client):
         assert "Seq Scan on cases_case" not in plan, plan
         assert "case_id_trgm" in plan and "case_subject_trgm" in plan, plan
     assert listed(admin_client.get(f"{URL}?q=0001042")) == ["L-0001042"]
+    # Above the threshold the unfiltered list shows the planner's estimate, in one query.
+    with mock.patch.object(listing, "EXACT_COUNT_BELOW", 10_000):
+        queries, response = queries_of(admin_client, URL)
+    paginator = response.context["cl"].paginator
+    assert paginator.count_is_estimate and 19_000 <= paginator.count <= 21_000
+    assert f"about {paginator.count:,} cases" in response.content.decode()
+    assert queries == queries_of(admin_client, URL)[0]  # the exact count below it: as many queries
