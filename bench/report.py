@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .stats import summary
 
 ORDER = [
@@ -379,6 +381,24 @@ def retention_section(results: list[dict]) -> list[str]:
     return lines
 
 
+def _summary_row(r: dict) -> str:
+    """One measure's row of the summary table."""
+    s = summary(r["ratios"])
+    sv, bv = summary(r["subject_values"]), summary(r["baseline_values"])
+    return (
+        f"| {r['title']} | {r['subject']} | {r['baseline']} | {_ratio_text(r, s)} | {_spread(s)} | "
+        f"{_goal(r)} | {_met(r, s['median'])} | {_fmt(sv['median'], r['unit'])} | {_fmt(bv['median'], r['unit'])} |"
+    )
+
+
+def _retention_text(results: list[dict]) -> str | None:
+    lines = retention_section(results)
+    if not lines:
+        return None
+    begin, end = section_markers("retention")
+    return "\n".join([begin, *lines]).rstrip("\n") + "\n" + end
+
+
 def render(info: dict, results: list[dict]) -> str:
     by_key = {r["key"]: r for r in results}
     lines = [
@@ -414,12 +434,7 @@ def render(info: dict, results: list[dict]) -> str:
             continue
         if not r["ratios"]:
             continue
-        s = summary(r["ratios"])
-        sv, bv = summary(r["subject_values"]), summary(r["baseline_values"])
-        lines.append(
-            f"| {r['title']} | {r['subject']} | {r['baseline']} | {_ratio_text(r, s)} | {_spread(s)} | "
-            f"{_goal(r)} | {_met(r, s['median'])} | {_fmt(sv['median'], r['unit'])} | {_fmt(bv['median'], r['unit'])} |"
-        )
+        lines.append(_summary_row(r))
     rec = by_key.get("reconcile_command")
     if rec and rec.get("rss_kib"):
         rss = summary([k / 1024 for k in rec["rss_kib"]])
@@ -428,17 +443,9 @@ def render(info: dict, results: list[dict]) -> str:
             f"— | **{rss['median']:.0f} MB** | {rss['min']:.0f}–{rss['max']:.0f} MB | ≤ 150 MB | "
             f"{'**yes**' if rss['max'] <= 150 else '**no**'} | | |"
         )
-    adm = by_key.get("admin")
-    if adm and adm.get("kind") == "admin":
-        goal_pages = [p for p in adm["pages"] if p.get("goal", True) and "queries" in p]
-        if goal_pages:
-            worst = max(p["queries"] for p in goal_pages)
-            p50s = ", ".join(f"{p['label']} {p['ms']['median']:.0f} ms" for p in goal_pages)
-            lines.append(
-                f"| 9. admin, {adm['cases']:,} cases | queries per page (changelist, review page) | — | "
-                f"**{worst} queries** at most | | ≤ {adm['query_goal']} | {'**yes**' if worst <= adm['query_goal'] else '**no**'} "
-                f"| p50: {p50s} | |"
-            )
+    row = pages_summary_row(by_key.get("pages"))
+    if row:
+        lines.append(row)
     lines.append("")
     problems = [r for r in results if r.get("kind") in ("error", "missing")]
     if problems:
@@ -495,48 +502,13 @@ def render(info: dict, results: list[dict]) -> str:
             lines.append(f"| `{table}` | {v['rows']:.2f} | {v['data']:,.0f} | {disk} |")
         lines.append("")
 
-    lines += retention_section(results)
+    retention = _retention_text(results)
+    if retention:
+        lines += [retention, ""]
 
-    adm = by_key.get("admin")
-    if adm and adm.get("kind") == "admin":
-        lines += [
-            f"## 9. Admin pages with {adm['cases']:,} cases",
-            "",
-            f"Query count per page (goal ≤ {adm['query_goal']}, constant in table size) and time per request "
-            f"over {adm['requests']} requests through Django's test client, logged in as a superuser.",
-            "",
-            "| page | queries | met? | p50 | min–max | HTML bytes |",
-            "|---|---|---|---|---|---|",
-        ]
-        for p in adm["pages"]:
-            if "error" in p:
-                lines.append(f"| {p['label']} (`{p['url']}`) | — | — | {p['error']} | | |")
-                continue
-            ok = ("**yes**" if p["queries"] <= adm["query_goal"] else "**no**") if p.get("goal", True) else "context"
-            lines.append(
-                f"| {p['label']} (`{p['url']}`) | {p['queries']} | {ok} | {p['ms']['median']:.1f} ms | "
-                f"{p['ms']['min']:.1f}–{p['ms']['max']:.1f} ms | {p['bytes']:,} |"
-            )
-        lines += [
-            "",
-            "Findings (EXPLAIN ANALYZE of the slowest query of each page): the query count is constant (6 on "
-            "the changelist at any size or page, 7 on the review page), so the goal holds. The time is in "
-            "the database: (1) PostgreSQL's JIT compiles the changelist query because the per-row status "
-            "subqueries make its estimated cost exceed `jit_above_cost`; on page 100 JIT took 1.3 s of a "
-            "1.4 s query, and with `jit=off` the page took half the time. (2) There is no index for the "
-            "changelist order (`-created_at, case_id`), so every page sorts the whole table, and a deep "
-            "page computes the status subqueries for every skipped row (OFFSET). (3) The search combines "
-            "`=case_id` with `subject` (icontains) in one OR, which forces a sequential scan. (4) Two "
-            "COUNT(*) queries run per page (filtered and full count). Recommended, none in a file this "
-            'benchmark may change: `OPTIONS: {"options": "-c jit=off"}` for PostgreSQL in settings.py '
-            '(or `jit = off` on the server); an index `Index(F("created_at").desc(), "case_id")` on Case '
-            "(a migration in cases/); `show_full_result_count = False`; and searching the subject only "
-            "when the query does not look like a case ID.",
-        ]
-        if adm.get("missing"):
-            lines.append("")
-            lines.append(f"Not measured: {', '.join(adm['missing'])}.")
-        lines.append("")
+    text = pages_section(by_key.get("pages"), info)
+    if text:
+        lines += [text, ""]
 
     lines += ["## Findings and what remains", ""]
     for key in ORDER:
@@ -560,7 +532,10 @@ def render(info: dict, results: list[dict]) -> str:
         "peer's own `decisionflow_bench_peer`, created and dropped by the peer) and "
         "`decisionflow_bench_reconcile` on the "
         "PostgreSQL server at `BENCH_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432`), and a "
-        "temporary SQLite file. `--skip postgres,side,sqlite,process,reconcile` leaves parts out; "
+        "temporary SQLite file, and for the admin's pages `decisionflow_bench_pages_10k` and "
+        "`decisionflow_bench_pages_1m` (loaded once, ~2 minutes, and kept while intact). "
+        "`--skip postgres,side,sqlite,process,reconcile,pages` leaves parts out; `--only pages` runs one part and "
+        "replaces only its section of this document (`--pages-rounds`, `--pages-requests` size it); "
         "`--side-n` and `--side-rounds` size the side-by-side run; `--json FILE` keeps the raw numbers.",
         "- The side-by-side run needs the peer's virtual environment, `.venv-peer`, which `make bench` builds "
         "(`make .venv-peer/.installed`: requirements/peer.txt, with hashes). Without it the peer is reported "
@@ -570,3 +545,108 @@ def render(info: dict, results: list[dict]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# --- 9. the admin's pages at two sizes ---------------------------------------------------
+
+
+def section_markers(name: str) -> tuple[str, str]:
+    """A section a partial run (``--only``) can replace in place; see bench.run._write_sections."""
+    return f"<!-- section: {name} -->", f"<!-- /section: {name} -->"
+
+
+def _size(n: int) -> str:
+    return f"{n:,}"
+
+
+def pages_summary_row(pg: dict | None) -> str | None:
+    if not pg or pg.get("kind") != "pages_scale":
+        return None
+    small, big = pg["sizes"][0], pg["sizes"][-1]
+    goal = [p for p in pg["pages"] if p["goal"] and "ratio" in p]
+    if not goal:
+        return None
+    worst = max(goal, key=lambda p: p["ratio"])
+    met = all(p["met"] for p in goal) and len(goal) == sum(1 for p in pg["pages"] if p["goal"])
+    return (
+        f"| 9. admin pages, {_size(big)} ÷ {_size(small)} cases | the {len(goal)} pages of section 9 (p50 each) | "
+        f"the same page at {_size(small)} cases | **{worst['ratio']:.2f}×** at most ({worst['label']}) | "
+        f"{min(p['ratio'] for p in goal):.2f}–{worst['ratio']:.2f}× over the pages | ≤ {pg['max_ratio']}×, same queries | "
+        f"{'**yes**' if met else '**no**'} | | |"
+    )
+
+
+def pages_section(pg: dict | None, info: dict) -> str | None:
+    """Section 9: each page's p50 at both sizes, its query counts, and the goal."""
+    begin, end = section_markers("pages")
+    if not pg:
+        return None
+    if pg.get("kind") != "pages_scale":
+        error = (pg.get("error") or "").strip().splitlines()[-1:] or [""]
+        return "\n".join([begin, "## 9. Admin pages at two sizes", "", f"Not measured: {error[0][:300]}", end])
+    small, big = pg["sizes"][0], pg["sizes"][-1]
+    lines = [
+        begin,
+        f"## 9. Admin pages at {_size(small)} and {_size(big)} cases",
+        "",
+        f"The same pages over two databases of the same shape (`bench.bigdata.load_operations`: "
+        f"{_size(small)} and {_size(big)} cases, each with its current proposal, 40 % of them decided, "
+        "29 % with their effect record), through Django's test client logged in as a superuser, DEBUG off. "
+        f"{pg['rounds']} rounds alternate between the two databases (one process per round and size); in "
+        f"each, every page is requested once to count its queries and then {pg['requests']} times, timed; "
+        "the p50 pools the timed requests of all rounds. Goal: each page at "
+        f"{_size(big)} cases takes at most {pg['max_ratio']}× its time at {_size(small)}, with the same "
+        "number of queries (rows marked *context* have no goal). "
+        f"Run: `{info.get('command')}`, {info.get('date')}.",
+        "",
+        f"| page | queries at {_size(small)} | at {_size(big)} | p50 at {_size(small)} | p50 at {_size(big)} | "
+        f"{_size(big)} ÷ {_size(small)} | met? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in pg["pages"]:
+        a, b = p["by_size"][str(small)], p["by_size"][str(big)]
+        urls = f"`{a['url']}`" if a["url"] == b["url"] else f"`{a['url']}` / `{b['url']}`"
+        if "error" in a or "error" in b:
+            lines.append(f"| {p['label']} ({urls}) | — | — | {a.get('error', '')} | {b.get('error', '')} | | **no** |")
+            continue
+        q = lambda v: "/".join(str(x) for x in v["queries"])  # noqa: E731 - one use, in a table cell
+        ms = lambda v: f"{v['ms']['median']:.1f} ms"  # noqa: E731
+        met = ("**yes**" if p["met"] else "**no**") if p["goal"] else "context"
+        lines.append(f"| {p['label']} ({urls}) | {q(a)} | {q(b)} | {ms(a)} | {ms(b)} | {p['ratio']:.2f}× | {met} |")
+    lines += [
+        "",
+        "Why it holds (issue 14; decisionflow/workflow/listing.py): the list is read in the order of an "
+        "index that matches it (`case_list_order`: `created_at DESC, case_id, id`); a page first finds its 100 "
+        "case ids on that index alone, and only those 100 cases get their statuses computed (the status "
+        "subqueries of every skipped row made deep pages slow, and their estimated cost made PostgreSQL "
+        "JIT-compile the query); there is no COUNT over the whole table (the unfiltered list shows the "
+        "planner's estimate, a filtered or searched one counts at most a few pages ahead); and the search "
+        "by part of a case ID (or subject) uses trigram indexes (`pg_trgm`); the reviewer filter's choices "
+        "are found with one index probe per reviewer, not by reading every decision. A deep page still walks the "
+        "index up to its offset, so page 1,000 costs more than page 100 (the last page at "
+        f"{_size(small)} cases is page {max(1, pg['cases'][str(small)] // 100)}); the search with "
+        "more matches shows more rows where there are more cases, so it is context.",
+        end,
+    ]
+    return "\n".join(lines)
+
+
+def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
+    """The sections a partial run (``--only pages``) replaces in the existing document."""
+    by_key = {r["key"]: r for r in results}
+    out = {}
+    text = pages_section(by_key.get("pages"), info)
+    if text:
+        out["pages"] = text
+    row = pages_summary_row(by_key.get("pages"))
+    if row:
+        out["row:9"] = row
+    retention = _retention_text(results)
+    if retention:
+        out["retention"] = retention
+    # A measure's row of the summary table (e.g. "14." for cron_start), replaced where it stands.
+    for r in results:
+        number = re.match(r"(\d+)\.", r.get("title", ""))
+        if r.get("kind") in ("speed", "cost") and r.get("ratios") and number:
+            out[f"row:{number.group(1)}"] = _summary_row(r)
+    return out

@@ -4,11 +4,14 @@
 
 It uses its own databases only: on PostgreSQL (BENCH_POSTGRES_URL, default
 postgres://postgres@127.0.0.1:5432) it drops and recreates ``decisionflow_bench`` (the
-review-core, workflow and admin benchmarks, over 100,000 bulk-loaded cases),
+review-core and workflow benchmarks, over 100,000 bulk-loaded cases),
 ``decisionflow_bench_side`` (our side of the side-by-side run with the LangGraph peer, which
 creates and drops its own ``decisionflow_bench_peer``; see bench/side_by_side.py) and
 ``decisionflow_bench_reconcile`` (1,000,000 operations; kept between runs when its contents
-are exactly what this run would load, unless --fresh); on SQLite, a temporary file. All
+are exactly what this run would load, unless --fresh), ``decisionflow_bench_pages_10k`` and
+``decisionflow_bench_pages_1m`` (the admin's pages at 10,000 and 1,000,000 cases; kept the
+same way); on SQLite, a temporary file. ``--only pages`` runs one part and replaces only its
+section of the report. All
 are migrated with ``manage.py migrate``. Nothing here reads or writes a test database.
 """
 
@@ -32,11 +35,29 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 # The parts of a run, for --skip and --only.
-PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "retention", "cron_start")
+PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start")
 
 SIZES = {
-    "full": {"runs": 5, "process_runs": 7, "reconcile_runs": 3, "reconcile_ops": 1_000_000, "admin_cases": 100_000},
-    "smoke": {"runs": 1, "process_runs": 1, "reconcile_runs": 1, "reconcile_ops": 300, "admin_cases": 30},
+    "full": {
+        "runs": 5,
+        "process_runs": 7,
+        "reconcile_runs": 3,
+        "reconcile_ops": 1_000_000,
+        "admin_cases": 100_000,
+        "page_cases": (10_000, 1_000_000),
+        "page_rounds": 6,
+        "page_requests": 8,
+    },
+    "smoke": {
+        "runs": 1,
+        "process_runs": 1,
+        "reconcile_runs": 1,
+        "reconcile_ops": 300,
+        "admin_cases": 30,
+        "page_cases": (30, 300),
+        "page_rounds": 2,
+        "page_requests": 1,
+    },
 }
 
 
@@ -86,7 +107,7 @@ def pg_exists(base: str, name: str) -> bool:
         return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is not None
 
 
-def inproc(database_url: str, scale: str, only: str | None = None) -> list[dict]:
+def inproc(database_url: str, scale: str, only: str | None = None, requests: int | None = None) -> list[dict]:
     """One benchmark process (interpreter start excluded from what it measures)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
@@ -94,6 +115,8 @@ def inproc(database_url: str, scale: str, only: str | None = None) -> list[dict]
         cmd = [PY, "-m", "bench.inproc", "--scale", scale, "--out", out]
         if only:
             cmd += ["--only", only]
+        if requests:
+            cmd += ["--requests", str(requests)]
         subprocess.run(cmd, cwd=ROOT, env=env_for(database_url), check=True)
         return json.loads(Path(out).read_text())
     finally:
@@ -126,6 +149,111 @@ def bench_side_by_side(
         return json.loads(Path(out).read_text())
     finally:
         Path(out).unlink(missing_ok=True)
+
+
+# --- 9. the admin's pages at 10,000 and at 1,000,000 cases -------------------------------
+
+
+def _size_label(n: int) -> str:
+    return (
+        f"{n // 1_000_000}m" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    )
+
+
+def _pages_db_ready(url: str, n: int) -> bool:
+    """The kept database holds the n loaded cases (and at most the benchmark's own few
+    besides), with their effects, on current migrations."""
+    import psycopg
+
+    from .bigdata import expected_states
+
+    try:
+        with psycopg.connect(url) as conn:
+            loaded = conn.execute("SELECT count(*) FROM cases_case WHERE case_id LIKE 'L-%'").fetchone()[0]
+            effects = conn.execute("SELECT count(*) FROM effects_effectrecord").fetchone()[0]
+    except Exception:
+        return False
+    plan = subprocess.run(
+        [PY, "manage.py", "showmigrations", "--plan"], cwd=ROOT, env=env_for(url), capture_output=True, text=True
+    )
+    return (
+        plan.returncode == 0 and "[ ]" not in plan.stdout and loaded == n and effects == expected_states(n)["Committed"]
+    )
+
+
+def bench_pages(
+    base: str, sizes: dict, *, fresh: bool, prefix: str, scale: str, rounds: int, requests: int
+) -> list[dict]:
+    """The same admin pages over two databases, one of each size (``page_cases``), loaded
+    once and kept while intact (``--fresh`` reloads). The rounds alternate between the two
+    sizes, so that a busy machine slows both alike; each round is one process per size."""
+    import psycopg
+
+    from .bigdata import load_operations
+
+    counts = sizes["page_cases"]
+    urls = {}
+    for n in counts:
+        name = f"{prefix}_pages_{_size_label(n)}"
+        urls[n] = url = pg_url(base, name)
+        if fresh or not pg_exists(base, name) or not _pages_db_ready(url, n):
+            log(f"pages: loading {n:,} cases into {name} ...")
+            pg_recreate(base, name)
+            migrate(url)
+            t = time.perf_counter()
+            with psycopg.connect(url) as conn:
+                load_operations(conn, n, prefix="L")
+            log(f"pages: loaded {n:,} cases in {time.perf_counter() - t:.0f} s")
+        else:
+            log(f"pages: reusing {name} ({n:,} cases, already loaded)")
+    runs: dict[int, list[dict]] = {n: [] for n in counts}
+    for r in range(rounds):
+        for n in counts if r % 2 == 0 else tuple(reversed(counts)):
+            log(f"pages: round {r + 1}/{rounds}, {n:,} cases")
+            (got,) = inproc(urls[n], scale, only="pages", requests=requests)
+            if got.get("kind") != "pages":
+                return [got]
+            runs[n].append(got)
+    return [pages_combine(runs, requests=requests)]
+
+
+def pages_combine(runs: dict[int, list[dict]], *, requests: int, max_ratio: float = 1.5) -> dict:
+    """Pool each page's times over the rounds, per size; the goal is the largest size's p50
+    within ``max_ratio`` of the smallest's, with the same number of queries in every round."""
+    from .stats import summary
+
+    small, big = min(runs), max(runs)
+    rows = []
+    for i, first in enumerate(runs[small][0]["pages"]):
+        row = {"key": first["key"], "label": first["label"], "goal": first["goal"], "by_size": {}}
+        for n, results in runs.items():
+            pages = [res["pages"][i] for res in results]
+            errors = [p["error"] for p in pages if "error" in p]
+            if errors:
+                row["by_size"][str(n)] = {"url": pages[0]["url"], "error": errors[0]}
+                continue
+            row["by_size"][str(n)] = {
+                "url": pages[0]["url"],
+                "queries": sorted({p["queries"] for p in pages}),
+                "ms": summary([t for p in pages for t in p["times_ms"]]),
+                "bytes": pages[-1]["bytes"],
+            }
+        a, b = row["by_size"][str(small)], row["by_size"][str(big)]
+        if "error" not in a and "error" not in b:
+            row["ratio"] = b["ms"]["median"] / a["ms"]["median"]
+            row["same_queries"] = a["queries"] == b["queries"] and len(a["queries"]) == 1
+            row["met"] = row["ratio"] <= max_ratio and row["same_queries"]
+        rows.append(row)
+    return {
+        "key": "pages",
+        "kind": "pages_scale",
+        "sizes": sorted(runs),
+        "cases": {str(n): runs[n][-1]["cases"] for n in runs},
+        "rounds": len(runs[small]),
+        "requests": requests,
+        "max_ratio": max_ratio,
+        "pages": rows,
+    }
 
 
 # --- 7. process start -------------------------------------------------------------------
@@ -397,6 +525,32 @@ def _write_report(path: Path, generated: str) -> None:
     path.write_text(generated.rstrip("\n") + "\n" + kept)
 
 
+def _write_sections(path: Path, sections: dict[str, str]) -> None:
+    """Replace each named section of the generated part (between its ``<!-- section: NAME -->``
+    markers, or else the old section with the same heading number) and keep all the rest."""
+    generated, sep, hand = path.read_text().partition(HAND_WRITTEN)
+    for name, text in sections.items():
+        if name.startswith("row:"):  # a row of the summary table, by its number
+            row = re.compile(rf"^\| {re.escape(name[4:])}\. .*$", re.M)
+            generated = row.sub(lambda _m, text=text: text, generated, count=1)
+            continue
+        begin, end = report.section_markers(name)
+        if begin in generated and end in generated:
+            head, rest = generated.split(begin, 1)
+            generated = head + text.strip("\n") + rest.split(end, 1)[1]
+            continue
+        heading = text.strip("\n").split("\n")[1] if text.startswith(begin) else ""
+        number = re.match(r"## (\d+)\.", heading)
+        old = re.search(rf"^## {number.group(1)}\..*?(?=^## |\Z)", generated, re.M | re.S) if number else None
+        if old:
+            generated = generated[: old.start()] + text.strip("\n") + "\n\n" + generated[old.end() :]
+        else:
+            anchor = generated.find("## Findings and what remains")
+            at = anchor if anchor >= 0 else len(generated)
+            generated = generated[:at] + text.strip("\n") + "\n\n" + generated[at:]
+    path.write_text(generated + sep + hand)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SIZES), default="full")
@@ -409,12 +563,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--db-prefix", default="decisionflow_bench")
     parser.add_argument("--fresh", action="store_true", help="reload the reconcile database even if it is intact")
-    parser.add_argument("--skip", default="", help="comma-separated: postgres,side,sqlite,process,reconcile")
+    parser.add_argument("--skip", default="", help=f"comma-separated parts to leave out: {','.join(PARTS)}")
     parser.add_argument(
         "--only",
         default="",
-        help=f"comma-separated: run only these parts ({','.join(PARTS)}); e.g. --only retention,cron_start",
+        help="comma-separated parts to run, nothing else (e.g. pages or retention,cron_start); the report keeps the other sections",
     )
+    parser.add_argument("--pages-rounds", type=int, help="pages: alternating rounds per size (default 6; smoke 2)")
+    parser.add_argument("--pages-requests", type=int, help="pages: timed requests per page per round (default 8)")
     parser.add_argument("--side-n", type=int, help="side by side: cases per round (default 300; smoke 20)")
     parser.add_argument("--side-rounds", type=int, help="side by side: rounds per side (default 5; smoke 3)")
     parser.add_argument("--render", metavar="JSON", help="only re-render the report from a --json file")
@@ -436,13 +592,13 @@ def main(argv=None) -> int:
     info = machine(args.postgres)
     results: list[dict] = []
     pg_ok = True
-    if not skip >= {"postgres", "reconcile", "side", "retention", "cron_start"}:
+    if not skip >= {"postgres", "reconcile", "side", "pages", "retention", "cron_start"}:
         try:
             pg_admin(args.postgres).close()
         except Exception as exc:
             # Without a server the SQLite and process figures are still worth having.
             log(f"no PostgreSQL at {args.postgres} ({exc}); measuring without it")
-            skip |= {"postgres", "reconcile", "side"}
+            skip |= {"postgres", "reconcile", "side", "pages"}
             pg_ok = False
             results.append(
                 {
@@ -466,6 +622,23 @@ def main(argv=None) -> int:
         with psycopg.connect(url) as conn:
             load_operations(conn, sizes["admin_cases"], prefix="L")
         results += inproc(url, args.scale)
+
+    if "pages" not in skip:
+        try:
+            results += bench_pages(
+                args.postgres,
+                sizes,
+                fresh=args.fresh,
+                prefix=args.db_prefix,
+                scale=args.scale,
+                rounds=args.pages_rounds or sizes["page_rounds"],
+                requests=args.pages_requests or sizes["page_requests"],
+            )
+        except Exception as exc:
+            import traceback
+
+            results.append({"key": "pages", "kind": "error", "bench": "pages", "error": traceback.format_exc(limit=6)})
+            log(f"pages FAILED: {exc}")
 
     if "side" not in skip:
         try:
@@ -526,11 +699,17 @@ def main(argv=None) -> int:
     info["duration_s"] = time.perf_counter() - started
     info["scale"] = args.scale
     info["command"] = "make bench" if args.scale == "full" else f"python -m bench.run --scale {args.scale}"
+    if only:
+        info["command"] += f' BENCH_ARGS="--only {args.only}"' if args.scale == "full" else f" --only {args.only}"
     info["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "results": results}, indent=1))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    _write_report(Path(args.out), report.render(info, results))
+    if only and Path(args.out).exists():
+        # A partial run replaces its own sections and keeps the rest of the document.
+        _write_sections(Path(args.out), report.render_sections(info, results))
+    else:
+        _write_report(Path(args.out), report.render(info, results))
     log(f"wrote {args.out} in {info['duration_s']:.0f} s")
     failed = [r for r in results if r.get("kind") == "error"]
     return 1 if failed else 0

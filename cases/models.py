@@ -73,6 +73,11 @@ class Case(models.Model):
 
     class Meta:
         ordering = ["-created_at", "case_id"]
+        # The case list reads its pages in this order, on this index, and takes each page's
+        # ids from it alone (``id`` last: an index-only scan; decisionflow/workflow/listing.py).
+        # On PostgreSQL, migration 0003 also adds trigram indexes for the search by part of a
+        # case ID or subject; they are not declared here because SQLite has none.
+        indexes = [models.Index(fields=["-created_at", "case_id", "id"], name="case_list_order")]
 
     def __str__(self):
         return self.case_id

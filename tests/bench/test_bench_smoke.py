@@ -27,7 +27,7 @@ def _check_measured(results, keys):
 
 def test_in_process_benchmarks_run_once():
     """Commit, replay and begin on any database; on PostgreSQL also identity, 8-worker
-    commit (2 workers here), resume, storage and the admin pages."""
+    commit (2 workers here), resume, storage and the admin pages of section 9."""
     from django.db import connection
 
     if connection.vendor == "postgresql":
@@ -50,9 +50,9 @@ def test_in_process_benchmarks_run_once():
         storage = by_key["storage_postgresql"]
         assert storage["checkpoint_payload_bytes_per_paused_case"] > 0
         assert storage["per_table"]["effects_effectrecord"]["rows"] == 1
-        admin = by_key["admin"]
-        assert admin["cases"] >= 30 and not admin["missing"]
-        assert all("error" not in p and p["queries"] > 0 for p in admin["pages"]), admin["pages"]
+        (pages,) = run_suite(scale=SCALES["smoke"], only={"pages"}, log=lambda m: None)
+        assert pages["kind"] == "pages" and pages["cases"] >= 30
+        assert all("error" not in p and p["queries"] > 0 and p["times_ms"] for p in pages["pages"]), pages["pages"]
     text = report.render({"command": "smoke"}, results)
     assert "| 2. commit" in text or "| 10. commit" in text
 
@@ -77,3 +77,29 @@ def test_reconcile_and_process_start_run_once():
     assert service["operations"] == 200
     start = run.bench_process_start(url, 1, warm=False)
     assert start["subject_values"][0] > start["baseline_values"][0] > 0
+
+
+def test_pages_report_and_partial_write(tmp_path):
+    """The pages of two sizes are pooled and judged; a partial run (``--only pages``)
+    replaces its own section and summary row and keeps the rest of the document."""
+    from bench import run
+
+    def res(n, ms, queries=5):
+        page = {"key": "first", "label": "first page", "goal": True, "url": "/x/", "queries": queries}
+        return {"kind": "pages", "cases": n, "pages": [{**page, "times_ms": ms, "bytes": 1}]}
+
+    ok = run.pages_combine({10: [res(10, [10, 12])], 1000: [res(1000, [14, 15])]}, requests=2)
+    (row,) = ok["pages"]
+    assert row["met"] and row["same_queries"] and row["ratio"] == pytest.approx(14.5 / 11)
+    slow = run.pages_combine({10: [res(10, [10])], 1000: [res(1000, [16], queries=6)]}, requests=1)
+    assert not slow["pages"][0]["met"] and not slow["pages"][0]["same_queries"]
+    doc = tmp_path / "PERFORMANCE.md"
+    info = {"command": "make bench", "date": "today"}
+    run._write_report(doc, report.render(info, [slow]) + "\n" + run.HAND_WRITTEN + "\nkept by hand\n")
+    before = doc.read_text()
+    assert "| 9. admin pages" in before and "**no**" in before and "## Findings and what remains" in before
+    run._write_sections(doc, report.render_sections({"command": "only pages", "date": "later"}, [ok]))
+    after = doc.read_text()
+    assert after.count("## 9. Admin pages") == 1 and "Run: `only pages`, later" in after
+    assert "1.32×" in after and "kept by hand" in after and after.count("| 9. admin pages") == 1
+    assert after.split("## 9.")[0].replace("**no**", "**yes**").count("| 9.") == 1
