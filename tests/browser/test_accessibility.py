@@ -111,6 +111,8 @@ def test_no_serious_or_critical_violation_on_our_pages(demo, browser, live_serve
         "effect record": f"/admin/effects/effectrecord/{made['effect'].pk}/change/",
         "commit attempts list": "/admin/effects/commitattempt/",
         "pending reviews list": "/admin/reviews/pendingreview/",
+        "your API tokens": "/admin/api/apitoken/mine/",
+        "case list, searched": "/admin/cases/case/?q=1042",
     }
     for name, path in pages.items():
         response = page.goto(url + path)
