@@ -120,6 +120,11 @@ class PendingReview(models.Model):
         COMPLETED = "completed", "Completed"
         SUPERSEDED = "superseded", "Superseded"
 
+    # Not a column: whether the deciding user made a human change in this case, read by the
+    # decision service in the same query as the review (four eyes). True until known, so a
+    # review loaded any other way is always checked.
+    reviewer_changed_case: bool = True
+
     case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="pending_reviews")
     proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="pending_reviews")
     operation_id = models.CharField(max_length=80)

@@ -320,25 +320,33 @@ def _pending_sql() -> tuple[str, list[str]]:
     # (a join on a non-foreign key) than the database spent answering it.
     fields = [f.column for f in PendingReview._meta.concrete_fields if f.column]
     columns = [f"pr.{c}" for c in fields] + [f"ck.{c}" for c in DatabaseCheckpointStorage.COLUMNS]
+    # Four eyes, without a query of its own on the common path: did the deciding user make any
+    # human change in this case? Only then is the proposal's chain read (four_eyes_check).
+    changed = (
+        f"EXISTS (SELECT 1 FROM {Proposal._meta.db_table} hp WHERE hp.case_id = pr.case_id "
+        "AND hp.origin <> %s AND hp.author_id = %s)"
+    )
     sql = (
-        f"SELECT {', '.join(columns)} FROM {PendingReview._meta.db_table} pr "
+        f"SELECT {', '.join(columns)}, {changed} FROM {PendingReview._meta.db_table} pr "
         f"LEFT JOIN {WorkflowCheckpoint._meta.db_table} ck ON ck.checkpoint_id = pr.checkpoint_id "
         "WHERE pr.case_id = %s AND pr.operation_id = %s"
     )
     return sql, fields
 
 
-def _pending_with_checkpoint(case: Case, operation_id: str) -> PendingReview | None:
-    """The operation's pending review with its checkpoint row's columns, in one query."""
+def _pending_with_checkpoint(case: Case, operation_id: str, reviewer=None) -> PendingReview | None:
+    """The operation's pending review with its checkpoint row's columns, in one query; its
+    ``reviewer_changed_case`` says whether ``reviewer`` made a human change in the case."""
     sql, fields = _pending_sql()
     with connection.cursor() as cursor:
-        cursor.execute(sql, [case.pk, operation_id])
+        cursor.execute(sql, [Origin.PREPARED.value, getattr(reviewer, "pk", None), case.pk, operation_id])
         row = cursor.fetchone()
     if row is None:
         return None
     pending = PendingReview.from_db(connection.alias, fields, row[: len(fields)])
-    for name, value in zip(DatabaseCheckpointStorage.COLUMNS, row[len(fields) :], strict=True):
+    for name, value in zip(DatabaseCheckpointStorage.COLUMNS, row[len(fields) : -1], strict=True):
         setattr(pending, f"checkpoint_{name}", value)
+    pending.reviewer_changed_case = bool(row[-1])
     return pending
 
 
@@ -540,7 +548,7 @@ def decision_record(
     answer_started = False
     try:
         with sqlite_bounded_wait():
-            pending = _pending_with_checkpoint(case, operation_id)
+            pending = _pending_with_checkpoint(case, operation_id, reviewer)
             begun = False
             if pending is None and identity.is_operation_id(operation_id):
                 pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
@@ -550,7 +558,7 @@ def decision_record(
                 # Decided, and its pause checkpoint pruned since (reviews/retention.py): the
                 # decision stands, so the review core answers a retry (replay or conflict)
                 # without the engine, exactly as the answered run's commit step would.
-                if approved is True:
+                if approved is True and pending.reviewer_changed_case:
                     four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
                 answer_started = True
                 commit = effect_commit(
@@ -558,7 +566,7 @@ def decision_record(
                 )
             else:
                 checkpoint = _bound_checkpoint(case, pending)
-                if approved is True:
+                if approved is True and pending.reviewer_changed_case:
                     four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
                 answer_started = True
                 commit = _answer(
@@ -597,11 +605,11 @@ def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -
         return None, False
     with case_lock(case.case_id):
         # Another decision may have begun it while we waited for the lock.
-        pending = _pending_with_checkpoint(case, operation_id)
+        pending = _pending_with_checkpoint(case, operation_id, reviewer)
         if pending is not None:
             return pending, False
         _begin_locked(case, reviewer, channel)
-        return _pending_with_checkpoint(case, operation_id), True
+        return _pending_with_checkpoint(case, operation_id, reviewer), True
 
 
 def refusal_record(
