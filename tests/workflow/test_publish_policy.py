@@ -327,10 +327,16 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
     olds = {c.pk: current(c).operation_id for c in cases}
     barrier = threading.Barrier(17)
     outcomes: dict[int, str] = {}
+    # The first half waits until the publish has superseded four cases (so those four are
+    # certainly stale); the rest start at once and race the publish as it goes.
+    four_done = threading.Event()
+    late = {c.pk for c in cases[:8]}
 
     def approve(case):
         try:
             barrier.wait(10)
+            if case.pk in late:
+                four_done.wait(30)
             outcomes[case.pk] = decision_record(
                 case=Case.objects.get(pk=case.pk), operation_id=olds[case.pk], approved=True,
                 reviewer=reviewer, channel="test",
@@ -342,11 +348,16 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
 
     published = []
 
+    def progress(done, total):
+        if done >= 4:
+            four_done.set()
+
     def publish():
         try:
             barrier.wait(10)
-            published.append(policy_publish(data=V4, publisher=publisher, apply=True))
+            published.append(policy_publish(data=V4, publisher=publisher, apply=True, progress=progress, batch=4))
         finally:
+            four_done.set()
             connections.close_all()
 
     threads = [threading.Thread(target=approve, args=(c,)) for c in cases] + [threading.Thread(target=publish)]
@@ -355,6 +366,7 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
     for t in threads:
         t.join(60)
     assert len(outcomes) == 16 and published
+    assert sum(o == "StaleProposal" for o in outcomes.values()) >= 4
     for case in cases:
         now = current(case)
         if outcomes[case.pk] == "committed":
