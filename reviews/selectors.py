@@ -87,7 +87,9 @@ def policy_change(proposal: Proposal, depends_on: list[str] | None) -> dict | No
     changes = [
         {"key": key, "before": before.get(key), "after": after.get(key)}
         for key in sorted(set(before) | set(after))
-        if key not in before or key not in after or identity.typed_value(before[key]) != identity.typed_value(after[key])
+        if key not in before
+        or key not in after
+        or identity.typed_value(before[key]) != identity.typed_value(after[key])
     ]
     changed = {c["key"] for c in changes}
     recheck = depends_on is None or bool(changed & set(depends_on))

@@ -260,9 +260,7 @@ def proposal_policy_change(*, case: Case, policy: Policy) -> Proposal | None:
     if ReviewDecision.objects.filter(operation_id=current.operation_id).exists():
         return None
     snapshot = {"name": policy.name, "label": policy.label, "parameters": policy.parameters}
-    content = _content(
-        locked, body=current.body, passages=current.passages, findings=current.findings, policy=snapshot
-    )
+    content = _content(locked, body=current.body, passages=current.passages, findings=current.findings, policy=snapshot)
     proposal = _find_or_insert(
         {
             **content,

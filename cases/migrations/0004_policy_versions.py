@@ -6,30 +6,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cases', '0003_case_list_indexes'),
+        ("cases", "0003_case_list_indexes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='policy',
-            options={'permissions': [('publish_policy', 'Can publish a new policy version')], 'verbose_name_plural': 'policies'},
+            name="policy",
+            options={
+                "permissions": [("publish_policy", "Can publish a new policy version")],
+                "verbose_name_plural": "policies",
+            },
         ),
         migrations.AddField(
-            model_name='case',
-            name='depends_on',
+            model_name="case",
+            name="depends_on",
             field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='policy',
-            name='published_at',
+            model_name="policy",
+            name="published_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='policy',
-            name='published_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="policy",
+            name="published_by",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
     ]

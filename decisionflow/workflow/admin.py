@@ -862,5 +862,6 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         )
         return None
 
+
 # The policy publish page replaces the view-only policy admin (it sits above the data).
 from . import policy_admin  # noqa: E402, F401

@@ -26,7 +26,7 @@ MAX_UPLOAD = 64 * 1024  # a policy is a few parameters
 
 
 class PublishingPolicyAdmin(PolicyAdmin):
-    list_display = ("name", "label", "parameters", "policy", "published_at", "published_by")
+    list_display: tuple[str, ...] = ("name", "label", "parameters", "policy", "published_at", "published_by")
     list_select_related = ("published_by",)
     change_list_template = "admin/cases/policy/change_list.html"
 

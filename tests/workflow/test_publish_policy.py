@@ -205,7 +205,12 @@ def test_review_page_shows_the_policy_diff_and_flags_findings(db, reviewer, publ
 
 def test_bad_policy_files_are_refused_and_nothing_is_written(world, publisher):
     before = snapshot()
-    for raw in (b"{", b"[]", b'{"name": "support-reply", "label": "v4"}', b'{"name": "x", "label": "y", "parameters": {"a": 1.5}}'):
+    for raw in (
+        b"{",
+        b"[]",
+        b'{"name": "support-reply", "label": "v4"}',
+        b'{"name": "x", "label": "y", "parameters": {"a": 1.5}}',
+    ):
         with pytest.raises(InvalidInput):
             parse_policy_file(raw)
     with pytest.raises(InvalidInput):
@@ -276,7 +281,9 @@ def test_api_publishes_for_a_lead_and_refuses_a_reviewer(world, client, lead, re
     def post(user, body):
         token = token_create(user=user, name="t")[1]
         return client.post(
-            "/api/policies/publish", json.dumps(body), content_type="application/json",
+            "/api/policies/publish",
+            json.dumps(body),
+            content_type="application/json",
             headers={"Authorization": f"Bearer {token}"},
         )
 
@@ -338,8 +345,11 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
             if case.pk in late:
                 four_done.wait(30)
             outcomes[case.pk] = decision_record(
-                case=Case.objects.get(pk=case.pk), operation_id=olds[case.pk], approved=True,
-                reviewer=reviewer, channel="test",
+                case=Case.objects.get(pk=case.pk),
+                operation_id=olds[case.pk],
+                approved=True,
+                reviewer=reviewer,
+                channel="test",
             ).outcome.value
         except Exception as exc:  # noqa: BLE001 - classified below
             outcomes[case.pk] = type(exc).__name__

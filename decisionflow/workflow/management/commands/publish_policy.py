@@ -1,19 +1,20 @@
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
+from cases.services import parse_policy_file
 from decisionflow.core.commandline import EXIT_BUSY, EXIT_ERROR, WorkflowCommand
 from decisionflow.core.errors import CaseBusy, InvalidInput
 from decisionflow.core.text import shown
 from decisionflow.workflow.publishing import policy_publish, publish_plan
-from cases.services import parse_policy_file
 from reviews.models import Channel
 
 
 class Command(WorkflowCommand):
     help = (
         "Publish a new version of a policy: `python manage.py publish_policy FILE [--apply] [--publisher USERNAME] "
-        "[--json]`. FILE is JSON {\"name\", \"label\", \"parameters\"} (- reads stdin). Without --apply it is a "
+        '[--json]`. FILE is JSON {"name", "label", "parameters"} (- reads stdin). Without --apply it is a '
         "dry run: it prints what it would supersede and writes nothing. With --apply every undecided current "
         "proposal under another version of the policy is superseded by a `policy_change` proposal whose review "
         "is begun; decided proposals are untouched. The publisher (default $DECISIONFLOW_REVIEWER) needs the "
@@ -27,9 +28,13 @@ class Command(WorkflowCommand):
         parser.add_argument("file", metavar="FILE", help="The policy version, JSON (- reads stdin).")
         parser.add_argument("--apply", action="store_true", help="Act; without it, a dry run.")
         parser.add_argument(
-            "--publisher", metavar="USERNAME", help="Who publishes (needs the permission); default $DECISIONFLOW_REVIEWER."
+            "--publisher",
+            metavar="USERNAME",
+            help="Who publishes (needs the permission); default $DECISIONFLOW_REVIEWER.",
         )
-        parser.add_argument("--json", dest="as_json", action="store_true", help="One JSON summary line, no progress bar.")
+        parser.add_argument(
+            "--json", dest="as_json", action="store_true", help="One JSON summary line, no progress bar."
+        )
         parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="Cases read per batch.")
 
     def _read(self, name: str) -> dict:
@@ -50,9 +55,7 @@ class Command(WorkflowCommand):
         if apply and interactive:
             result = self._with_bar(data, user, batch_size)
         else:
-            result = policy_publish(
-                data=data, publisher=user, channel=Channel.COMMAND, apply=apply, batch=batch_size
-            )
+            result = policy_publish(data=data, publisher=user, channel=Channel.COMMAND, apply=apply, batch=batch_size)
         self._report(result, as_json=as_json, interactive=interactive)
         if result.failed:
             busy = all(isinstance(exc, CaseBusy) for _, exc in result.failed)
@@ -66,7 +69,7 @@ class Command(WorkflowCommand):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        stream = getattr(self.stdout, "_out", self.stdout)
+        stream: Any = getattr(self.stdout, "_out", self.stdout)
         total = publish_plan(data=data).total
         columns = [
             TextColumn("publishing"),
