@@ -144,7 +144,7 @@ class TextWarningOut(Schema):
 class ProposalOut(Schema):
     operation_id: str
     action: str
-    origin: Literal["prepared", "human_edit", "evidence_change"]
+    origin: Literal["prepared", "human_edit", "evidence_change", "policy_change"]
     parent_operation_id: str | None
     author: str | None = Field(
         description="the person who made this human edit or evidence change; null for a proposal the "

@@ -295,6 +295,12 @@ def test_api_publishes_for_a_lead_and_refuses_a_reviewer(world, client, lead, re
     assert post(lead, {**V4, "parameters": {"allowance_units": 1.5}}).status_code == 400
     done = post(lead, {**V4, "apply": True}).json()
     assert (done["superseded"], done["moved"]) == (2, 1)
+    # The case reads back with its new proposal and origin.
+    token = token_create(user=reviewer, name="read")[1]
+    read = client.get("/api/cases/P-PENDING", headers={"Authorization": f"Bearer {token}"})
+    assert read.status_code == 200, read.content
+    assert read.json()["proposal"]["origin"] == "policy_change"
+    assert read.json()["proposal"]["operation_id"] == current(world["pending"]).operation_id
     assert post(lead, {**V4, "apply": True}).json()["superseded"] == 0
 
 
