@@ -269,6 +269,12 @@ def test_command_shows_a_progress_bar_on_a_terminal_only(world, publisher, polic
     assert "superseded=2 moved=1" in out
 
 
+def test_command_under_cron_prints_one_summary_line_and_no_bar(world, publisher, policy_file):
+    code, out, _ = run(policy_file, "--publisher", "publisher", "--apply")
+    assert code == 0 and out.count("\n") == 1 and "━" not in out
+    assert out.startswith("publish_policy: applied ") and "superseded=2 moved=1 failed=0" in out
+
+
 def test_command_refuses_a_reviewer(world, reviewer, policy_file):
     before = snapshot()
     code, _, err = run(policy_file, "--publisher", "reviewer", "--apply")
