@@ -16,6 +16,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 from ninja.responses import Status
 
 from decisionflow.core import errors
+from decisionflow.workflow.publishing import policy_publish as publish_service
 from decisionflow.workflow.services import decision_record, review_edit
 from reviews.models import Channel
 
@@ -32,6 +33,8 @@ from .schemas import (
     EditOut,
     ErrorOut,
     OperationOut,
+    PolicyPublishIn,
+    PolicyPublishOut,
 )
 
 logger = logging.getLogger(__name__)
@@ -241,6 +244,30 @@ def case_edit(request, payload: EditIn, case_id: str = CaseId):
         "review_error": edited.begin_error.message if edited.begin_error is not None else None,
     }
     return Status(201 if revision.changed else 200, data)
+
+
+@api.post(
+    "/policies/publish",
+    response={200: PolicyPublishOut, **_errors(400, 401, 403, 413, 500)},
+    tags=["policies"],
+    operation_id="policy_publish",
+)
+def policy_publish(request, payload: PolicyPublishIn):
+    """Publish a policy version; needs the "publish policy" permission (403 otherwise).
+
+    Without ``apply: true`` a dry run: what would be superseded, nothing written. With it,
+    every undecided current proposal under another version of the policy is superseded by
+    a ``policy_change`` proposal whose review is begun. The same request again does nothing.
+    """
+    data = {"name": payload.name, "label": payload.label, "parameters": payload.parameters}
+    result = publish_service(data=data, publisher=request.auth, channel=Channel.API, apply=payload.apply)
+    return {
+        **result.summary(),
+        "sample": [
+            {"case_id": r.case_id, "operation_id": r.operation_id, "from_label": r.from_label}
+            for r in result.plan.sample
+        ],
+    }
 
 
 @api.get(

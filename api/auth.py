@@ -19,6 +19,7 @@ from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
 from cases.models import Case
+from cases.services import can_publish
 from decisionflow.core import identity
 from decisionflow.core.errors import PermissionRefused
 from decisionflow.workflow.services import refusal_record
@@ -29,6 +30,7 @@ from .services import token_authenticate
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 VIEW_PERMISSION = "cases.view_case"
+PUBLISH_PATH = "/policies/publish"
 
 
 def _permitted(request: HttpRequest, user):
@@ -37,6 +39,11 @@ def _permitted(request: HttpRequest, user):
             raise AuthorizationError(
                 message=f"{user.get_username()} does not have the view permission on cases ({VIEW_PERMISSION})"
             )
+    elif request.path.endswith(PUBLISH_PATH):
+        # Publishing a policy version needs its own permission, not the review one: support
+        # leads have it, reviewers do not (docs/API.md). The service checks it again.
+        if not can_publish(user):
+            raise AuthorizationError(message=f"{user.get_username()} does not have the publish policy permission")
     elif not user.has_perm(REVIEW_PERMISSION):
         message = f"{user.get_username()} does not have the review permission"
         _record_refused_decision(request, user, message)

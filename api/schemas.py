@@ -144,7 +144,7 @@ class TextWarningOut(Schema):
 class ProposalOut(Schema):
     operation_id: str
     action: str
-    origin: Literal["prepared", "human_edit", "evidence_change"]
+    origin: Literal["prepared", "human_edit", "evidence_change", "policy_change"]
     parent_operation_id: str | None
     author: str | None = Field(
         description="the person who made this human edit or evidence change; null for a proposal the "
@@ -224,3 +224,37 @@ class EditOut(Schema):
     review_error: str | None = Field(
         description="why beginning the review failed (the first decision on the new proposal begins it)"
     )
+
+
+# Policy versions ------------------------------------------------------------------------
+
+
+class PolicyPublishIn(Strict):
+    name: StrictStr = Field(min_length=1, max_length=200, description="the policy's name; its versions share it")
+    label: StrictStr = Field(min_length=1, max_length=100, description="display only, not part of the identity")
+    parameters: dict[str, StrictBool | StrictInt | StrictStr] = Field(
+        description="typed parameters (integer, string or boolean); they and the name make the policy identity"
+    )
+    apply: StrictBool = Field(
+        default=False, description="false (the default): a dry run that says what would be superseded"
+    )
+
+
+class PolicyPlanRowOut(Schema):
+    case_id: str
+    operation_id: str | None = Field(description="the current proposal's; null: the case has no proposal yet")
+    from_label: str
+
+
+class PolicyPublishOut(Schema):
+    policy: str
+    label: str
+    policy_id: str
+    applied: bool
+    to_supersede: int = Field(description="undecided current proposals under another version, when planned")
+    to_move: int = Field(description="cases without a proposal yet, when planned")
+    superseded: int
+    moved: int
+    failed: int = Field(description="cases left as they were (busy); publish again to finish")
+    policy_created: bool
+    sample: list[PolicyPlanRowOut] = Field(description="the first cases of the plan")

@@ -55,7 +55,7 @@ class SourceVersionAdmin(ViewOnlyAdmin):
 
 @admin.register(Policy)
 class PolicyAdmin(ViewOnlyAdmin):
-    list_display = ("name", "label", "parameters", "policy")
+    list_display: tuple[str, ...] = ("name", "label", "parameters", "policy")
     list_per_page = 100
 
     @admin.display(description="policy identity")

@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
 class Policy(models.Model):
-    """What governed the AI work. ``policy_id`` covers name and parameters, not the label."""
+    """One version of a policy: what governed the AI work.
+
+    ``policy_id`` covers name and parameters, not the label. The versions of a policy are
+    its rows with the same ``name``; the current one is the last published (a row that came
+    with an imported case and was never published has no ``published_at``). Publishing
+    (``manage.py publish_policy``, decisionflow/workflow/publishing.py) moves the undecided
+    cases onto a new version.
+    """
 
     name = models.CharField(max_length=200)
     label = models.CharField(max_length=100, help_text="Display only; not part of the identity.")
     parameters = models.JSONField(default=dict)
     policy_id = models.CharField(max_length=80, db_index=True)
+    # Set by the first publish of this version; None for a version that came with a case file.
+    published_at = models.DateTimeField(null=True, blank=True)
+    published_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         verbose_name_plural = "policies"
+        permissions = [("publish_policy", "Can publish a new policy version")]
         constraints = [models.UniqueConstraint(fields=["policy_id", "label"], name="policy_unique_identity_label")]
 
     def __str__(self):
@@ -60,6 +74,9 @@ class Case(models.Model):
     action = models.CharField(max_length=100, default="record_support_review")
     policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="cases")
     draft = models.TextField(help_text="The prepared draft as imported (canonical LF line endings).")
+    # The policy parameters this case's findings depend on (the case file's optional
+    # ``depends_on``). None: not declared, so every policy change flags every finding.
+    depends_on = models.JSONField(null=True, blank=True)
     # The canonical JSON of the imported file, so a re-import can tell "identical" from "changed".
     import_digest = models.CharField(max_length=64)
     current_proposal = models.ForeignKey(

@@ -178,18 +178,63 @@ def validate_case_data(data: Any) -> None:
         if not clause or clause not in texts[key]:
             _fail(f"{field}.licensed_clause", f"is not in the text of {key[0]} version {key[1]}")
 
-    policy = data["policy"]
-    _check_keys(policy, "policy", "policy")
-    _check_text(policy["name"], "policy.name", "name")
-    _check_text(policy["label"], "policy.label", "label")
+    validate_policy_data(data["policy"], "policy")
+    if "depends_on" in data:
+        _check_depends_on(data["depends_on"])
+
+
+def validate_policy_data(policy: Any, field: str = "policy") -> None:
+    """A policy version: ``{"name", "label", "parameters"}`` with typed parameter values."""
+    _check_keys(policy, "policy", field)
+    _check_everywhere(policy, field)
+    unknown = sorted(set(policy) - set(_REQUIRED["policy"]))
+    if field != "policy" and unknown:
+        _fail(f"{field}.{text.shown(unknown[0])}", "is not a field of a policy (name, label, parameters)")
+    _check_text(policy["name"], f"{field}.name", "name")
+    _check_text(policy["label"], f"{field}.label", "label")
     if not isinstance(policy["parameters"], dict):
-        _fail("policy.parameters", "must be an object")
+        _fail(f"{field}.parameters", "must be an object")
     for key, value in policy["parameters"].items():
-        text.check_text(key, field="policy.parameters key", one_line=True)
+        text.check_text(key, field=f"{field}.parameters key", one_line=True)
         try:
             identity.typed_value(value)
         except TypeError as exc:
-            _fail(f"policy.parameters.{key}", str(exc))
+            _fail(f"{field}.parameters.{key}", str(exc))
+
+
+def _check_depends_on(value: Any) -> None:
+    """Optional: the policy parameters the findings depend on (docs/CASE_FORMAT.md)."""
+    names = _check_list(value, "depends_on")
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            _fail(f"depends_on[{i}]", "must be a policy parameter name (a string)")
+        text.check_text(name, field=f"depends_on[{i}]", one_line=True)
+    if len(set(names)) != len(names):
+        _fail("depends_on", "names a parameter twice")
+
+
+def parse_policy_file(raw: bytes) -> dict:
+    """Decode and validate a policy file (``publish_policy``); returns it or raises ``InvalidInput``."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"file: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+    validate_policy_data(data, "file")
+    return {"name": data["name"], "label": data["label"], "parameters": data["parameters"]}
+
+
+def policy_version_get_or_create(*, data: dict) -> tuple[Policy, bool]:
+    """The policy version for ``data`` (name, label, parameters): found, or created now."""
+    validate_policy_data(data, "policy")
+    return Policy.objects.get_or_create(
+        policy_id=identity.policy_id(data["name"], data["parameters"]),
+        label=data["label"],
+        defaults={"name": data["name"], "parameters": data["parameters"]},
+    )
 
 
 def _import_digest(data: dict) -> str:
@@ -247,6 +292,7 @@ def case_import(*, data: dict) -> ImportResult:
             action=data["action"],
             policy=policy,
             draft=data["draft"],
+            depends_on=data.get("depends_on"),
             import_digest=digest,
         )
         SelectedPassage.objects.bulk_create(
@@ -269,3 +315,11 @@ def case_import(*, data: dict) -> ImportResult:
             for i, f in enumerate(data["findings"])
         )
     return ImportResult(case, True)
+
+
+PUBLISH_POLICY_PERMISSION = "cases.publish_policy"
+
+
+def can_publish(user) -> bool:
+    """Whether ``user`` may publish a policy version (support leads; reviewers may not)."""
+    return bool(getattr(user, "is_active", False) and user.has_perm(PUBLISH_POLICY_PERMISSION))

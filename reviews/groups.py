@@ -23,6 +23,8 @@ def ensure_review_groups(Group, Permission):
     review = Permission.objects.get(content_type__app_label="reviews", codename="review_proposal")
     reviewers, _ = Group.objects.get_or_create(name=REVIEWERS)
     reviewers.permissions.add(*view, review)
+    # Support leads own the team's rules: they publish policy versions; reviewers do not.
+    publish = Permission.objects.get(content_type__app_label="cases", codename="publish_policy")
     leads, _ = Group.objects.get_or_create(name=SUPPORT_LEADS)
-    leads.permissions.add(*view)
+    leads.permissions.add(*view, publish)
     return reviewers, leads

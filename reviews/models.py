@@ -13,6 +13,9 @@ class Origin(models.TextChoices):
     PREPARED = "prepared", "Prepared"
     HUMAN_EDIT = "human_edit", "Human edit"
     EVIDENCE_CHANGE = "evidence_change", "Evidence change"
+    # A new policy version was published: same body and evidence, the new policy. Like a
+    # prepared proposal it has no human author (the publisher did not write the text).
+    POLICY_CHANGE = "policy_change", "Policy change"
 
 
 class Channel(models.TextChoices):

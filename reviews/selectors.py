@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 
+from decisionflow.core import identity
+
 from .models import Proposal
 
 
@@ -66,3 +68,37 @@ def proposal_text_fields(proposal: Proposal) -> list[tuple[str, str]]:
     for key, value in sorted((policy.get("parameters") or {}).items()):
         fields += [(f"policy.parameters key {key}", key), (f"policy.parameters.{key}", value)]
     return [(name, value) for name, value in fields if isinstance(value, str)]
+
+
+def policy_change(proposal: Proposal, depends_on: list[str] | None) -> dict | None:
+    """What changed in the policy since the nearest ancestor under another policy, or None.
+
+    ``changes`` lists each parameter whose value changed (``before``/``after``; None when
+    absent). ``recheck`` is False only when the case declares ``depends_on`` and none of
+    those parameters changed: nothing is carried over silently.
+    """
+    ancestor = proposal.parent
+    while ancestor is not None and ancestor.policy_id == proposal.policy_id:
+        ancestor = ancestor.parent
+    if ancestor is None:
+        return None
+    before = ancestor.policy_snapshot.get("parameters", {})
+    after = proposal.policy_snapshot.get("parameters", {})
+    changes = [
+        {"key": key, "before": before.get(key), "after": after.get(key)}
+        for key in sorted(set(before) | set(after))
+        if key not in before
+        or key not in after
+        or identity.typed_value(before[key]) != identity.typed_value(after[key])
+    ]
+    changed = {c["key"] for c in changes}
+    recheck = depends_on is None or bool(changed & set(depends_on))
+    return {
+        "from_proposal": ancestor,
+        "from_label": ancestor.policy_snapshot.get("label", ""),
+        "to_label": proposal.policy_snapshot.get("label", ""),
+        "name_changed": ancestor.policy_snapshot.get("name") != proposal.policy_snapshot.get("name"),
+        "changes": changes,
+        "recheck": recheck,
+        "depends_on": depends_on,
+    }

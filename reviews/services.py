@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
-from cases.models import Case, Source, SourceVersion
+from cases.models import Case, Policy, Source, SourceVersion
 from cases.services import VERSION_RANGE
 from decisionflow.core import identity, text
 from decisionflow.core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
@@ -230,3 +230,50 @@ def proposal_revise(
             raise StaleProposal(f"stale: case {case.case_id} moved on during this edit")
         case.current_proposal = proposal
         return RevisionResult(proposal, True)
+
+
+def proposal_policy_change(*, case: Case, policy: Policy) -> Proposal | None:
+    """Supersede the case's undecided current proposal with one under ``policy``.
+
+    The new proposal keeps the body and the evidence, takes the new policy snapshot and so
+    a new policy and operation identity; origin ``policy_change``, the old proposal as its
+    parent, and no author (the publisher did not write the text, so four eyes treats it
+    like a prepared proposal). The case points at ``policy`` afterwards, so a case with no
+    proposal yet is prepared under it.
+
+    Returns the new proposal, or None when there is nothing to supersede: the current
+    proposal is decided (history does not change) or already under this policy. Must run
+    inside the caller's transaction: the case row is locked (the same lock a commit takes),
+    so a concurrent approval either commits first, and then this finds it decided, or waits
+    and is refused as stale. The pointer moves by compare-and-swap.
+    """
+    locked = Case.objects.select_for_update(no_key=True).filter(pk=case.pk).first()
+    if locked is None:
+        raise NotFound(f"case {case.case_id} does not exist")
+    current = locked.current_proposal
+    if current is None:
+        if locked.policy_id != policy.pk:
+            Case.objects.filter(pk=case.pk).update(policy=policy)
+        return None
+    if current.policy_id == policy.policy_id:
+        return None
+    if ReviewDecision.objects.filter(operation_id=current.operation_id).exists():
+        return None
+    snapshot = {"name": policy.name, "label": policy.label, "parameters": policy.parameters}
+    content = _content(locked, body=current.body, passages=current.passages, findings=current.findings, policy=snapshot)
+    proposal = _find_or_insert(
+        {
+            **content,
+            "origin": Origin.POLICY_CHANGE,
+            "parent": current,
+            "author": None,
+            # The body did not change: its sentences a person wrote are still unchecked.
+            "unchecked_sentences": list(current.unchecked_sentences),
+        }
+    )
+    moved = Case.objects.filter(pk=case.pk, current_proposal=current).update(current_proposal=proposal, policy=policy)
+    if moved != 1:
+        raise StaleProposal(f"stale: case {case.case_id} moved on during the policy change")
+    case.current_proposal = proposal
+    case.policy = policy
+    return proposal

@@ -45,7 +45,7 @@ from effects.models import EffectRecord
 from effects.services import REVIEW_PERMISSION, operation_reconcile
 from reviews.admin import PROPOSAL_BIG_FIELDS
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
-from reviews.selectors import evidence_moves, proposal_diff, proposal_text_fields
+from reviews.selectors import evidence_moves, policy_change, proposal_diff, proposal_text_fields
 
 from . import picture as workflow_picture
 from . import selectors
@@ -372,6 +372,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             parameters=parameters,
             diff=proposal_diff(proposal),
             moves=evidence_moves(proposal),
+            policy_change=policy_change(proposal, case.depends_on),
             body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
             if proposal.unchecked_sentences
             else text_policy.marked_html(proposal.body),
@@ -860,3 +861,7 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
             messages.SUCCESS if not skipped else messages.WARNING,
         )
         return None
+
+
+# The policy publish page replaces the view-only policy admin (it sits above the data).
+from . import policy_admin  # noqa: E402, F401

@@ -12,6 +12,7 @@ def test_openapi_json_describes_the_endpoints(client, db):
         "/api/cases/{case_id}/decision",
         "/api/cases/{case_id}/edits",
         "/api/operations/{operation_id}",
+        "/api/policies/publish",
     }
     decision = schema["paths"]["/api/cases/{case_id}/decision"]["post"]
     assert set(decision["responses"]) == {"200", "400", "401", "403", "404", "409", "413", "500"}

@@ -1,0 +1,410 @@
+"""Publishing a policy version: what it supersedes, what it leaves alone, and doing it safely.
+
+Each case is a copy of the demo T-1042 (policy support-reply v3, allowance_units 9) under
+another case ID. The publish raises the allowance to 10 (label v4).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import threading
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connections
+from django.test import Client
+from django.urls import reverse
+
+from cases.models import Case, Policy
+from cases.services import case_import, parse_policy_file
+from decisionflow.core import identity
+from decisionflow.core.errors import InvalidInput, PermissionRefused, StaleProposal
+from decisionflow.workflow.publishing import policy_publish
+from decisionflow.workflow.services import decision_record, review_begin, review_edit
+from effects.models import CommitAttempt, EffectRecord
+from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
+from tests.conftest import load_fixture, snapshot
+
+V4 = {
+    "name": "support-reply",
+    "label": "v4",
+    "parameters": {"allowance_units": 10, "rollback_advice": "forbidden", "requires_human_review": True},
+}
+
+
+def new_case(case_id: str, **overrides) -> Case:
+    return case_import(data={**load_fixture("t1042.json"), "case_id": case_id, **overrides}).case
+
+
+def begun(case_id: str, **overrides) -> Case:
+    case = new_case(case_id, **overrides)
+    review_begin(case=case)
+    case.refresh_from_db()
+    return case
+
+
+def current(case: Case) -> Proposal:
+    return Case.objects.select_related("current_proposal").get(pk=case.pk).current_proposal
+
+
+@pytest.fixture
+def publisher(make_user):
+    """A support lead: the group carries the publish permission (reviews/groups.py)."""
+    return make_user("publisher", group="leads")
+
+
+@pytest.fixture
+def world(db, reviewer, editor, publisher):
+    pending = begun("P-PENDING")
+    decided = begun("P-DECIDED")
+    decision_record(
+        case=decided, operation_id=current(decided).operation_id, approved=True, reviewer=reviewer, channel="test"
+    )
+    declined = begun("P-DECLINED")
+    decision_record(
+        case=declined, operation_id=current(declined).operation_id, approved=False, reviewer=reviewer, channel="test"
+    )
+    fresh = new_case("P-FRESH")  # no proposal yet
+    edited = begun("P-EDITED")
+    review_edit(
+        case=edited,
+        expected_operation_id=current(edited).operation_id,
+        body=current(edited).body + "\n\nA sentence the editor wrote.",
+        editor=editor,
+    )
+    other = data = load_fixture("t1042.json")
+    data = {**data, "case_id": "P-OTHER", "policy": {**data["policy"], "name": "another-policy"}}
+    other = case_import(data=data).case
+    review_begin(case=other)
+    return {
+        "pending": pending,
+        "decided": decided,
+        "declined": declined,
+        "fresh": fresh,
+        "edited": edited,
+        "other": other,
+    }
+
+
+def test_publish_supersedes_exactly_the_undecided_current_proposals(world, publisher):
+    before = {name: current(case) for name, case in world.items()}
+    result = policy_publish(data=V4, publisher=publisher, apply=True)
+    assert (result.superseded, result.moved, result.failed) == (2, 1, [])
+    new_policy = Policy.objects.get(label="v4")
+    assert new_policy.published_by == publisher and new_policy.published_at is not None
+    assert new_policy.policy_id == identity.policy_id(V4["name"], V4["parameters"])
+
+    for name in ("pending", "edited"):
+        old, new = before[name], current(world[name])
+        assert new.origin == Origin.POLICY_CHANGE and new.parent_id == old.pk and new.author_id is None
+        assert new.policy_id == new_policy.policy_id and new.policy_snapshot["parameters"]["allowance_units"] == 10
+        assert (new.body, new.passages, new.findings) == (old.body, old.passages, old.findings)
+        assert new.unchecked_sentences == old.unchecked_sentences
+        assert PendingReview.objects.get(operation_id=new.operation_id).status == PendingReview.Status.PENDING
+        assert PendingReview.objects.get(operation_id=old.operation_id).status == PendingReview.Status.SUPERSEDED
+        assert PendingReview.objects.filter(case=world[name], status=PendingReview.Status.PENDING).count() == 1
+    assert current(world["edited"]).unchecked_sentences == ["A sentence the editor wrote."]
+
+    # Decided proposals, another policy's case: untouched, history does not change.
+    for name in ("decided", "declined", "other"):
+        assert current(world[name]) == before[name]
+        assert Proposal.objects.filter(case=world[name]).count() == 1
+    assert Case.objects.get(pk=world["decided"].pk).policy.label == "v3"
+    # A case never begun is prepared under the new version when it is.
+    fresh = Case.objects.get(pk=world["fresh"].pk)
+    assert fresh.policy == new_policy and fresh.current_proposal_id is None
+    review_begin(case=fresh)
+    assert current(fresh).policy_id == new_policy.policy_id and current(fresh).origin == Origin.PREPARED
+
+
+def test_the_same_publish_twice_changes_nothing(world, publisher):
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    before, policies = snapshot(), list(Policy.objects.values_list("pk", "published_at"))
+    again = policy_publish(data=V4, publisher=publisher, apply=True)
+    assert (again.superseded, again.moved, again.plan.total) == (0, 0, 0)
+    assert snapshot() == before and list(Policy.objects.values_list("pk", "published_at")) == policies
+
+
+def test_a_dry_run_shows_the_plan_and_writes_nothing(world, publisher):
+    before = snapshot()
+    plan = policy_publish(data=V4, publisher=publisher, apply=False).plan
+    assert (plan.to_supersede, plan.to_move) == (2, 1)
+    assert {row.case_id for row in plan.sample} == {"P-PENDING", "P-EDITED", "P-FRESH"}
+    assert snapshot() == before and not Policy.objects.filter(label="v4").exists()
+
+
+def test_only_the_publish_permission_publishes(world, reviewer, lead):
+    before = snapshot()
+    with pytest.raises(PermissionRefused):
+        policy_publish(data=V4, publisher=reviewer, apply=True)
+    assert snapshot() == before
+    assert policy_publish(data=V4, publisher=lead, apply=True).superseded == 2  # a support lead may
+
+
+def test_a_tab_opened_before_the_publish_is_refused_as_stale(world, reviewer, publisher):
+    case = world["pending"]
+    old = current(case)
+    client = Client()
+    client.force_login(reviewer)
+    page = client.get(reverse("admin:reviews_proposal_review", args=[old.pk])).content.decode()
+    assert old.operation_id in page  # the tab, opened before the publish
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    response = client.post(
+        reverse("admin:reviews_proposal_decide", args=[old.pk]),
+        {"operation_id": old.operation_id, "decision": "approve"},
+        follow=True,
+    )
+    said = " ".join(str(m) for m in response.context["messages"])
+    assert "stale:" in said
+    assert not ReviewDecision.objects.exists() or not ReviewDecision.objects.filter(proposal__case=case).exists()
+    assert CommitAttempt.objects.filter(operation_id=old.operation_id, outcome="stale").count() == 1
+    # The service refuses it on every channel alike.
+    with pytest.raises(StaleProposal):
+        decision_record(case=case, operation_id=old.operation_id, approved=True, reviewer=reviewer, channel="test")
+
+
+def test_four_eyes_treats_a_policy_change_like_a_prepared_proposal(world, make_user, editor, reviewer):
+    # Someone who both publishes and reviews did not write the text: they may approve it.
+    both = make_user("both", group="leads")
+    both.groups.add(*reviewer.groups.all())
+    policy_publish(data=V4, publisher=both, apply=True)
+    case = world["pending"]
+    done = decision_record(
+        case=case, operation_id=current(case).operation_id, approved=True, reviewer=both, channel="test"
+    )
+    assert done.outcome == "committed"
+    # The editor's sentences are still in the policy-change proposal: still four eyes.
+    from decisionflow.core.errors import FourEyesRefused
+
+    edited = world["edited"]
+    with pytest.raises(FourEyesRefused):
+        decision_record(
+            case=edited, operation_id=current(edited).operation_id, approved=True, reviewer=editor, channel="test"
+        )
+
+
+@pytest.mark.parametrize(
+    ("depends_on", "flagged"),
+    [(None, True), (["allowance_units"], True), (["rollback_advice"], False), ([], False)],
+)
+def test_review_page_shows_the_policy_diff_and_flags_findings(db, reviewer, publisher, depends_on, flagged):
+    extra = {} if depends_on is None else {"depends_on": depends_on}
+    case = begun("P-PAGE", **extra)
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    client = Client()
+    client.force_login(reviewer)
+    page = client.get(reverse("admin:reviews_proposal_review", args=[current(case).pk])).content.decode()
+    assert 'id="df-policy-changed"' in page and "allowance_units 9 → 10" in page
+    assert "rollback_advice" not in page.split('id="df-policy-diff"')[1].split("</table>")[0]
+    assert ('class="df-recheck-flag"' in page) is flagged
+    assert ('id="df-recheck-all"' in page) is flagged and ('id="df-recheck-none"' in page) is not flagged
+
+
+def test_bad_policy_files_are_refused_and_nothing_is_written(world, publisher):
+    before = snapshot()
+    for raw in (
+        b"{",
+        b"[]",
+        b'{"name": "support-reply", "label": "v4"}',
+        b'{"name": "x", "label": "y", "parameters": {"a": 1.5}}',
+    ):
+        with pytest.raises(InvalidInput):
+            parse_policy_file(raw)
+    with pytest.raises(InvalidInput):
+        policy_publish(data={**V4, "parameters": {"allowance_units": [10]}}, publisher=publisher, apply=True)
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("bad", ["allowance_units", [1], ["a", "a"], ["line\nbreak"]])
+def test_case_file_depends_on_is_checked(db, bad):
+    with pytest.raises(InvalidInput) as refused:
+        new_case("P-DEP", depends_on=bad)
+    assert "depends_on" in str(refused.value)
+    assert not Case.objects.filter(case_id="P-DEP").exists()
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def run(*args, stdout=None):
+    out, err = stdout or io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        call_command("publish_policy", *args, stdout=out, stderr=err)
+    except CommandError as exc:
+        code = exc.returncode
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def policy_file(tmp_path):
+    path = tmp_path / "v4.json"
+    path.write_text(json.dumps(V4))
+    return str(path)
+
+
+def test_command_is_a_dry_run_unless_told_to_apply(world, publisher, policy_file):
+    before = snapshot()
+    code, out, _ = run(policy_file, "--publisher", "publisher")
+    assert code == 0 and snapshot() == before
+    assert out.count("\n") == 1 and "dry run" in out and "to_supersede=2 to_move=1" in out
+    code, out, _ = run(policy_file, "--publisher", "publisher", "--apply", "--json")
+    assert code == 0 and out.count("\n") == 1
+    assert json.loads(out) | {} == json.loads(out) and json.loads(out)["superseded"] == 2
+    code, out, _ = run(policy_file, "--publisher", "publisher", "--apply", "--json")
+    assert json.loads(out)["superseded"] == 0 and json.loads(out)["to_supersede"] == 0
+
+
+def test_command_shows_a_progress_bar_on_a_terminal_only(world, publisher, policy_file):
+    code, out, _ = run(policy_file, "--publisher", "publisher", "--apply", stdout=Terminal())
+    assert code == 0 and "publishing" in out and "3/3" in out and "━" in out
+    assert "superseded=2 moved=1" in out
+
+
+def test_command_under_cron_prints_one_summary_line_and_no_bar(world, publisher, policy_file):
+    code, out, _ = run(policy_file, "--publisher", "publisher", "--apply")
+    assert code == 0 and out.count("\n") == 1 and "━" not in out
+    assert out.startswith("publish_policy: applied ") and "superseded=2 moved=1 failed=0" in out
+
+
+def test_command_refuses_a_reviewer(world, reviewer, policy_file):
+    before = snapshot()
+    code, _, err = run(policy_file, "--publisher", "reviewer", "--apply")
+    assert code == 1 and "publish policy permission" in err and snapshot() == before
+
+
+def test_api_publishes_for_a_lead_and_refuses_a_reviewer(world, client, lead, reviewer):
+    from api.services import token_create
+
+    def post(user, body):
+        token = token_create(user=user, name="t")[1]
+        return client.post(
+            "/api/policies/publish",
+            json.dumps(body),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    before = snapshot()
+    assert post(reviewer, {**V4, "apply": True}).status_code == 403
+    dry = post(lead, V4)
+    assert dry.status_code == 200 and dry.json()["to_supersede"] == 2 and dry.json()["applied"] is False
+    assert snapshot() == before
+    assert post(lead, {**V4, "parameters": {"allowance_units": 1.5}}).status_code == 400
+    done = post(lead, {**V4, "apply": True}).json()
+    assert (done["superseded"], done["moved"]) == (2, 1)
+    # The case reads back with its new proposal and origin.
+    token = token_create(user=reviewer, name="read")[1]
+    read = client.get("/api/cases/P-PENDING", headers={"Authorization": f"Bearer {token}"})
+    assert read.status_code == 200, read.content
+    assert read.json()["proposal"]["origin"] == "policy_change"
+    assert read.json()["proposal"]["operation_id"] == current(world["pending"]).operation_id
+    assert post(lead, {**V4, "apply": True}).json()["superseded"] == 0
+
+
+# --- crash and race --------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigkill_mid_publish_then_rerun_leaves_no_duplicates_and_no_gaps(manage, make_user, tmp_path):
+    make_user("publisher", group="leads")
+    cases = [begun(f"P-KILL-{i}") for i in range(3)]
+    olds = {c.pk: current(c) for c in cases}
+    path = tmp_path / "v4.json"
+    path.write_text(json.dumps(V4))
+    args = ("publish_policy", str(path), "--apply", "--publisher", "publisher", "--batch-size", "2")
+    killed = manage(*args, DECISIONFLOW_CRASH_AT="publish-after-case")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    moved = Proposal.objects.filter(origin=Origin.POLICY_CHANGE).count()
+    assert moved == 1  # killed after its first case committed
+    rerun = manage(*args, "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(rerun.stdout)["superseded"] == 2
+    for case in cases:
+        new = current(case)
+        assert new.origin == Origin.POLICY_CHANGE and new.parent_id == olds[case.pk].pk
+        assert Proposal.objects.filter(case=case).count() == 2
+        pending = PendingReview.objects.filter(case=case)
+        assert sorted(pending.values_list("operation_id", "status")) == sorted(
+            [(new.operation_id, "pending"), (olds[case.pk].operation_id, "superseded")]
+        )
+    assert json.loads(manage(*args, "--json").stdout)["superseded"] == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, publisher):
+    cases = [begun(f"P-RACE-{i:02d}") for i in range(16)]
+    olds = {c.pk: current(c).operation_id for c in cases}
+    barrier = threading.Barrier(17)
+    outcomes: dict[int, str] = {}
+    # The first half waits until the publish has superseded four cases (so those four are
+    # certainly stale); the rest start at once and race the publish as it goes.
+    four_done = threading.Event()
+    late = {c.pk for c in cases[:8]}
+
+    def approve(case):
+        try:
+            barrier.wait(10)
+            if case.pk in late:
+                four_done.wait(30)
+            outcomes[case.pk] = decision_record(
+                case=Case.objects.get(pk=case.pk),
+                operation_id=olds[case.pk],
+                approved=True,
+                reviewer=reviewer,
+                channel="test",
+            ).outcome.value
+        except Exception as exc:  # noqa: BLE001 - classified below
+            outcomes[case.pk] = type(exc).__name__
+        finally:
+            connections.close_all()
+
+    published = []
+
+    def progress(done, total):
+        if done >= 4:
+            four_done.set()
+
+    def publish():
+        try:
+            barrier.wait(10)
+            published.append(policy_publish(data=V4, publisher=publisher, apply=True, progress=progress, batch=4))
+        finally:
+            four_done.set()
+            connections.close_all()
+
+    threads = [threading.Thread(target=approve, args=(c,)) for c in cases] + [threading.Thread(target=publish)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(outcomes) == 16 and published
+    assert sum(o == "StaleProposal" for o in outcomes.values()) >= 4
+    for case in cases:
+        now = current(case)
+        if outcomes[case.pk] == "committed":
+            # Committed before supersession: the publish left it alone.
+            assert now.operation_id == olds[case.pk]
+            assert EffectRecord.objects.filter(operation_id=olds[case.pk]).count() == 1
+        else:
+            # Refused as stale (or busy, then superseded): never applied to anything.
+            assert outcomes[case.pk] in ("StaleProposal", "CaseBusy"), outcomes[case.pk]
+            assert not ReviewDecision.objects.filter(proposal__case=case).exists()
+        # Never applied to the new proposal.
+        assert not ReviewDecision.objects.filter(proposal__case=case, proposal__origin=Origin.POLICY_CHANGE).exists()
+    # Every case either committed or moved: nothing left behind (a busy case is finished by a rerun).
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    for case in cases:
+        now = current(case)
+        assert now.operation_id == olds[case.pk] or now.origin == Origin.POLICY_CHANGE
+        if now.origin == Origin.POLICY_CHANGE:
+            assert not ReviewDecision.objects.filter(operation_id=olds[case.pk]).exists()
