@@ -5,14 +5,17 @@ Errors are all one JSON shape, ``{"code", "message"}``; see docs/API.md for the 
 
 from __future__ import annotations
 
+import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, JsonResponse, UnreadablePostError
 from django.http.request import RawPostDataException
+from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
-from ninja import NinjaAPI, Path
+from ninja import NinjaAPI, Path, Swagger
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
+from ninja.openapi.docs import _csrf_needed
 from ninja.responses import Status
 
 from decisionflow.core import errors
@@ -39,6 +42,17 @@ from .schemas import (
 
 logger = logging.getLogger(__name__)
 
+
+class LocalSwagger(Swagger):
+    """Swagger UI from the package's own files (settings: its templates and static folders),
+    whether or not ``ninja`` is an installed app; ninja itself would fall back to a CDN."""
+
+    def render_page(self, request, api, **kwargs):
+        self.settings["url"] = self.get_openapi_url(api, kwargs)
+        context = {"swagger_settings": json.dumps(self.settings, indent=1), "api": api, "add_csrf": _csrf_needed(api)}
+        return render(request, self.template, context)
+
+
 api = NinjaAPI(
     title="decisionflow API",
     version="1",
@@ -48,6 +62,7 @@ api = NinjaAPI(
     urls_namespace="api",
     openapi_url="/openapi.json",
     docs_url="/docs",
+    docs=LocalSwagger(),
 )
 
 # The error table: every application error class carries its own status and code

@@ -532,7 +532,12 @@ def _write_sections(path: Path, sections: dict[str, str]) -> None:
     for name, text in sections.items():
         if name.startswith("row:"):  # a row of the summary table, by its number
             row = re.compile(rf"^\| {re.escape(name[4:])}\. .*$", re.M)
-            generated = row.sub(lambda _m, text=text: text, generated, count=1)
+            if row.search(generated):
+                generated = row.sub(lambda _m, text=text: text, generated, count=1)
+            else:  # a measure not in the table yet: after the table's last numbered row
+                rows = list(re.finditer(r"^\| \d+[\.( ].*$", generated, re.M))
+                at = rows[-1].end() if rows else len(generated)
+                generated = generated[:at] + "\n" + text + generated[at:]
             continue
         begin, end = report.section_markers(name)
         if begin in generated and end in generated:
