@@ -74,7 +74,6 @@ from reviews.models import Channel, Origin, PendingReview, Proposal, ReviewDecis
 from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
-from .messages import conform, graph_fingerprint, short_fingerprint
 from .engine import (
     FAULTS,
     GRAPH_SIGNATURE_HASH,
@@ -86,6 +85,7 @@ from .engine import (
     review_request_id,
     status_name,
 )
+from .messages import conform, graph_fingerprint, short_fingerprint
 from .selectors import decidable_operation_id
 
 log = logging.getLogger(__name__)

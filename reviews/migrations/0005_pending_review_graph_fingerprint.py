@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('reviews', '0004_checkpoint_retention'),
+        ("reviews", "0004_checkpoint_retention"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='pendingreview',
-            name='graph_fingerprint',
-            field=models.CharField(blank=True, default='', max_length=64),
+            model_name="pendingreview",
+            name="graph_fingerprint",
+            field=models.CharField(blank=True, default="", max_length=64),
         ),
     ]

@@ -106,7 +106,7 @@ def test_an_output_change_refuses_the_old_pause_without_a_version_bump(db, finge
     assert pause.graph_fingerprint == messages.graph_fingerprint()
     version = names.WORKFLOW_VERSION
     new_code(monkeypatch, "request")
-    assert names.WORKFLOW_VERSION == version  # the label was not bumped
+    assert version == names.WORKFLOW_VERSION  # the label was not bumped
     with pytest.raises(WorkflowIncompatible, match="incompatible workflow graph") as refused:
         decision_record(case=case, operation_id=op, approved=True, reviewer=reviewer, channel="test")
     assert refused.value.exit_code == 5 and "drain_workflow" in refused.value.message
@@ -150,7 +150,9 @@ def test_drain_dry_run_apply_and_again_then_approve_commits_once(db, fingerprint
     after = _pauses()
     assert set(after) == set(before)  # the same operations: no new proposal, no duplicate
     for op, (checkpoint_id, version, fingerprint, status) in after.items():
-        assert checkpoint_id != before[op][0] and WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).exists()
+        assert (
+            checkpoint_id != before[op][0] and WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).exists()
+        )
         assert (version, fingerprint, status) == ("review-v2", messages.graph_fingerprint(), "pending")
 
     lines, code = _drain("--apply", "--json")  # again: nothing to do
@@ -197,15 +199,15 @@ def test_bad_batch_size_is_refused_and_nothing_changes(db, fingerprint_cache):
 
 
 @pytest.mark.parametrize("crash_at", ["drain-workflow-batch-1", "begin-during-checkpoint-save"])
-def test_sigkill_mid_drain_then_two_reruns_at_once_leave_no_gap_and_no_duplicate(
-    manage, spawn, reviewer, crash_at
-):
+def test_sigkill_mid_drain_then_two_reruns_at_once_leave_no_gap_and_no_duplicate(manage, spawn, reviewer, crash_at):
     cases = [_begin(name) for name in FIXTURES]
     PendingReview.objects.update(workflow_version="review-v1")
     before = _pauses()
     checkpoints = WorkflowCheckpoint.objects.count()
 
-    killed = manage("drain_workflow", "--from", "review-v1", "--apply", "--batch-size", "1", DECISIONFLOW_CRASH_AT=crash_at)
+    killed = manage(
+        "drain_workflow", "--from", "review-v1", "--apply", "--batch-size", "1", DECISIONFLOW_CRASH_AT=crash_at
+    )
     assert killed.returncode == -9, killed.stderr
     moved = [op for op, pause in _pauses().items() if pause[1] == "review-v2"]
     # Between batches: the first case is moved. Inside the first case's transaction: none.
@@ -224,4 +226,3 @@ def test_sigkill_mid_drain_then_two_reruns_at_once_leave_no_gap_and_no_duplicate
         result = decision_record(case=case, operation_id=_op(case), approved=True, reviewer=reviewer, channel="t")
         assert result.outcome == Outcome.COMMITTED
     assert EffectRecord.objects.count() == 3
-

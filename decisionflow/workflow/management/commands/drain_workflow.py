@@ -91,7 +91,9 @@ class Command(WorkflowCommand):
             return json.dumps(item.as_dict(), ensure_ascii=False)
         source = f"{shown(item.from_version)}/{item.from_fingerprint}"
         if item.outcome == "would":
-            return f"drain_workflow: would re-begin case={shown(item.case_id)} op={shown(item.operation_id)} from={source}"
+            return (
+                f"drain_workflow: would re-begin case={shown(item.case_id)} op={shown(item.operation_id)} from={source}"
+            )
         return (
             f"drain_workflow: not re-begun case={shown(item.case_id)} op={shown(item.operation_id)} from={source}: "
             f"{item.detail}"
