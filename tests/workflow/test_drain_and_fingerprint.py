@@ -226,3 +226,57 @@ def test_sigkill_mid_drain_then_two_reruns_at_once_leave_no_gap_and_no_duplicate
         result = decision_record(case=case, operation_id=_op(case), approved=True, reviewer=reviewer, channel="t")
         assert result.outcome == Outcome.COMMITTED
     assert EffectRecord.objects.count() == 3
+
+
+def test_approvals_racing_a_drain_commit_once_and_only_on_the_new_pause(spawn, reviewer):
+    """Four reviewers keep approving while a drain runs in another process: each attempt is
+    refused as incompatible (before the case moved) or resumes the new pause; one commits."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from decisionflow.core.errors import CaseBusy
+
+    case = _begin("t1042.json")
+    op = _op(case)
+    PendingReview.objects.update(workflow_version="review-v1")
+    old_checkpoint = PendingReview.objects.get().checkpoint_id
+    outcomes: list[str] = []
+    checkpoints: set[str] = set()
+    errors: list[BaseException] = []
+    start = threading.Barrier(5)
+
+    def approve():
+        try:
+            start.wait()
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                try:
+                    result = decision_record(case=case, operation_id=op, approved=True, reviewer=reviewer, channel="t")
+                except (WorkflowIncompatible, CaseBusy):
+                    outcomes.append("refused")
+                    time.sleep(0.02)
+                    continue
+                outcomes.append(result.outcome)
+                checkpoints.add(result.checkpoint_id)
+                return
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=approve) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    drain = spawn("drain_workflow", "--apply")
+    out, err = drain.communicate(timeout=120)
+    for thread in threads:
+        thread.join(120)
+    assert drain.returncode == 0 and "re-begun 1 of 1" in out, (out, err)
+    assert not errors, errors
+    assert len(outcomes) > 4  # the drain started after the approvals: some were refused first
+    assert sorted(o for o in outcomes if o != "refused") == [Outcome.COMMITTED] + [Outcome.REPLAY] * 3
+    assert old_checkpoint not in checkpoints and checkpoints == {PendingReview.objects.get().checkpoint_id}
+    assert EffectRecord.objects.filter(operation_id=op).count() == 1 and ReviewDecision.objects.count() == 1
