@@ -373,7 +373,8 @@ def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
         raise WorkflowIncompatible(
             f"incompatible workflow version: the pending review of {op} was recorded by workflow "
             f"{pending.workflow_version}, this is {WORKFLOW_VERSION}; it will not be resumed across versions. "
-            f"Run `manage.py begin {case.case_id}` to pause it again on {WORKFLOW_VERSION}"
+            f"Run `manage.py begin {case.case_id}` (or `manage.py drain_workflow --from {pending.workflow_version} "
+            f"--apply` for every such case) to pause it again on {WORKFLOW_VERSION}"
         )
     if pending.graph_fingerprint != graph_fingerprint():
         raise WorkflowIncompatible(
