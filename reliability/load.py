@@ -453,7 +453,10 @@ def settle(database_url: str, tally: Tally, summary: dict) -> list[str]:
     from reviews.models import ReviewDecision
 
     proc = manage(database_url, "reconcile", "--all", "--json")
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # The last line of --all is the run's summary object, not an operation.
+    rows = [
+        r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")) if "summary" not in r
+    ]
     by_op = {r["operation_id"]: r for r in rows}
     states = Counter(r["state"] for r in rows)
     failures = []

@@ -137,6 +137,10 @@ class PendingReview(models.Model):
     # checkpoint rows are pruned (reviews/retention.py) and the history must stay whole.
     checkpoint_at = models.DateTimeField(null=True, blank=True)
     workflow_version = models.CharField(max_length=40)
+    # The graph fingerprint (decisionflow/workflow/messages.py: executor ids, edges, message
+    # schemas) of the code that took the pause; "" for a pause recorded before it was kept.
+    # A pause of another fingerprint is not resumed (`manage.py drain_workflow` moves it on).
+    graph_fingerprint = models.CharField(max_length=64, default="", blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     # Who began the review, and through which channel: beginning is not authorship (the
     # pipeline prepared the proposal). None: a command run without a user.

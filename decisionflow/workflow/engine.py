@@ -28,7 +28,8 @@ from decisionflow.core.faults import LostReceipt, crash_point
 from effects.services import CommitResult, effect_commit
 from reviews.services import proposal_create
 
-from .names import COMMIT_ID, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_NAME, WORKFLOW_VERSION  # noqa: F401 - re-exported
+from .messages import conform, graph_fingerprint
+from .names import COMMIT_ID, EDGES, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_NAME, WORKFLOW_VERSION  # noqa: F401 - re-exported
 
 _STATUS_NAMES = {
     WorkflowRunState.IDLE_WITH_PENDING_REQUESTS: "PendingRequests",
@@ -71,14 +72,19 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
     proposal = proposal_create(case=case)
     # Issue 7: killed after the proposal is written, before anything records a pending review.
     crash_point("begin-after-proposal")
-    return {
-        "case_pk": case.pk,
-        "case_id": case.case_id,
-        "proposal_pk": proposal.pk,
-        "operation_id": proposal.operation_id,
-        "session_id": message["session_id"],
-        "workflow_version": WORKFLOW_VERSION,
-    }
+    return conform(
+        "request",
+        {
+            "case_pk": case.pk,
+            "case_id": case.case_id,
+            "proposal_pk": proposal.pk,
+            "operation_id": proposal.operation_id,
+            "session_id": message["session_id"],
+            "workflow_version": WORKFLOW_VERSION,
+            # Signed with the pause checkpoint: the graph this pause was taken by.
+            "graph_fingerprint": graph_fingerprint(),
+        },
+    )
 
 
 class Prepare(Executor):
@@ -104,13 +110,16 @@ class HumanReview(Executor):
         # The operation comes from the request this answer is correlated with, never from
         # the answer: a decision can only be about what was asked.
         await ctx.send_message(
-            {
-                "case_id": original_request["case_id"],
-                "operation_id": original_request["operation_id"],
-                "approved": response.get("approved"),
-                "reviewer_pk": response.get("reviewer_pk"),
-                "channel": response.get("channel") or "workflow",
-            }
+            conform(
+                "commit",
+                {
+                    "case_id": original_request["case_id"],
+                    "operation_id": original_request["operation_id"],
+                    "approved": response.get("approved"),
+                    "reviewer_pk": response.get("reviewer_pk"),
+                    "channel": response.get("channel") or "workflow",
+                },
+            )
         )
 
 
@@ -178,7 +187,7 @@ class Commit(Executor):
         # it as an uncertain outcome, never as a refusal.
         answer.commit_started = True
         answer.result = await sync_to_async(_commit_sync, thread_sensitive=True)(decision, answer)
-        await ctx.yield_output(answer.result.receipt())
+        await ctx.yield_output(conform("output", answer.result.receipt()))
 
 
 def build_workflow(*, begin: Begin | None = None, answer: Answer | None = None, checkpoint_storage=None):
@@ -192,5 +201,21 @@ def build_workflow(*, begin: Begin | None = None, answer: Answer | None = None, 
     )
 
 
+def _built_edges(workflow) -> tuple[tuple[str, str], ...]:
+    # The engine adds an ``internal:<id>`` edge into every executor (its own plumbing).
+    return tuple(
+        (edge.source_id, edge.target_id)
+        for group in workflow.edge_groups
+        for edge in group.edges
+        if not edge.source_id.startswith("internal:")
+    )
+
+
 # The graph never changes within a process; its hash is computed once.
-GRAPH_SIGNATURE_HASH = build_workflow().graph_signature_hash
+_GRAPH = build_workflow()
+GRAPH_SIGNATURE_HASH = _GRAPH.graph_signature_hash
+# The fingerprint (messages.py) is computed from names.EDGES without building the graph; the
+# graph must be wired exactly so, or the fingerprint would describe another graph.
+if sorted(_built_edges(_GRAPH)) != sorted(EDGES):
+    raise RuntimeError(f"build_workflow wires {_built_edges(_GRAPH)}, names.EDGES declares {EDGES}: make them agree")
+del _GRAPH

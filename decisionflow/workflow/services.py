@@ -85,6 +85,7 @@ from .engine import (
     review_request_id,
     status_name,
 )
+from .messages import conform, graph_fingerprint, short_fingerprint
 from .selectors import decidable_operation_id
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
     session_id = f"ws-{uuid.uuid4().hex}"
     buffer = PauseBuffer()
     workflow = build_workflow(begin=Begin(case=case, actor=actor), checkpoint_storage=buffer)
-    message = {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id}
+    message = conform("start", {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id})
     try:
         result = async_to_sync(_run)(workflow, message=message)
     except (DecisionflowError, DatabaseError):
@@ -242,6 +243,7 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
         "checkpoint_id": pause.checkpoint_id,
         "checkpoint_at": storage.written_at,
         "workflow_version": WORKFLOW_VERSION,
+        "graph_fingerprint": graph_fingerprint(),
     }
     if existing is not None:
         # The operation's pending review was recorded by another workflow version, or its
@@ -379,7 +381,16 @@ def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
         raise WorkflowIncompatible(
             f"incompatible workflow version: the pending review of {op} was recorded by workflow "
             f"{pending.workflow_version}, this is {WORKFLOW_VERSION}; it will not be resumed across versions. "
-            f"Run `manage.py begin {case.case_id}` to pause it again on {WORKFLOW_VERSION}"
+            f"Run `manage.py begin {case.case_id}` (or `manage.py drain_workflow --from {pending.workflow_version} "
+            f"--apply` for every such case) to pause it again on {WORKFLOW_VERSION}"
+        )
+    if pending.graph_fingerprint != graph_fingerprint():
+        raise WorkflowIncompatible(
+            f"incompatible workflow graph: the pending review of {op} was recorded by a graph with the "
+            f"fingerprint {short_fingerprint(pending.graph_fingerprint)}, this code's is "
+            f"{short_fingerprint(graph_fingerprint())} (executors, edges or message schemas changed); it will "
+            f"not be resumed. Run `manage.py drain_workflow --from {pending.workflow_version} --apply` (or "
+            f"`manage.py begin {case.case_id}`) to pause it again on this graph"
         )
     where = f"checkpoint {pending.checkpoint_id}"
     # HMAC, JSON only, no pickle; from the columns read with the pending review, if they were.
@@ -420,6 +431,12 @@ def _bound_checkpoint(case: Case, pending: PendingReview) -> EngineCheckpoint:
             f"incompatible workflow version: {where} holds a request of workflow "
             f"{data.get('workflow_version')!r}, this is {WORKFLOW_VERSION}; nothing ran"
         )
+    if data.get("graph_fingerprint") != graph_fingerprint():
+        raise WorkflowIncompatible(
+            f"incompatible workflow graph: {where} holds a request of the graph fingerprint "
+            f"{short_fingerprint(str(data.get('graph_fingerprint') or ''))}, this code's is "
+            f"{short_fingerprint(graph_fingerprint())}; nothing ran"
+        )
     return checkpoint
 
 
@@ -440,11 +457,14 @@ def _answer(
     """Restore the bound checkpoint and answer its request: one engine run, one crossing."""
     answer = Answer(reviewer=reviewer, fault=fault)
     workflow = build_workflow(answer=answer)
-    response = {
-        "approved": _jsonable(approved),
-        "reviewer_pk": getattr(reviewer, "pk", None) if getattr(reviewer, "is_authenticated", False) else None,
-        "channel": str(channel)[:20],
-    }
+    response = conform(
+        "response",
+        {
+            "approved": _jsonable(approved),
+            "reviewer_pk": getattr(reviewer, "pk", None) if getattr(reviewer, "is_authenticated", False) else None,
+            "channel": str(channel)[:20],
+        },
+    )
     short = identity.short(operation_id)
     try:
         run = async_to_sync(_run)(

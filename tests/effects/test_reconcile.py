@@ -111,7 +111,9 @@ def test_reconcile_json_lines_match_json_dumps_for_awkward_case_ids(db, reviewer
         case.refresh_from_db()
         proposal_create(case=case)
     call_command("reconcile", "--all", "--json")
-    lines = capsys.readouterr().out.splitlines()
+    *lines, summary = capsys.readouterr().out.splitlines()
     expected = [json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")) for row in operations_reconcile()]
     assert lines == expected and len(lines) == 4
+    # --all ends with one summary object (issue 17), told apart by its "summary" key.
+    assert json.loads(summary)["summary"] == "reconcile" and json.loads(summary)["operations"] == 4
     assert {json.loads(line)["case"] for line in lines} == set(ids)

@@ -373,10 +373,11 @@ def test_reconcile_overlap_and_repair(manage, committed_case, reviewer):
 
     found = manage("reconcile", "--all")
     assert found.returncode == 1
-    assert (
-        found.stdout.strip()
-        == f"reconcile: case=T-1042 op={proposal.operation_id} state=NoLocalEffectRecorded effects=0"
-    )
+    assert found.stdout.splitlines() == [
+        f"reconcile: case=T-1042 op={proposal.operation_id} state=NoLocalEffectRecorded effects=0",
+        found.stdout.splitlines()[-1],
+    ]
+    assert found.stdout.splitlines()[-1].startswith("reconcile: summary: 1 operation(s) of 1 case(s)")
     assert "--repair" in found.stderr and EffectRecord.objects.count() == 0
 
     repaired = manage("reconcile", "T-1042", "--repair", "--json")

@@ -28,7 +28,7 @@ def test_reconcile_quotes_a_case_id_that_would_forge_a_line(capsys):
     proposal_create(case=legacy_case(FORGED))
     call_command("reconcile", "--all")
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1, lines
+    assert len(lines) == 2 and lines[1].startswith("reconcile: summary: 1 operation(s)"), lines
     assert lines[0].startswith('reconcile: case="T-1\\nreconcile: case=T-1077 op=op-v1-forged state=Committed')
     assert lines[0].endswith(" state=Pending effects=0")
     with pytest.raises(CommandError) as exc:

@@ -1,3 +1,5 @@
+import json
+from collections import Counter
 from itertools import islice
 from json.encoder import encode_basestring
 
@@ -5,6 +7,7 @@ from cases.models import Case
 from decisionflow.core.commandline import Exit, WorkflowCommand
 from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
 from decisionflow.core.observability import reconcile_observed
+from decisionflow.core.progress import CommandProgress, bar_wanted
 from decisionflow.core.text import shown
 from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
 
@@ -21,7 +24,11 @@ class Command(WorkflowCommand):
         "is NoLocalEffectRecorded (approved, but no effect); --repair writes those effects (idempotent) and "
         "prints each repaired operation again with its new state. Only one reconcile runs at a time: a "
         "second run exits 1 at once with a message instead of waiting. Exit codes: 0 ok; 1 usage error, "
-        "lock held, unknown case, or NoLocalEffectRecorded found without --repair."
+        "lock held, unknown case, or NoLocalEffectRecorded found without --repair. "
+        "With --all on a terminal it shows a progress bar (cases done, rate, time left); otherwise "
+        "(cron, a pipe, --json) it ends the listing with one summary line: "
+        "`reconcile: summary: <n> operation(s) of <m> case(s) in <s> s (<rate>): <state> <count>, ...` "
+        '(with --json: {"summary": "reconcile", "operations": n, "cases": m, "seconds": s, "states": {...}}).'
     )
 
     def add_arguments(self, parser):
@@ -47,12 +54,25 @@ class Command(WorkflowCommand):
         with reconcile_observed(scope="cases" if case_ids else "all", exit_error=Exit) as run, reconcile_lock():
             unrepaired = []
             rows = operations_reconcile(case_ids=case_ids or None)
-            # Written a chunk at a time: over a million operations, one write call per line
-            # cost as much as the query itself.
-            while chunk := list(islice(rows, 2000)):
-                self.stdout.write("\n".join(map(self.line, chunk)))
-                unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
-                run.states.update(row.state for row in chunk)
+            bar = bool(all_cases) and bar_wanted(self.stdout, as_json=as_json)
+            # The bar's total: cases with a current proposal (each has at least one operation).
+            total = Case.objects.filter(current_proposal__isnull=False).count() if bar else None
+            states: Counter[str] = Counter()
+            last_case = None
+            with CommandProgress(self.stdout, label="reconcile", total=total, bar=bar) as progress:
+                # Written a chunk at a time: over a million operations, one write call per line
+                # cost as much as the query itself.
+                while chunk := list(islice(rows, 2000)):
+                    progress.write("\n".join(map(self.line, chunk)))
+                    unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
+                    run.states.update(row.state for row in chunk)
+                    states.update(row.state for row in chunk)
+                    # Rows come ordered by case: count each case once.
+                    new_cases = len({row.case_id for row in chunk} - {last_case})
+                    last_case = chunk[-1].case_id
+                    progress.advance(new_cases)
+            if all_cases:
+                self.summary(progress, states)
             run.listed = True
             if not unrepaired:
                 return
@@ -69,6 +89,20 @@ class Command(WorkflowCommand):
                     effects_repair(rows=[row], dry_run=False)
                 run.repaired += 1
                 self.report(operation_reconcile(row.operation_id), repaired=True)
+
+    def summary(self, progress: CommandProgress, states: Counter[str]) -> None:
+        """One line after the listing of --all (cron's log, a pipe): how much, how fast."""
+        operations, seconds = sum(states.values()), round(progress.elapsed, 3)
+        if self.as_json:
+            fields = {"operations": operations, "cases": progress.done, "seconds": seconds}
+            line = json.dumps({"summary": "reconcile", **fields, "states": dict(sorted(states.items()))})
+        else:
+            counts = ", ".join(f"{state} {n}" for state, n in sorted(states.items())) or "nothing to report"
+            line = (
+                f"reconcile: summary: {operations} operation(s) of {progress.done} case(s) in {seconds:.2f} s "
+                f"({progress.rate()}): {counts}"
+            )
+        self.stdout.write(line)
 
     def line(self, row, repaired=False) -> str:
         if self.as_json:

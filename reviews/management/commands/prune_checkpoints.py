@@ -1,5 +1,8 @@
+from django.utils import timezone
+
 from decisionflow.core.commandline import WorkflowCommand
-from reviews.retention import DEFAULT_BATCH_SIZE, checkpoints_prune, parse_window
+from decisionflow.core.progress import CommandProgress, bar_wanted
+from reviews.retention import DEFAULT_BATCH_SIZE, checkpoints_prune, parse_window, prunable_checkpoints
 
 
 class Command(WorkflowCommand):
@@ -13,7 +16,8 @@ class Command(WorkflowCommand):
         "`17 3 * * * cd /srv/decisionflow && .venv/bin/python manage.py prune_checkpoints "
         "--older-than 30d --apply >> var/log/prune_checkpoints.log 2>&1`. "
         "Exit codes: 0 ok (nothing to prune included); 1 usage error, or another prune_checkpoints run "
-        "holds the lock."
+        "holds the lock. On a terminal, --apply shows a progress bar (checkpoints deleted, rate, time "
+        "left) above the batch lines; elsewhere the output is the batch lines and the summary line only."
     )
 
     def add_arguments(self, parser):
@@ -33,11 +37,19 @@ class Command(WorkflowCommand):
 
     def handle(self, *args, older_than, batch_size, apply, **options):
         window = parse_window(older_than)
+        now = timezone.now()
+        bar = apply and bar_wanted(self.stdout)
+        # The bar's total, counted at the same cutoff the prune uses (a terminal only).
+        total = prunable_checkpoints(now - window).count() if bar else None
+        with CommandProgress(self.stdout, label="prune_checkpoints", total=total, bar=bar, unit="checkpoints") as shown:
 
-        def progress(batch: int, deleted: int) -> None:
-            self.stdout.write(f"prune_checkpoints: batch {batch} deleted {deleted}")
+            def progress(batch: int, deleted: int) -> None:
+                shown.write(f"prune_checkpoints: batch {batch} deleted {deleted}")
+                shown.advance(deleted)
 
-        result = checkpoints_prune(older_than=window, batch_size=batch_size, apply=apply, progress=progress)
+            result = checkpoints_prune(
+                older_than=window, batch_size=batch_size, apply=apply, now=now, progress=progress
+            )
         cutoff = result.cutoff.isoformat(timespec="seconds")
         kept = f"{result.kept_for_pending} kept as the pause of a pending review"
         if result.applied:
