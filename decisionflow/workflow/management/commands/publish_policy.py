@@ -1,11 +1,11 @@
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from cases.services import parse_policy_file
 from decisionflow.core.commandline import EXIT_BUSY, EXIT_ERROR, WorkflowCommand
 from decisionflow.core.errors import CaseBusy, InvalidInput
+from decisionflow.core.progress import CommandProgress
 from decisionflow.core.text import shown
 from decisionflow.workflow.publishing import policy_publish, publish_plan
 from reviews.models import Channel
@@ -66,24 +66,12 @@ class Command(WorkflowCommand):
             )
 
     def _with_bar(self, data, user, batch_size):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        stream: Any = getattr(self.stdout, "_out", self.stdout)
+        # The bulk commands' one progress bar (decisionflow/core/progress.py): done, rate, time left.
         total = publish_plan(data=data).total
-        columns = [
-            TextColumn("publishing"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
-        ]
-        with Progress(*columns, console=Console(file=stream), transient=False) as bar:
-            task = bar.add_task("cases", total=total, rate="")
+        with CommandProgress(self.stdout, label="publishing", total=total, bar=True) as bar:
 
             def advance(done, of):
-                speed = bar.tasks[0].speed
-                bar.update(task, completed=done, total=of, rate=f"{speed:.0f} cases/s" if speed else "")
+                bar.advance(done - bar.done)
 
             return policy_publish(
                 data=data, publisher=user, channel=Channel.COMMAND, apply=True, progress=advance, batch=batch_size
