@@ -216,10 +216,27 @@ class PendingReview(models.Model):
                 condition=models.Q(status="pending"),
                 name="pending_review_queue",
             ),
+            # The queue's "claimed by" filter lists who holds a claim now: the few claimed
+            # pending reviews, not every pending one.
+            models.Index(
+                fields=["claimed_by"],
+                condition=models.Q(status="pending", claimed_by__isnull=False),
+                name="pending_review_claims",
+            ),
         ]
 
     def __str__(self):
         return f"{self.case} {short(self.operation_id)} ({self.status})"
+
+
+class ReviewQueueItem(PendingReview):
+    """The review queue's admin page (decisionflow/workflow/admin.py): pending reviews only,
+    oldest first. A proxy: no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "review queue"
+        verbose_name_plural = "review queue"
 
 
 class ReviewClaimEvent(AppendOnlyModel):

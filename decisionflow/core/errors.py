@@ -141,6 +141,17 @@ class CaseBusy(DecisionflowError):
     retry_after = 2  # seconds: the API's Retry-After
 
 
+class ClaimHeld(DecisionflowError):
+    """Another reviewer holds a live claim on this review (docs/QUEUE.md).
+
+    Claims are advisory: this refuses a second claim, never a decision.
+    """
+
+    code = "claim_held"
+    exit_code = 1
+    http_status = 409
+
+
 class LockBusy(DecisionflowError):
     """A bulk command's lock (reconcile, repair) is held by another run."""
 
@@ -168,6 +179,7 @@ REFUSALS: tuple[type[DecisionflowError], ...] = (
     ConflictingDecision,
     WorkflowIncompatible,
     CaseBusy,
+    ClaimHeld,
     OutcomeUncertain,
     DecisionflowError,
 )

@@ -873,3 +873,7 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
             messages.SUCCESS if not skipped else messages.WARNING,
         )
         return None
+
+
+# The review queue and its claim endpoints (registered on import, as this module is).
+from . import queue_admin  # noqa: E402, F401
