@@ -151,7 +151,15 @@ class ReviewDecision(AppendOnlyModel):
             # The only automatic decision the database allows: a decline for reason "expired"
             # by a system actor. A person never gives "expired"; a system actor gives nothing else.
             models.CheckConstraint(
-                condition=models.Q(system_actor__isnull=False, approved=False, decline_reason=DeclineReason.EXPIRED)
+                # (Each column compared is also said NOT NULL: a NULL would make the whole
+                # check unknown, which a CHECK lets through.)
+                condition=models.Q(
+                    system_actor__in=SystemActor.values,
+                    system_actor__isnull=False,
+                    approved=False,
+                    decline_reason=DeclineReason.EXPIRED,
+                    decline_reason__isnull=False,
+                )
                 | (
                     models.Q(system_actor__isnull=True)
                     & (models.Q(decline_reason__isnull=True) | models.Q(decline_reason__in=HUMAN_DECLINE_REASONS))

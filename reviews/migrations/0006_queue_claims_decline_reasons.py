@@ -122,7 +122,13 @@ class Migration(migrations.Migration):
             model_name="reviewdecision",
             constraint=models.CheckConstraint(
                 condition=models.Q(
-                    models.Q(("approved", False), ("decline_reason", "expired"), ("system_actor__isnull", False)),
+                    models.Q(
+                        ("approved", False),
+                        ("decline_reason", "expired"),
+                        ("decline_reason__isnull", False),
+                        ("system_actor__in", ("sla-expiry",)),
+                        ("system_actor__isnull", False),
+                    ),
                     models.Q(
                         ("system_actor__isnull", True),
                         models.Q(
