@@ -144,7 +144,8 @@ class CaseBusy(DecisionflowError):
 class ClaimHeld(DecisionflowError):
     """Another reviewer holds a live claim on this review (docs/QUEUE.md).
 
-    Claims are advisory: this refuses a second claim, never a decision.
+    Claims are advisory: this refuses a second claim, never a decision. Only the admin's
+    claim endpoints raise it (the API has none), so it is not in ``REFUSALS``.
     """
 
     code = "claim_held"
@@ -179,7 +180,6 @@ REFUSALS: tuple[type[DecisionflowError], ...] = (
     ConflictingDecision,
     WorkflowIncompatible,
     CaseBusy,
-    ClaimHeld,
     OutcomeUncertain,
     DecisionflowError,
 )
