@@ -49,7 +49,7 @@ from reviews.selectors import evidence_moves, proposal_diff, proposal_text_field
 
 from . import picture as workflow_picture
 from . import selectors
-from .forms import APPROVE, DECLINE, DecisionForm, ProposalEditForm
+from .forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm
 from .listing import CaseListAdminMixin, reviewers_with_decisions
 from .selectors import decidable_operation_id
 
@@ -149,7 +149,12 @@ def decide(
     op = identity.short(operation_id)
     try:
         decided = decision_record(
-            case=case, operation_id=operation_id, approved=approved, reviewer=user, channel=Channel.ADMIN, **(decline or {})
+            case=case,
+            operation_id=operation_id,
+            approved=approved,
+            reviewer=user,
+            channel=Channel.ADMIN,
+            **(decline or {}),
         )
     except StaleProposal as exc:
         return False, [
@@ -222,7 +227,9 @@ def decide(
             text = format_html("{}; the reason that stands: {}", text, decision.get_decline_reason_display())
         return True, [(messages.INFO, text)]
     if decided.outcome == Outcome.DECLINED:
-        why = commit.decision.get_decline_reason_display() if commit.decision and commit.decision.decline_reason else None
+        why = (
+            commit.decision.get_decline_reason_display() if commit.decision and commit.decision.decline_reason else None
+        )
         text = format_html(
             "{}Declined: {} receipt={}{}. A decline writes no effect record.",
             prefix,
@@ -392,7 +399,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
             show_edit=reviewer_ok and is_current and decision is None,
-            decline_reasons=DecisionForm.base_fields["reason"].choices[1:],
+            decline_reasons=DECLINE_REASON_CHOICES,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
             picture=workflow_picture.picture_for(case, workflow_picture.case_path(case), proposal.pk),
         )

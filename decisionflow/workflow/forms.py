@@ -14,6 +14,10 @@ APPROVE = "approve"
 DECLINE = "decline"
 
 
+# The reasons a reviewer may give a decline, in the enum's order ("expired" is the system's).
+DECLINE_REASON_CHOICES = [(r.value, r.label) for r in DeclineReason if r.value in HUMAN_DECLINE_REASONS]
+
+
 class DecisionForm(forms.Form):
     """Approve or Decline, naming the operation identity the reviewer saw."""
 
@@ -25,10 +29,7 @@ class DecisionForm(forms.Form):
     )
 
     # With Decline: why (docs/QUEUE.md). Optional; "expired" is the system's, never offered.
-    reason = forms.ChoiceField(
-        required=False,
-        choices=[("", "(no reason given)")] + [(r.value, r.label) for r in DeclineReason if r.value in HUMAN_DECLINE_REASONS],
-    )
+    reason = forms.ChoiceField(required=False, choices=[("", "(no reason given)"), *DECLINE_REASON_CHOICES])
     note = forms.CharField(required=False, max_length=2000, strip=False)
 
     @property

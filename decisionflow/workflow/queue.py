@@ -161,10 +161,11 @@ class Claim:
 def live_claim(pending: PendingReview, now: datetime | None = None) -> Claim | None:
     """The review's claim if it has not lapsed (reads ``claimed_by``: select it related)."""
     now = now or timezone.now()
-    if pending.claimed_by_id is None or pending.claim_expires_at is None or pending.claim_expires_at <= now:
+    holder = pending.claimed_by if pending.claimed_by_id is not None else None
+    if holder is None or pending.claim_expires_at is None or pending.claim_expires_at <= now:
         return None
     assert pending.claimed_at is not None
-    return Claim(pending.claimed_by_id, pending.claimed_by.get_username(), pending.claimed_at, pending.claim_expires_at)
+    return Claim(holder.pk, holder.get_username(), pending.claimed_at, pending.claim_expires_at)
 
 
 # --- claims -----------------------------------------------------------------------------
@@ -295,15 +296,18 @@ def breached_reviews(now: datetime | None = None):
     for pending in rows.iterator(chunk_size=2000):
         policy = pending.case.policy.name
         claim = live_claim(pending, now)
-        yield pending, BreachedReview(
-            case_id=pending.case.case_id,
-            operation_id=pending.operation_id,
-            policy=policy,
-            begun_at=pending.created_at,
-            age=now - pending.created_at,
-            target=sla_target(policy),
-            claimed_by=claim.username if claim else None,
-            on_breach=on_breach(policy),
+        yield (
+            pending,
+            BreachedReview(
+                case_id=pending.case.case_id,
+                operation_id=pending.operation_id,
+                policy=policy,
+                begun_at=pending.created_at,
+                age=now - pending.created_at,
+                target=sla_target(policy),
+                claimed_by=claim.username if claim else None,
+                on_breach=on_breach(policy),
+            ),
         )
 
 
@@ -338,4 +342,3 @@ def review_expire(*, pending: PendingReview) -> CommitResult:
         decline_reason=DeclineReason.EXPIRED,
         system_actor=SystemActor.SLA_EXPIRY,
     )
-

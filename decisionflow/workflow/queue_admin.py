@@ -55,8 +55,9 @@ class SlaFilter(admin.SimpleListFilter):
         return queue.SlaState.choices
 
     def queryset(self, request, queryset):
-        if self.value() in queue.SlaState.values:
-            return queryset.filter(queue.sla_q(self.value(), timezone.now()))
+        value = self.value()
+        if value is not None and value in queue.SlaState.values:
+            return queryset.filter(queue.sla_q(value, timezone.now()))
         return queryset
 
 
@@ -76,9 +77,7 @@ class ClaimantFilter(admin.SimpleListFilter):
             .values("claimed_by")
         )
         users = get_user_model().objects.filter(pk__in=holders).order_by("username")
-        return [("none", "Nobody (unclaimed or lapsed)"), ("me", "Me")] + [
-            (str(u.pk), u.get_username()) for u in users
-        ]
+        return [("none", "Nobody (unclaimed or lapsed)"), ("me", "Me")] + [(str(u.pk), u.get_username()) for u in users]
 
     def queryset(self, request, queryset):
         value, now = self.value(), timezone.now()
@@ -113,7 +112,7 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
     list_display_links = None
     list_filter = (SlaFilter, ClaimantFilter, PolicyFilter)
     # The index order only: a sortable column would sort a million rows.
-    sortable_by: tuple[str, ...] = ()
+    sortable_by = ()
     ordering = ("created_at", "id")
     list_per_page = 50
 
@@ -164,7 +163,9 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
     @admin.display(description="waiting")
     def age(self, obj):
         return format_html(
-            '<span class="df-age" title="begun {}">{}</span>', when(obj.created_at), age_label(self._clock() - obj.created_at)
+            '<span class="df-age" title="begun {}">{}</span>',
+            when(obj.created_at),
+            age_label(self._clock() - obj.created_at),
         )
 
     @admin.display(description="SLA")
@@ -272,12 +273,13 @@ def claim_context(pending: PendingReview | None, user) -> dict:
     if pending is None or pending.status != PendingReview.Status.PENDING:
         return {"claim_pending": None}
     held = queue.live_claim(pending)
+    lapsed = pending.claimed_by if pending.claimed_by_id is not None and held is None else None
     return {
         "claim_pending": pending,
         "claim": held,
         "claim_mine": held is not None and held.user_pk == user.pk,
         "claim_can": can_review(user),
-        "claim_lapsed_name": pending.claimed_by.get_username() if pending.claimed_by_id and held is None else None,
+        "claim_lapsed_name": lapsed.get_username() if lapsed is not None else None,
         "claim_url": reverse("admin:reviews_reviewqueueitem_claim", args=[pending.pk]),
         "renew_url": reverse("admin:reviews_reviewqueueitem_renew", args=[pending.pk]),
         "release_url": reverse("admin:reviews_reviewqueueitem_release", args=[pending.pk]),

@@ -233,8 +233,8 @@ def test_the_admin_decline_carries_its_reason_and_a_second_keeps_the_first(admin
     page = client.get(reverse("admin:reviews_proposal_review", args=[proposal.pk])).content.decode()
     assert 'id="df-decline-reason-shown">Evidence does not support it</strong>' in page
     history = client.get(reverse("admin:cases_case_history", args=[proposal.case_id])).content.decode()
-    assert "reason: <strong class=\"df-decline-reason\">Evidence does not support it</strong>" in history
-    assert "reason asked: <span class=\"df-decline-reason\">Tone</span>" in history
+    assert 'reason: <strong class="df-decline-reason">Evidence does not support it</strong>' in history
+    assert 'reason asked: <span class="df-decline-reason">Tone</span>' in history
 
 
 def test_the_admin_refuses_an_unknown_or_system_reason_and_writes_no_decision(client, proposal, reviewer):
