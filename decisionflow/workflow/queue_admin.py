@@ -47,6 +47,15 @@ def age_label(age: timedelta) -> str:
     return f"{minutes}m"
 
 
+def target_label(target: timedelta) -> str:
+    """A target as set: ``4h``, ``90m``, ``2d``; ``age_label`` when it is not whole."""
+    seconds = int(target.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return age_label(target)
+
+
 class SlaFilter(admin.SimpleListFilter):
     title = "SLA state"
     parameter_name = "sla"
@@ -138,7 +147,7 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         context = {
             "is_nav_sidebar_enabled": False,
             "title": "Review queue: pending reviews, oldest first",
-            "sla_default": age_label(queue.sla_default()),
+            "sla_default": target_label(queue.sla_default()),
             "at_risk_percent": round((1 - queue.at_risk_fraction()) * 100),
             **(extra_context or {}),
         }
@@ -176,7 +185,7 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
             '<span class="df-sla df-sla-{}">{}</span> <span class="df-muted">of {}</span>',
             state.value,
             state.label,
-            age_label(target),
+            target_label(target),
         )
 
     @admin.display(description="policy")
@@ -194,13 +203,13 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
             when_html(held.since),
         )
 
-    @admin.display(description="human edit")
+    @admin.display(description="edit")
     def human_edit(self, obj):
         if obj.proposal.origin == Origin.HUMAN_EDIT:
             return format_html('<span class="df-human-edit">{}</span>', "Human edit")
         return ""
 
-    @admin.display(description="text warnings")
+    @admin.display(description="warnings")
     def text_warnings(self, obj):
         found = text_policy.warnings(case_text_fields(obj.case) + proposal_text_fields(obj.proposal))
         if not found:

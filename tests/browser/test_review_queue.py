@@ -44,7 +44,6 @@ def test_queue_claim_renewal_warning_and_lapse(queue_demo, login, live_server, s
     expect(first_row).to_contain_text("T-1042")
     expect(first_row.locator(".df-sla-breached")).to_have_text("Breached")
     expect(page.locator("#result_list tbody tr").nth(1).locator(".df-sla-at_risk")).to_have_text("At risk")
-    page.screenshot(path=str(screenshot_dir / "review-queue.png"), full_page=True)
 
     first_row.locator("a.df-queue-case").click()
     page.click("#df-claim-button")
@@ -65,6 +64,8 @@ def test_queue_claim_renewal_warning_and_lapse(queue_demo, login, live_server, s
     expect(other.locator("#result_list tbody tr").first.locator(".df-claim")).to_contain_text(
         "being reviewed by reviewer"
     )
+    # The queue as the second reviewer sees it: who is on T-1042 already.
+    other.screenshot(path=str(screenshot_dir / "review-queue.png"), full_page=True)
     other.locator("#result_list tbody tr").first.locator("a.df-queue-case").click()
     expect(other.locator("#df-claim-other")).to_contain_text("Being reviewed by reviewer since")
     expect(other.locator("#df-claim-warning")).to_contain_text("A claim is advisory")
