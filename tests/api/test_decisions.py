@@ -120,6 +120,15 @@ def test_a_decline_reason_is_stored_and_a_replay_with_another_keeps_the_first(ap
     )
 
 
+def test_a_note_with_hidden_characters_is_refused_and_no_decision_is_written(api, proposal):
+    from reviews.models import ReviewDecision
+
+    response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False, "reason": "tone", "note": "ok\u202e"})
+    body = assert_error(response, 400, "invalid_request")
+    assert body["message"].startswith("note: U+202E")
+    assert not ReviewDecision.objects.exists()
+
+
 def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer, editor):
     from decisionflow.workflow.services import review_begin, review_edit
 

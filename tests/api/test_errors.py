@@ -61,6 +61,8 @@ BAD_DECISIONS = {
     "an unknown reason": {"operation_id": DEMO_OP, "approved": False, "reason": "bored"},
     "the system's reason": {"operation_id": DEMO_OP, "approved": False, "reason": "expired"},
     "a reason not a string": {"operation_id": DEMO_OP, "approved": False, "reason": 1},
+    "a note too long": {"operation_id": DEMO_OP, "approved": False, "note": "x" * 2001},
+    "a note not a string": {"operation_id": DEMO_OP, "approved": False, "note": 5},
     "a reviewer field": {"operation_id": DEMO_OP, "approved": True, "reviewer": "lead"},
     "operation missing": {"approved": True},
     "operation upper-case hex": {"operation_id": DEMO_OP.upper().replace("OP-V1-", "op-v1-"), "approved": True},
