@@ -3,6 +3,7 @@ import json
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.core.errors import DecisionflowError
 from decisionflow.core.locks import cron_lock
+from decisionflow.core.observability import sla_observed
 from decisionflow.core.text import shown
 from decisionflow.workflow import queue
 from effects.services import CONFLICTING
@@ -35,12 +36,15 @@ class Command(WorkflowCommand):
 
     def handle(self, *args, as_json, expire, **options):
         found = 0
+        actions: dict[str, int] = {}
         with cron_lock("sla_report"):
             for pending, row in queue.breached_reviews():
                 found += 1
                 action = "reported"
                 if row.on_breach == queue.OnBreach.DECLINE:
                     action = self._expire(pending) if expire else "would_expire"
+                kind = action.split(" ", 1)[0]
+                actions[kind] = actions.get(kind, 0) + 1
                 if as_json:
                     self.stdout.write(json.dumps({**row.as_dict(), "action": action}, separators=(",", ":")))
                 else:
@@ -50,6 +54,8 @@ class Command(WorkflowCommand):
                         f"target={int(row.target.total_seconds())}s claimed_by={shown(row.claimed_by or '-')} "
                         f"action={action}"
                     )
+        # For /metrics (docs/DEPLOY.md): still breached after this run, i.e. not expired now.
+        sla_observed(breached=found - actions.get("expired", 0) - actions.get("replay", 0), actions=actions)
         if found:
             self.fail(EXIT_BREACHED, f"sla_report: {found} review(s) past their SLA target")
 
