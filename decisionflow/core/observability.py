@@ -191,8 +191,7 @@ SLA_LAST_RUN = Gauge(
 )
 SLA_ACTIONS = Counter(
     "decisionflow_sla_reviews",
-    "Breached reviews listed by `sla_report`, by what was done: reported, would_expire, expired, replay, "
-    "not_expired.",
+    "Breached reviews listed by `sla_report`, by what was done: reported, would_expire, expired, replay, not_expired.",
     ["action"],
 )
 
