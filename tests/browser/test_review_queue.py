@@ -38,6 +38,7 @@ def queue_demo(demo, settings):
 
 def test_queue_claim_renewal_warning_and_lapse(queue_demo, login, live_server, screenshot_dir):
     _, page = login(*REVIEWER)
+    expect(page.locator("#df-queue-link")).to_have_text("4 pending reviews")
     page.click("#df-queue-link")
     expect(page.locator("#result_list tbody tr")).to_have_count(4)
     first_row = page.locator("#result_list tbody tr").first
