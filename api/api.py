@@ -218,9 +218,13 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
         reviewer=request.auth,
         channel=Channel.API,
         fault=services.fault_requested(request),
+        decline_reason=payload.reason,
+        decline_note=payload.note,
     )
     commit = decided.commit
+    standing = commit.decision
     return {
+        "decline_reason": standing.decline_reason if standing is not None else None,
         "status": commit.status,
         "replay": commit.replay,
         "effect_count": commit.effect_count,

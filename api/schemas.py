@@ -41,8 +41,32 @@ class Strict(Schema):
 
 
 class DecisionIn(Strict):
+    # A reason or a note goes with a decline only: said in the schema too (if/then), and
+    # refused with 400 otherwise.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"approved": {"const": True}}, "required": ["approved"]},
+            "then": {"properties": {"reason": {"type": "null"}, "note": {"type": "null"}}},
+        },
+    )
+
     operation_id: OperationId
     approved: StrictBool = Field(description="true approves, false declines; nothing else is consent")
+    reason: Literal["wrong_facts", "policy", "tone", "evidence", "other"] | None = Field(
+        default=None,
+        description="with a decline: why (docs/QUEUE.md). A second decline is a replay: the first reason "
+        "stands. Refused (400) with an approval; `expired` is reserved for the system",
+    )
+    note: Annotated[StrictStr, Field(max_length=2000)] | None = Field(
+        default=None, description="with a decline: optional free text; the text policy applies (docs/TEXT.md)"
+    )
+
+    @model_validator(mode="after")
+    def _reason_with_decline_only(self):
+        if self.approved and (self.reason is not None or self.note is not None):
+            raise ValueError("a decline reason or note goes with a decline only")
+        return self
 
 
 class EditIn(Strict):
@@ -102,6 +126,9 @@ class DecisionOut(Schema):
     operation_id: str
     outcome: Literal["committed", "declined", "replay"] = Field(
         description="the decision service's outcome: the first approval, the first decline, or the same decision again"
+    )
+    decline_reason: str | None = Field(
+        default=None, description="the reason of the decision that stands (a replay keeps the first one)"
     )
 
 
@@ -178,6 +205,13 @@ class DecisionInfoOut(Schema):
     approved: bool
     reviewer: str
     decided_at: datetime
+    decline_reason: str | None = Field(
+        default=None, description="why it was declined (docs/QUEUE.md); null for an approval or no reason given"
+    )
+    decline_note: str | None = Field(default=None, description="the decliner's free text, if any")
+    system_actor: str | None = Field(
+        default=None, description="set when no person decided: e.g. sla-expiry (declined as expired)"
+    )
 
 
 class OperationOut(Schema):

@@ -80,6 +80,9 @@ def operation_data(operation_id: str) -> dict:
             "approved": decision.approved,
             "reviewer": decision.reviewer.get_username(),
             "decided_at": decision.decided_at,
+            "decline_reason": decision.decline_reason,
+            "decline_note": decision.decline_note,
+            "system_actor": decision.system_actor,
         },
     }
 

@@ -44,6 +44,17 @@ DECISIONFLOW_DECISION_LOCK_TIMEOUT = env.float("DECISIONFLOW_DECISION_LOCK_TIMEO
 # Off only where one person is the whole review team (README, docs/ADMIN.md).
 DECISIONFLOW_FOUR_EYES = env.bool("DECISIONFLOW_FOUR_EYES", default=True)
 
+# The review queue (docs/QUEUE.md). The SLA target of a pending review ("4h", "30m", "2d"),
+# per policy name where set; a review is at risk past DECISIONFLOW_REVIEW_AT_RISK of its
+# target (the last 25%), breached past all of it. A claim lasts the lease unless renewed.
+# On breach: stay_pending, or decline (fail closed, as the system actor; never approve).
+DECISIONFLOW_REVIEW_SLA = env.str("DECISIONFLOW_REVIEW_SLA", default="4h")
+DECISIONFLOW_REVIEW_SLA_BY_POLICY = env.json("DECISIONFLOW_REVIEW_SLA_BY_POLICY", default={})
+DECISIONFLOW_REVIEW_AT_RISK = env.float("DECISIONFLOW_REVIEW_AT_RISK", default=0.75)
+DECISIONFLOW_REVIEW_CLAIM_LEASE = env.str("DECISIONFLOW_REVIEW_CLAIM_LEASE", default="15m")
+DECISIONFLOW_REVIEW_ON_BREACH = env.str("DECISIONFLOW_REVIEW_ON_BREACH", default="stay_pending")
+DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY", default={})
+
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
 

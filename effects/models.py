@@ -8,6 +8,7 @@ from django.db import models
 from decisionflow.core.append_only import AppendOnlyModel
 from decisionflow.core.errors import RefusalReason
 from decisionflow.core.identity import short
+from reviews.models import DeclineReason
 
 
 class EffectRecord(AppendOnlyModel):
@@ -74,6 +75,12 @@ class CommitAttempt(AppendOnlyModel):
     # and lose its append-only triggers.
     reason = models.CharField(max_length=20, choices=RefusalReason.choices, null=True, blank=True)  # noqa: DJ001
     detail = models.TextField(blank=True)
+    # The decline reason this call asked for (None otherwise). A replay keeps its own here
+    # while the decision keeps the first; nullable: a plain ADD COLUMN (see ``reason``).
+    decline_reason = models.CharField(  # noqa: DJ001
+        max_length=20, choices=DeclineReason.choices, null=True, blank=True
+    )
+    decline_note = models.TextField(null=True, blank=True)  # noqa: DJ001
     attempted_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -23,7 +23,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from cases.models import Case
-from decisionflow.core import identity
+from decisionflow.core import identity, text
 from decisionflow.core.errors import (
     CaseBusy,
     DecisionflowError,
@@ -37,7 +37,7 @@ from decisionflow.core.errors import (
 from decisionflow.core.faults import crash_point
 from decisionflow.core.locks import decision_lock_timeout
 from decisionflow.core.observability import observed_commit
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
 
 from .models import CommitAttempt, EffectRecord
 
@@ -76,15 +76,21 @@ def reviewer_check(reviewer) -> None:
         raise PermissionRefused(f"{reviewer.get_username()} does not have the review permission")
 
 
-def _attempt(*, operation_id, case_id, approved, reviewer, outcome, channel, detail="", reason=None):
+def _attempt(
+    *, operation_id, case_id, approved, reviewer, outcome, channel, detail="", reason=None, decline=(None, None)
+):
     # Every call appends one row, through the one-statement insert (no ORM save machinery:
     # this is on every commit's path).
     _insert_row(
-        CommitAttempt, _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail, reason)
+        CommitAttempt,
+        _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail, reason, decline),
     )
 
 
-def _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail, reason=None) -> dict:
+def _attempt_fields(
+    operation_id, case_id, approved, reviewer, outcome, channel, detail, reason=None, decline=(None, None)
+) -> dict:
+    decline_reason, decline_note = decline
     return {
         "operation_id": str(operation_id)[:200],
         "case_id": case_id,
@@ -94,7 +100,37 @@ def _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel,
         "channel": channel,
         "detail": detail[:2000],
         "reason": RefusalReason(reason).value if reason else None,
+        # Only a known reason is kept: a refused attempt may carry anything at all.
+        "decline_reason": decline_reason if decline_reason in DeclineReason.values else None,
+        "decline_note": decline_note[:2000] if isinstance(decline_note, str) else None,
     }
+
+
+DECLINE_NOTE_MAX = 2000
+
+
+def decline_reason_check(*, approved, decline_reason, decline_note, system_actor=None) -> None:
+    """Refuse a decline reason that is not one of the documented set (docs/QUEUE.md).
+
+    A reason goes with a decline only; ``expired`` is the system actor's alone, and the
+    system actor gives nothing else (the database's ``decision_expired_iff_system_actor``
+    says the same). The note is optional free text under the text policy.
+    """
+    if decline_reason is None and decline_note is None and system_actor is None:
+        return
+    if approved is not False:
+        raise InvalidInput("a decline reason or note goes with a decline only", field="reason")
+    if system_actor is not None:
+        if system_actor not in SystemActor.values or decline_reason != DeclineReason.EXPIRED:
+            raise InvalidInput(f"the system actor {system_actor!r} may only decline with reason expired")
+    elif decline_reason is not None and decline_reason not in HUMAN_DECLINE_REASONS:
+        raise InvalidInput(
+            f"unknown decline reason {str(decline_reason)[:40]!r}; the reasons are {', '.join(HUMAN_DECLINE_REASONS)}"
+            " (expired is reserved for the system)",
+            field="reason",
+        )
+    if decline_note is not None:
+        text.check_text(decline_note, field="note", max_length=DECLINE_NOTE_MAX)
 
 
 def attempt_record(
@@ -226,6 +262,9 @@ class _Call:
     approved: Any
     reviewer: Any
     channel: str
+    decline_reason: str | None = None
+    decline_note: str | None = None
+    system_actor: str | None = None
     case_pk: int | None = None
     case_known: bool = False
     # True once this call's attempt row is written, or must not be tried again.
@@ -247,6 +286,7 @@ class _Call:
             channel=self.channel,
             detail=detail,
             reason=reason,
+            decline=(self.decline_reason, self.decline_note),
         )
         self.recorded = True
 
@@ -318,14 +358,21 @@ def _commit_sql() -> str:
     outcome = CommitAttempt.Outcome
     return f"""
     WITH new_decision AS (
-        INSERT INTO {ReviewDecision._meta.db_table} (operation_id, proposal_id, approved, reviewer_id, decided_at)
-        VALUES (%(operation_id)s, %(proposal)s, %(approved)s, %(reviewer)s, %(now)s)
+        INSERT INTO {ReviewDecision._meta.db_table} (
+            operation_id, proposal_id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
+        )
+        VALUES (
+            %(operation_id)s, %(proposal)s, %(approved)s, %(reviewer)s, %(now)s,
+            %(decline_reason)s, %(decline_note)s, %(system_actor)s
+        )
         ON CONFLICT (operation_id) DO NOTHING
-        RETURNING id, approved, reviewer_id, decided_at
+        RETURNING id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
     ), standing AS (
-        SELECT id, approved, reviewer_id, decided_at, TRUE AS is_new FROM new_decision
+        SELECT id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor, TRUE AS is_new
+        FROM new_decision
         UNION ALL
-        SELECT id, approved, reviewer_id, decided_at, FALSE FROM {ReviewDecision._meta.db_table}
+        SELECT id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor, FALSE
+        FROM {ReviewDecision._meta.db_table}
         WHERE operation_id = %(operation_id)s AND NOT EXISTS (SELECT FROM new_decision)
     ), new_effect AS (
         INSERT INTO {EffectRecord._meta.db_table} (
@@ -353,19 +400,20 @@ def _commit_sql() -> str:
         FROM standing s
     ), attempt AS (
         INSERT INTO {CommitAttempt._meta.db_table}
-            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at)
+            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at,
+             decline_reason, decline_note)
         SELECT %(operation_id)s, %(case)s, %(approved)s, %(reviewer)s, o.outcome, %(channel)s,
                CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
                     THEN 'already ' || CASE WHEN o.approved THEN 'approved' ELSE 'declined' END || ' by '
                          || (SELECT u.{username} FROM {user._meta.db_table} u WHERE u.id = o.reviewer_id)
                     ELSE '' END,
-               %(now)s
+               %(now)s, %(decline_reason)s, %(decline_note)s
         FROM outcome o
     ), completed AS (
         UPDATE {PendingReview._meta.db_table} SET status = '{PendingReview.Status.COMPLETED.value}', updated_at = %(now)s
         WHERE operation_id = %(operation_id)s AND status = '{PendingReview.Status.PENDING.value}'
     )
-    SELECT o.outcome, o.id, o.approved, o.reviewer_id, o.decided_at,
+    SELECT o.outcome, o.id, o.approved, o.reviewer_id, o.decided_at, o.decline_reason, o.decline_note, o.system_actor,
            CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
                 THEN (SELECT count(*) FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s)
                 WHEN o.approved THEN 1 ELSE 0 END
@@ -407,6 +455,9 @@ def _commit_postgresql(call: _Call) -> CommitResult:
                 "case": case_pk,
                 "channel": call.channel,
                 "now": timezone.now(),
+                "decline_reason": call.decline_reason,
+                "decline_note": call.decline_note,
+                "system_actor": call.system_actor,
             }
             # Every CTE of the statement reads one snapshot, taken when it starts. When the
             # decision insert loses ON CONFLICT to a transaction that committed after that
@@ -428,11 +479,21 @@ def _commit_postgresql(call: _Call) -> CommitResult:
             call.commit_sent = True
     except _CaseLockTimeout as timeout:
         raise _busy(call) from timeout.__cause__
-    outcome, decision_pk, decision_approved, reviewer_pk, decided_at, effect_count = returned
+    outcome, decision_pk, decision_approved, reviewer_pk, decided_at, *declined, effect_count = returned
     decision = ReviewDecision.from_db(
         connection.alias,
-        ["id", "operation_id", "proposal_id", "approved", "reviewer_id", "decided_at"],
-        [decision_pk, operation_id, proposal_pk, decision_approved, reviewer_pk, decided_at],
+        [
+            "id",
+            "operation_id",
+            "proposal_id",
+            "approved",
+            "reviewer_id",
+            "decided_at",
+            "decline_reason",
+            "decline_note",
+            "system_actor",
+        ],
+        [decision_pk, operation_id, proposal_pk, decision_approved, reviewer_pk, decided_at, *declined],
     )
     if reviewer_pk == reviewer.pk:
         decision.reviewer = reviewer
@@ -511,7 +572,14 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
         raise _stale(operation_id, case.case_id, case.current_proposal_id)
     crash_point("commit-before-decision")
     new_decision = _insert_once(
-        ReviewDecision, operation_id=operation_id, proposal=proposal, approved=approved, reviewer=reviewer
+        ReviewDecision,
+        operation_id=operation_id,
+        proposal=proposal,
+        approved=approved,
+        reviewer=reviewer,
+        decline_reason=call.decline_reason,
+        decline_note=call.decline_note,
+        system_actor=call.system_actor,
     )
     # Only a decision that was already there needs reading back.
     decision = new_decision or ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
@@ -536,6 +604,7 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
         outcome=outcome,
         channel=call.channel,
         detail=detail,
+        decline=(call.decline_reason, call.decline_note),
     )
     # update() skips auto_now, hence updated_at by hand.
     PendingReview.objects.filter(operation_id=operation_id, status=PendingReview.Status.PENDING).update(
@@ -567,7 +636,16 @@ def _record_failure(call: _Call, exc: Exception) -> None:
 
 
 @observed_commit  # commit latency by outcome
-def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str = "service") -> CommitResult:
+def effect_commit(
+    *,
+    operation_id: str,
+    approved: bool,
+    reviewer,
+    channel: str = "service",
+    decline_reason: str | None = None,
+    decline_note: str | None = None,
+    system_actor: str | None = None,
+) -> CommitResult:
     """Record a reviewer's decision on one operation and, for an approval, write its effect.
 
     One durable transaction: when this returns, the decision and the effect are committed,
@@ -578,8 +656,13 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
     holds the case row longer than ``decision_lock_timeout()``) raise and write no decision
     or effect. Every call, refused or not, appends a ``CommitAttempt``; a failure is
     recorded as ``failed`` only when the transaction is known to have rolled back.
+
+    A decline may carry ``decline_reason`` (``DeclineReason``) and ``decline_note``; they are
+    stored with the decision, and a replay keeps the first (its attempt row keeps its own).
+    ``system_actor`` names a system decision (only ``sla-expiry``, declining with reason
+    ``expired``): the reviewer is then that actor's own user row and needs no permission.
     """
-    call = _Call(operation_id, approved, reviewer, channel)
+    call = _Call(operation_id, approved, reviewer, channel, decline_reason, decline_note, system_actor)
     try:
         # bool only: 1, "true" or None are not consent.
         if type(approved) is not bool:
@@ -588,7 +671,13 @@ def effect_commit(*, operation_id: str, approved: bool, reviewer, channel: str =
             )
         if not identity.is_operation_id(operation_id):
             raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
-        reviewer_check(reviewer)
+        decline_reason_check(
+            approved=approved, decline_reason=decline_reason, decline_note=decline_note, system_actor=system_actor
+        )
+        if system_actor is None:
+            reviewer_check(reviewer)
+        elif getattr(reviewer, "pk", None) is None:
+            raise PermissionRefused(f"the system actor {system_actor} needs its user row")
         result = _commit_postgresql(call) if connection.vendor == "postgresql" else _commit_orm(call)
     except DecisionflowError as exc:
         if not call.recorded:
@@ -609,9 +698,17 @@ class ReconcileRow(NamedTuple):
     operation_id: str
     state: str
     effects: int
+    # Why a declined operation was declined (None otherwise, or when no reason was given).
+    decline_reason: str | None = None
 
     def as_dict(self) -> dict:
-        return {"case": self.case_id, "operation_id": self.operation_id, "state": self.state, "effects": self.effects}
+        return {
+            "case": self.case_id,
+            "operation_id": self.operation_id,
+            "state": self.state,
+            "effects": self.effects,
+            "decline_reason": self.decline_reason,
+        }
 
 
 def _state(approved, has_effect) -> str:
@@ -653,7 +750,7 @@ def operations_reconcile(
             where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
             params += values
     sql = f"""
-        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END
+        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END, d.decline_reason
         FROM {Proposal._meta.db_table} p
         JOIN {Case._meta.db_table} c ON c.id = p.case_id
         LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
@@ -679,9 +776,10 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
     row = Proposal.objects.filter(operation_id=operation_id).values_list("case__case_id", "operation_id").first()
     if row is None:
         return None
-    decision = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", flat=True).first()
+    decided = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", "decline_reason").first()
+    approved, reason = decided if decided is not None else (None, None)
     effects = EffectRecord.objects.filter(operation_id=operation_id).count()
-    return ReconcileRow(row[0], row[1], _state(decision, effects > 0), effects)
+    return ReconcileRow(row[0], row[1], _state(approved, effects > 0), effects, reason)
 
 
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:

@@ -27,6 +27,32 @@ class Channel(models.TextChoices):
     SERVICE = "service", "service"
 
 
+class DeclineReason(models.TextChoices):
+    """Why a proposal was declined: the one vocabulary of decline reasons (docs/QUEUE.md).
+
+    ``expired`` is reserved for the system actor that declines a review whose SLA was
+    breached under the fail-closed policy; a person cannot give it, and a database
+    constraint on ``ReviewDecision`` allows it only with a system actor.
+    """
+
+    WRONG_FACTS = "wrong_facts", "Wrong facts"
+    POLICY = "policy", "Against policy"
+    TONE = "tone", "Tone"
+    EVIDENCE = "evidence", "Evidence does not support it"
+    OTHER = "other", "Other"
+    EXPIRED = "expired", "Expired (declined by the system)"
+
+
+# The reasons a person may give; ``expired`` is the system's alone.
+HUMAN_DECLINE_REASONS = tuple(r.value for r in DeclineReason if r != DeclineReason.EXPIRED)
+
+
+class SystemActor(models.TextChoices):
+    """The named system actors that may make a decision without a person (docs/QUEUE.md)."""
+
+    SLA_EXPIRY = "sla-expiry", "SLA expiry (fail closed)"
+
+
 class Proposal(AppendOnlyModel):
     """Exactly what a reviewer approves, bound to one ``operation_id``. Never updated.
 
@@ -103,12 +129,46 @@ class ReviewDecision(AppendOnlyModel):
     approved = models.BooleanField()
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     decided_at = models.DateTimeField(auto_now_add=True)
+    # Why it was declined (None for an approval, and for declines recorded before reasons
+    # existed or given without one). Nullable so that adding them is a plain ADD COLUMN.
+    decline_reason = models.CharField(  # noqa: DJ001
+        max_length=20, choices=DeclineReason.choices, null=True, blank=True
+    )
+    decline_note = models.TextField(null=True, blank=True)  # noqa: DJ001
+    # Set only when no person decided: the named system actor (``reviewer`` is then its
+    # dedicated, inactive user row).
+    system_actor = models.CharField(  # noqa: DJ001
+        max_length=20, choices=SystemActor.choices, null=True, blank=True
+    )
 
     class Meta:
         ordering = ["-decided_at", "-id"]
         constraints = [
             # The atomic step of commit: a second decision for an operation cannot be inserted.
             models.UniqueConstraint(fields=["operation_id"], name="decision_unique_operation"),
+            # An approval carries no decline reason.
+            models.CheckConstraint(
+                condition=models.Q(approved=False) | models.Q(decline_reason__isnull=True, decline_note__isnull=True),
+                name="decision_reason_only_on_decline",
+            ),
+            # The only automatic decision the database allows: a decline for reason "expired"
+            # by a system actor. A person never gives "expired"; a system actor gives nothing else.
+            models.CheckConstraint(
+                # (Each column compared is also said NOT NULL: a NULL would make the whole
+                # check unknown, which a CHECK lets through.)
+                condition=models.Q(
+                    system_actor__in=SystemActor.values,
+                    system_actor__isnull=False,
+                    approved=False,
+                    decline_reason=DeclineReason.EXPIRED,
+                    decline_reason__isnull=False,
+                )
+                | (
+                    models.Q(system_actor__isnull=True)
+                    & (models.Q(decline_reason__isnull=True) | models.Q(decline_reason__in=HUMAN_DECLINE_REASONS))
+                ),
+                name="decision_expired_iff_system_actor",
+            ),
         ]
 
     def __str__(self):
@@ -151,6 +211,14 @@ class PendingReview(models.Model):
     begun_channel = models.CharField(max_length=20, choices=Channel.choices, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The advisory claim (docs/QUEUE.md): who is reviewing it now, and until when the claim
+    # holds unless renewed. A claim past ``claim_expires_at`` has lapsed, whoever it names.
+    # The history of claims is ``ReviewClaimEvent``.
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claim_expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -158,11 +226,66 @@ class PendingReview(models.Model):
             # `begin` twice for one operation finds the first pause instead of making another.
             models.UniqueConstraint(fields=["operation_id"], name="pending_review_unique_operation"),
         ]
-        # Pruning asks, per checkpoint, whether a pending review still needs it.
-        indexes = [models.Index(fields=["checkpoint_id"], name="pending_review_checkpoint")]
+        indexes = [
+            # Pruning asks, per checkpoint, whether a pending review still needs it.
+            models.Index(fields=["checkpoint_id"], name="pending_review_checkpoint"),
+            # The review queue reads pending reviews oldest first, a page at a time, from this
+            # partial index alone: completed reviews (the million) are not in it.
+            models.Index(
+                fields=["created_at", "id"],
+                condition=models.Q(status="pending"),
+                name="pending_review_queue",
+            ),
+            # The queue's "claimed by" filter lists who holds a claim now: the few claimed
+            # pending reviews, not every pending one.
+            models.Index(
+                fields=["claimed_by"],
+                condition=models.Q(status="pending", claimed_by__isnull=False),
+                name="pending_review_claims",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.case} {short(self.operation_id)} ({self.status})"
+
+
+class ReviewQueueItem(PendingReview):
+    """The review queue's admin page (decisionflow/workflow/admin.py): pending reviews only,
+    oldest first. A proxy: no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "review queue"
+        verbose_name_plural = "review queue"
+
+
+class ReviewClaimEvent(AppendOnlyModel):
+    """One claim or release of a pending review: the claims' history, never updated.
+
+    Renewals are not events (a page open for an hour would write one every few minutes);
+    they only move ``PendingReview.claim_expires_at``. A lapse is not an event either: it is
+    the absence of a renewal, shown from ``expires_at``.
+    """
+
+    class Kind(models.TextChoices):
+        CLAIMED = "claimed", "Claimed"
+        RELEASED = "released", "Released"
+
+    pending_review = models.ForeignKey(PendingReview, on_delete=models.PROTECT, related_name="claim_events")
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="+")
+    operation_id = models.CharField(max_length=80)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    at = models.DateTimeField()
+    # For a claim: when it lapses unless renewed (as first granted).
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["case", "at"], name="claim_event_by_case")]
+
+    def __str__(self):
+        return f"{self.kind} {short(self.operation_id)}"
 
 
 class WorkflowCheckpoint(models.Model):

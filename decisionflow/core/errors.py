@@ -141,6 +141,18 @@ class CaseBusy(DecisionflowError):
     retry_after = 2  # seconds: the API's Retry-After
 
 
+class ClaimHeld(DecisionflowError):
+    """Another reviewer holds a live claim on this review (docs/QUEUE.md).
+
+    Claims are advisory: this refuses a second claim, never a decision. Only the admin's
+    claim endpoints raise it (the API has none), so it is not in ``REFUSALS``.
+    """
+
+    code = "claim_held"
+    exit_code = 1
+    http_status = 409
+
+
 class LockBusy(DecisionflowError):
     """A bulk command's lock (reconcile, repair) is held by another run."""
 

@@ -179,6 +179,30 @@ RECONCILE_LAST_RUN = Gauge(
     "When the last complete `reconcile --all` run of this host finished (Unix time).",
     multiprocess_mode="mostrecent",
 )
+SLA_BREACHED = Gauge(
+    "decisionflow_sla_breached_reviews",
+    "Pending reviews past their SLA target in the last `sla_report` run of this host (docs/QUEUE.md).",
+    multiprocess_mode="mostrecent",
+)
+SLA_LAST_RUN = Gauge(
+    "decisionflow_sla_last_run_timestamp_seconds",
+    "When the last `sla_report` run of this host finished (Unix time).",
+    multiprocess_mode="mostrecent",
+)
+SLA_ACTIONS = Counter(
+    "decisionflow_sla_reviews",
+    "Breached reviews listed by `sla_report`, by what was done: reported, would_expire, expired, replay, not_expired.",
+    ["action"],
+)
+
+
+def sla_observed(*, breached: int, actions: dict[str, int]) -> None:
+    """One finished `sla_report` run: the breached count now, and what was done."""
+    SLA_BREACHED.set(breached)
+    SLA_LAST_RUN.set(time.time())
+    for action, count in actions.items():
+        SLA_ACTIONS.labels(action=action).inc(count)
+
 
 # The outcome labels, in one place: the docs' table and the tests read this.
 OUTCOMES = ("committed", "declined", "replay", "conflict", "stale", "refused", "outcome_uncertain", "error")

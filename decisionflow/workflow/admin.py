@@ -49,7 +49,7 @@ from reviews.selectors import evidence_moves, policy_change, proposal_diff, prop
 
 from . import picture as workflow_picture
 from . import selectors
-from .forms import APPROVE, DECLINE, DecisionForm, ProposalEditForm
+from .forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm
 from .listing import CaseListAdminMixin, reviewers_with_decisions
 from .selectors import decidable_operation_id
 
@@ -136,7 +136,9 @@ def _uncertain_state(operation_id: str) -> tuple[int, str]:
     return level, format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects)
 
 
-def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -> tuple[bool, list[tuple[int, str]]]:
+def decide(
+    *, case, operation_id: str, approved: bool, user, prefix: str = "", decline: dict | None = None
+) -> tuple[bool, list[tuple[int, str]]]:
     """Call the one decision service; whether it acted, and what happened as (level, safe HTML) pairs.
 
     Every value is escaped. A refusal says that nothing was written; an uncertain outcome
@@ -147,7 +149,12 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
     op = identity.short(operation_id)
     try:
         decided = decision_record(
-            case=case, operation_id=operation_id, approved=approved, reviewer=user, channel=Channel.ADMIN
+            case=case,
+            operation_id=operation_id,
+            approved=approved,
+            reviewer=user,
+            channel=Channel.ADMIN,
+            **(decline or {}),
         )
     except StaleProposal as exc:
         return False, [
@@ -216,9 +223,20 @@ def decide(*, case, operation_id: str, approved: bool, user, prefix: str = "") -
         verb = "approved" if decision.approved else "declined"
         who, at = decision.reviewer.get_username(), when(decision.decided_at)
         text = format_html("{}already {} by {} at {}, no new record ({})", prefix, verb, who, at, op)
+        if decision.decline_reason:
+            text = format_html("{}; the reason that stands: {}", text, decision.get_decline_reason_display())
         return True, [(messages.INFO, text)]
     if decided.outcome == Outcome.DECLINED:
-        text = format_html("{}Declined: {} receipt={}. A decline writes no effect record.", prefix, op, receipt)
+        why = (
+            commit.decision.get_decline_reason_display() if commit.decision and commit.decision.decline_reason else None
+        )
+        text = format_html(
+            "{}Declined: {} receipt={}{}. A decline writes no effect record.",
+            prefix,
+            op,
+            receipt,
+            format_html(" reason={}", why) if why else "",
+        )
         return True, [(messages.SUCCESS, text)]
     effect = EffectRecord.objects.filter(operation_id=operation_id).values_list("pk", flat=True).first()
     link = format_html(
@@ -382,6 +400,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
             show_edit=reviewer_ok and is_current and decision is None,
+            decline_reasons=DECLINE_REASON_CHOICES,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
             picture=workflow_picture.picture_for(case, workflow_picture.case_path(case), proposal.pk),
         )
@@ -436,6 +455,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             operation_id=form.cleaned_data["operation_id"],
             approved=form.approved,
             user=request.user,
+            decline=form.decline(),
         )
         for level, text in said:
             self.message_user(request, text, level)
@@ -863,5 +883,6 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         return None
 
 
-# The policy publish page replaces the view-only policy admin (it sits above the data).
-from . import policy_admin  # noqa: E402, F401
+# Registered on import, as this module is: the policy publish page (it replaces the view-only
+# policy admin, and sits above the data) and the review queue with its claim endpoints.
+from . import policy_admin, queue_admin  # noqa: E402, F401

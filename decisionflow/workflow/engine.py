@@ -118,6 +118,8 @@ class HumanReview(Executor):
                     "approved": response.get("approved"),
                     "reviewer_pk": response.get("reviewer_pk"),
                     "channel": response.get("channel") or "workflow",
+                    "decline_reason": response.get("decline_reason"),
+                    "decline_note": response.get("decline_note"),
                 },
             )
         )
@@ -164,6 +166,8 @@ def _commit_sync(decision: dict, answer: Answer) -> CommitResult:
         approved=decision["approved"],
         reviewer=reviewer,
         channel=decision["channel"],
+        decline_reason=decision.get("decline_reason"),
+        decline_note=decision.get("decline_note"),
     )
     if answer.fault == FAULT_LOSE_RECEIPT:
         # The transaction is durable by now; only the receipt goes missing.

@@ -8,9 +8,14 @@ from django.core.validators import ProhibitNullCharactersValidator
 from cases.models import SourceVersion
 from decisionflow.core import text
 from decisionflow.core.errors import InvalidInput
+from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason
 
 APPROVE = "approve"
 DECLINE = "decline"
+
+
+# The reasons a reviewer may give a decline, in the enum's order ("expired" is the system's).
+DECLINE_REASON_CHOICES = [(r.value, r.label) for r in DeclineReason if r.value in HUMAN_DECLINE_REASONS]
 
 
 class DecisionForm(forms.Form):
@@ -23,9 +28,22 @@ class DecisionForm(forms.Form):
         error_messages={"required": "choose Approve or Decline: an omitted decision is not consent"},
     )
 
+    # With Decline: why (docs/QUEUE.md). Optional; "expired" is the system's, never offered.
+    reason = forms.ChoiceField(required=False, choices=[("", "(no reason given)"), *DECLINE_REASON_CHOICES])
+    note = forms.CharField(required=False, max_length=2000, strip=False)
+
     @property
     def approved(self) -> bool:
         return self.cleaned_data["decision"] == APPROVE
+
+    def decline(self) -> dict:
+        """The reason and note for the decision service: none with an approval."""
+        if self.approved:
+            return {}
+        return {
+            "decline_reason": self.cleaned_data.get("reason") or None,
+            "decline_note": self.cleaned_data.get("note") or None,
+        }
 
 
 class PolicyTextField(forms.CharField):

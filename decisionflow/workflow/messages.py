@@ -57,6 +57,8 @@ class ReviewResponse(TypedDict):
     approved: Scalar
     reviewer_pk: int | None
     channel: str
+    decline_reason: str | None  # a DeclineReason value, or None (approvals, declines without one)
+    decline_note: str | None
 
 
 class CommitMessage(TypedDict):
@@ -67,6 +69,8 @@ class CommitMessage(TypedDict):
     approved: Scalar
     reviewer_pk: int | None
     channel: str
+    decline_reason: str | None
+    decline_note: str | None
 
 
 class Receipt(TypedDict):

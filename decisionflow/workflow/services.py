@@ -66,6 +66,7 @@ from effects.services import (
     DECLINED,
     CommitResult,
     attempt_record,
+    decline_reason_check,
     effect_commit,
     operation_reconcile,
     reviewer_check,
@@ -452,7 +453,15 @@ def _jsonable(value: Any) -> Any:
 
 
 def _answer(
-    checkpoint: EngineCheckpoint, *, operation_id: str, approved, reviewer, channel: str, fault
+    checkpoint: EngineCheckpoint,
+    *,
+    operation_id: str,
+    approved,
+    reviewer,
+    channel: str,
+    fault,
+    decline_reason: str | None = None,
+    decline_note: str | None = None,
 ) -> CommitResult:
     """Restore the bound checkpoint and answer its request: one engine run, one crossing."""
     answer = Answer(reviewer=reviewer, fault=fault)
@@ -463,6 +472,8 @@ def _answer(
             "approved": _jsonable(approved),
             "reviewer_pk": getattr(reviewer, "pk", None) if getattr(reviewer, "is_authenticated", False) else None,
             "channel": str(channel)[:20],
+            "decline_reason": decline_reason,
+            "decline_note": decline_note,
         },
     )
     short = identity.short(operation_id)
@@ -547,6 +558,8 @@ def decision_record(
     reviewer,
     channel: str,
     fault: str | None = None,
+    decline_reason: str | None = None,
+    decline_note: str | None = None,
 ) -> DecisionResult:
     """Approve or decline ``operation_id`` of ``case`` as ``reviewer``: the one decision service.
 
@@ -562,11 +575,16 @@ def decision_record(
     Invariant: one decision and at most one effect per operation, whatever the channel,
     however often it is called. Every refusal writes no decision and no effect, and is
     recorded as a commit attempt.
+
+    A decline may carry ``decline_reason`` (one of ``DeclineReason``, never ``expired``) and
+    a free-text ``decline_note``; an unknown reason is refused (``InvalidInput``) before
+    anything runs. A second decline is a replay: the first reason stands.
     """
     operation_id = str(operation_id)
     _check_fault(fault)  # a test-only switch, refused before the decision is looked at
     answer_started = False
     try:
+        decline_reason_check(approved=approved, decline_reason=decline_reason, decline_note=decline_note)
         with sqlite_bounded_wait():
             pending = _pending_with_checkpoint(case, operation_id, reviewer)
             begun = False
@@ -582,7 +600,12 @@ def decision_record(
                     four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
                 answer_started = True
                 commit = effect_commit(
-                    operation_id=operation_id, approved=approved, reviewer=reviewer, channel=str(channel)[:20]
+                    operation_id=operation_id,
+                    approved=approved,
+                    reviewer=reviewer,
+                    channel=str(channel)[:20],
+                    decline_reason=decline_reason,
+                    decline_note=decline_note,
                 )
             else:
                 checkpoint = _bound_checkpoint(case, pending)
@@ -596,6 +619,8 @@ def decision_record(
                     reviewer=reviewer,
                     channel=channel,
                     fault=fault,
+                    decline_reason=decline_reason,
+                    decline_note=decline_note,
                 )
     except OutcomeUncertain:
         raise

@@ -35,6 +35,7 @@ def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
         "effect_count": 1,
         "operation_id": DEMO_OP,
         "outcome": "committed",
+        "decline_reason": None,
     }
     assert PendingReview.objects.get(operation_id=DEMO_OP).status == "completed"
     # Begin wrote exactly one checkpoint (the pause); the answered run wrote none.
@@ -49,6 +50,7 @@ def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
         "effect_count": 1,
         "operation_id": DEMO_OP,
         "outcome": "replay",
+        "decline_reason": None,
     }
     assert snapshot() == after_first
     assert WorkflowCheckpoint.objects.count() == 1
@@ -79,6 +81,7 @@ def test_decline_then_replay_then_conflict(api, proposal):
         "effect_count": 0,
         "operation_id": DEMO_OP,
         "outcome": "declined",
+        "decline_reason": None,
     }
     again = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False})
     assert (again.json()["replay"], again.json()["outcome"], again.json()["status"]) == (True, "replay", "Declined")
@@ -90,6 +93,40 @@ def test_decline_then_replay_then_conflict(api, proposal):
     assert snapshot() == before
     assert api.get(f"/api/operations/{DEMO_OP}").json()["state"] == "Declined"
     assert attempts()[-1] == ("conflict", "api")
+
+
+def test_a_decline_reason_is_stored_and_a_replay_with_another_keeps_the_first(api, proposal):
+    from effects.models import CommitAttempt
+    from reviews.models import ReviewDecision
+
+    first = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False, "reason": "tone", "note": "too curt"})
+    assert first.status_code == 200, first.content
+    assert (first.json()["outcome"], first.json()["decline_reason"]) == ("declined", "tone")
+    second = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False, "reason": "policy"})
+    assert second.status_code == 200, second.content
+    # A replay: the first reason stands, and the answer says which one that is.
+    assert (second.json()["outcome"], second.json()["decline_reason"]) == ("replay", "tone")
+    decision = ReviewDecision.objects.get(operation_id=DEMO_OP)
+    assert (decision.decline_reason, decision.decline_note) == ("tone", "too curt")
+    # Each attempt row keeps what its own call asked for.
+    assert list(
+        CommitAttempt.objects.filter(operation_id=DEMO_OP).order_by("id").values_list("outcome", "decline_reason")
+    ) == [("declined", "tone"), ("replay", "policy")]
+    looked_up = api.get(f"/api/operations/{DEMO_OP}").json()["decision"]
+    assert (looked_up["decline_reason"], looked_up["decline_note"], looked_up["system_actor"]) == (
+        "tone",
+        "too curt",
+        None,
+    )
+
+
+def test_a_note_with_hidden_characters_is_refused_and_no_decision_is_written(api, proposal):
+    from reviews.models import ReviewDecision
+
+    response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False, "reason": "tone", "note": "ok\u202e"})
+    body = assert_error(response, 400, "invalid_request")
+    assert body["message"].startswith("note: U+202E")
+    assert not ReviewDecision.objects.exists()
 
 
 def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer, editor):
@@ -181,6 +218,7 @@ def test_lost_receipt_sequence_over_http(api, proposal, settings):
         "effect_count": 1,
         "operation_id": DEMO_OP,
         "outcome": "replay",
+        "decline_reason": None,
     }
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
     assert attempts()[-1] == ("replay", "api")

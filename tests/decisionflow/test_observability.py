@@ -212,3 +212,36 @@ def test_a_command_writes_its_decision_event_to_the_file_and_keeps_stderr_for_er
         ("command", "conflict", "conflicting_decision"),
     ]
     assert all(e["case_id"] == case.case_id and e["actor"] == "reviewer" for e in events)
+
+
+def test_sla_report_feeds_its_metrics(world, settings):  # noqa: F811
+    """Issue 18: the breached count after a run, and what was done, for /metrics."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from reviews.models import PendingReview
+    from tests.workflow.test_decision_service import _begun
+
+    _begun()
+    settings.DECISIONFLOW_REVIEW_SLA = "4h"
+    PendingReview.objects.update(created_at=timezone.now() - timedelta(hours=5))
+
+    def sla_report(*args) -> int:
+        try:
+            call_command("sla_report", *args, stdout=io.StringIO(), stderr=io.StringIO())
+        except CommandError as exc:
+            return exc.returncode
+        return 0
+
+    before = metrics()
+    assert sla_report() == 10
+    middle = metrics()
+    assert delta(before, middle, "decisionflow_sla_reviews_total", action="reported") == 1
+    assert [v for (n, _), v in middle.items() if n == "decisionflow_sla_breached_reviews"] == [1]
+    settings.DECISIONFLOW_REVIEW_ON_BREACH = "decline"
+    assert sla_report("--expire") == 10
+    after = metrics()
+    assert delta(middle, after, "decisionflow_sla_reviews_total", action="expired") == 1
+    # Expired now: nothing is past its target any more.
+    assert [v for (n, _), v in after.items() if n == "decisionflow_sla_breached_reviews"] == [0]

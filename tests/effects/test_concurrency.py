@@ -189,3 +189,38 @@ def test_on_sqlite_another_writer_past_the_busy_timeout_is_case_busy(live_propos
     assert PendingReview.objects.get().status == PendingReview.Status.PENDING
     result = effect_commit(operation_id=live_proposal.operation_id, approved=True, reviewer=reviewer)
     assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+
+
+def test_two_reviewers_claiming_at_once_one_claim_one_named_refusal(live_proposal, make_user):
+    """Issue 18: of two claims at the same moment exactly one wins; the other is told who."""
+    from decisionflow.core.errors import ClaimHeld
+    from decisionflow.workflow.queue import review_claim
+    from reviews.models import ReviewClaimEvent
+
+    first, second = make_user("first"), make_user("second")
+    pending = PendingReview.objects.get(operation_id=live_proposal.operation_id)
+    for _ in range(2):  # twice: the second round finds the first round's claim still live
+        results, errors = race(
+            [
+                lambda: review_claim(pending=PendingReview.objects.get(pk=pending.pk), user=first),
+                lambda: review_claim(pending=PendingReview.objects.get(pk=pending.pk), user=second),
+            ]
+        )
+        assert all(isinstance(e, ClaimHeld) for e in errors), errors
+    events = list(ReviewClaimEvent.objects.values_list("user__username", flat=True))
+    assert len(events) == 1
+    pending.refresh_from_db()
+    assert pending.claimed_by.get_username() == events[0]
+
+
+def test_two_expiries_at_once_one_decision(live_proposal):
+    """The fail-closed expiry run twice at once (two cron runs): one decline, one replay."""
+    from decisionflow.workflow.queue import review_expire
+
+    pending = PendingReview.objects.get(operation_id=live_proposal.operation_id)
+    results, errors = race([lambda: review_expire(pending=pending), lambda: review_expire(pending=pending)])
+    assert not errors, errors
+    assert sorted(r.replay for r in results) == [False, True]
+    decision = ReviewDecision.objects.get()
+    assert (decision.decline_reason, decision.system_actor) == ("expired", "sla-expiry")
+    assert EffectRecord.objects.count() == 0

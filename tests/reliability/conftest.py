@@ -125,7 +125,14 @@ def truth(case_ids) -> list[dict]:
             else:
                 state = "Committed" if effects else "NoLocalEffectRecorded"
             rows.append(
-                {"case": case.case_id, "operation_id": proposal.operation_id, "state": state, "effects": effects}
+                {
+                    "case": case.case_id,
+                    "operation_id": proposal.operation_id,
+                    "state": state,
+                    "effects": effects,
+                    # Why it was declined, as the decision itself says (docs/QUEUE.md).
+                    "decline_reason": decision.decline_reason if decision is not None else None,
+                }
             )
     return rows
 

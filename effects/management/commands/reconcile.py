@@ -19,7 +19,7 @@ class Command(WorkflowCommand):
         "var/log/reconcile.jsonl`. A non-zero exit means someone should look (cron mails it). "
         "Reads the decision and effect tables and reruns nothing. For each operation it prints "
         "`reconcile: case=<id> op=<op> state=<Pending|Committed|Declined|NoLocalEffectRecorded> effects=<n>` "
-        "(with --json, one JSON object per line with the keys case, operation_id, state, effects). "
+        "(with --json, one JSON object per line with the keys case, operation_id, state, effects, decline_reason). "
         "Give CASE_IDs or --all (one of them is required). Without --repair it exits 1 when any operation "
         "is NoLocalEffectRecorded (approved, but no effect); --repair writes those effects (idempotent) and "
         "prints each repaired operation again with its new state. Only one reconcile runs at a time: a "
@@ -110,7 +110,8 @@ class Command(WorkflowCommand):
             # built directly: this runs once per operation.
             return (
                 f'{{"case":{encode_basestring(row.case_id)},"operation_id":{encode_basestring(row.operation_id)},'
-                f'"state":"{row.state}","effects":{row.effects}}}'
+                f'"state":"{row.state}","effects":{row.effects},"decline_reason":'
+                f"{'null' if row.decline_reason is None else encode_basestring(row.decline_reason)}}}"
             )
         verb = "repaired" if repaired else "reconcile"
         # Values are quoted when they are not plain tokens: a case id stored before ids had a

@@ -42,7 +42,7 @@ def _short_ops(text: str) -> str:
     return _OP.sub(lambda m: identity.short(m.group(0)), text)
 
 
-def _naive_commit(*, operation_id: str, approved, reviewer, channel: str) -> CommitResult:
+def _naive_commit(*, operation_id: str, approved, reviewer, channel: str, **decline) -> CommitResult:
     """The control's commit: the effect keyed by a fresh random ID per attempt, not the operation."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(

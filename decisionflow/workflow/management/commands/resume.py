@@ -4,14 +4,15 @@ from cases.selectors import case_by_id
 from decisionflow.core.commandline import WorkflowCommand
 from decisionflow.core.errors import ConflictingDecision, OutcomeUncertain, WorkflowIncompatible
 from decisionflow.workflow.services import FAULTS, decision_record
-from reviews.models import Channel
+from reviews.models import HUMAN_DECLINE_REASONS, Channel
 
 
 class Command(WorkflowCommand):
     help = (
         "Resume a paused review in this process and answer it: "
         "`python manage.py resume CASE_ID --operation-id OP (--approve | --decline) [--reviewer USERNAME]`. "
-        "Exactly one of --approve/--decline is required: no decision is not consent. The reviewer defaults "
+        "Exactly one of --approve/--decline is required: no decision is not consent. A decline may say why: "
+        f"--reason {{{','.join(HUMAN_DECLINE_REASONS)}}} and --note TEXT (docs/QUEUE.md). The reviewer defaults "
         "to $DECISIONFLOW_REVIEWER. A case whose current proposal was never begun is begun first, as in the "
         "admin and the API. Prints `approve: resumed status=PendingRequests requestBound=True` (or "
         '`decline:`) and `result={"Status":...,"Replay":...,"EffectCount":...}`. The same pause may be '
@@ -31,6 +32,12 @@ class Command(WorkflowCommand):
         decision.add_argument("--approve", action="store_true", help="Approve exactly this operation.")
         decision.add_argument("--decline", action="store_true", help="Decline exactly this operation.")
         parser.add_argument(
+            "--reason",
+            choices=HUMAN_DECLINE_REASONS,
+            help="With --decline: why (docs/QUEUE.md). A second decline is a replay; the first reason stands.",
+        )
+        parser.add_argument("--note", metavar="TEXT", help="With --decline: optional free text.")
+        parser.add_argument(
             "--reviewer",
             metavar="USERNAME",
             help="Who decides (needs the review permission); default $DECISIONFLOW_REVIEWER.",
@@ -41,7 +48,7 @@ class Command(WorkflowCommand):
             help=f"Test only, with DECISIONFLOW_FAULT_INJECTION=1: {', '.join(FAULTS)} (lose the receipt after commit).",
         )
 
-    def handle(self, *args, case_id, operation_id, approve, decline, reviewer, fault, **options):
+    def handle(self, *args, case_id, operation_id, approve, decline, reviewer, fault, reason, note, **options):
         self.verb = "approve" if approve else "decline"
         self.case_id = case_id
         case = case_by_id(case_id)
@@ -57,6 +64,8 @@ class Command(WorkflowCommand):
                 reviewer=user,
                 channel=Channel.COMMAND,
                 fault=fault,
+                decline_reason=reason,
+                decline_note=note,
             )
         except ConflictingDecision as exc:
             self.stdout.write(bound)
