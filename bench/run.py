@@ -535,7 +535,7 @@ def _write_sections(path: Path, sections: dict[str, str]) -> None:
             if row.search(generated):
                 generated = row.sub(lambda _m, text=text: text, generated, count=1)
             else:  # a measure not in the table yet: after the table's last numbered row
-                rows = list(re.finditer(r"^\| \d+[\.( ].*$", generated, re.M))
+                rows = list(re.finditer(r"^\| \d+(?:\.| \().*$", generated, re.M))  # "| 9. …", "| 10 (context). …"
                 at = rows[-1].end() if rows else len(generated)
                 generated = generated[:at] + "\n" + text + generated[at:]
             continue
