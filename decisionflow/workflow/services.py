@@ -71,7 +71,15 @@ from effects.services import (
     operation_reconcile,
     reviewer_check,
 )
-from reviews.models import Channel, NotificationKind, Origin, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
+from reviews.models import (
+    Channel,
+    NotificationKind,
+    Origin,
+    PendingReview,
+    Proposal,
+    ReviewDecision,
+    WorkflowCheckpoint,
+)
 from reviews.notifications import notify
 from reviews.services import RevisionResult, proposal_revise
 

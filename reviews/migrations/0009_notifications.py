@@ -5,35 +5,68 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cases', '0004_policy_versions'),
-        ('reviews', '0008_review_queue'),
+        ("cases", "0004_policy_versions"),
+        ("reviews", "0008_review_queue"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Notification',
+            name="Notification",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('operation_id', models.CharField(max_length=80)),
-                ('kind', models.CharField(choices=[('review_begun', 'Review begun'), ('at_risk', 'At risk'), ('breached', 'Breached')], max_length=20)),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('sending', 'Sending'), ('sent', 'Sent'), ('unknown', 'Unknown'), ('failed', 'Failed')], default='queued', max_length=10)),
-                ('channels', models.CharField(max_length=40)),
-                ('accepted', models.CharField(blank=True, default='', max_length=40)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('last_error', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('sending_since', models.DateTimeField(blank=True, null=True)),
-                ('next_attempt_at', models.DateTimeField(blank=True, null=True)),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
-                ('case', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='notifications', to='cases.case')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("operation_id", models.CharField(max_length=80)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("review_begun", "Review begun"), ("at_risk", "At risk"), ("breached", "Breached")],
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("sending", "Sending"),
+                            ("sent", "Sent"),
+                            ("unknown", "Unknown"),
+                            ("failed", "Failed"),
+                        ],
+                        default="queued",
+                        max_length=10,
+                    ),
+                ),
+                ("channels", models.CharField(max_length=40)),
+                ("accepted", models.CharField(blank=True, default="", max_length=40)),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("last_error", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("sending_since", models.DateTimeField(blank=True, null=True)),
+                ("next_attempt_at", models.DateTimeField(blank=True, null=True)),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "case",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="notifications", to="cases.case"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['state', 'sending_since'], name='notification_state')],
-                'constraints': [models.UniqueConstraint(fields=('operation_id', 'kind'), name='notification_unique_operation_kind'), models.CheckConstraint(condition=models.Q(('kind__in', ['review_begun', 'at_risk', 'breached'])), name='notification_kind_valid'), models.CheckConstraint(condition=models.Q(('state__in', ['queued', 'sending', 'sent', 'unknown', 'failed'])), name='notification_state_valid')],
+                "ordering": ["-created_at", "-id"],
+                "indexes": [models.Index(fields=["state", "sending_since"], name="notification_state")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("operation_id", "kind"), name="notification_unique_operation_kind"),
+                    models.CheckConstraint(
+                        condition=models.Q(("kind__in", ["review_begun", "at_risk", "breached"])),
+                        name="notification_kind_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("state__in", ["queued", "sending", "sent", "unknown", "failed"])),
+                        name="notification_state_valid",
+                    ),
+                ],
             },
         ),
     ]
