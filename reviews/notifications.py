@@ -28,6 +28,7 @@ from django.utils import timezone
 from django_tasks import task, task_backends
 
 from decisionflow.core.faults import crash_point
+from decisionflow.core.text import shown
 from reviews.models import Notification, NotificationKind, NotificationState
 
 EMAIL = "email"
@@ -101,7 +102,8 @@ def _text(notification: Notification) -> str:
         NotificationKind.AT_RISK: "is at risk of missing its review target",
         NotificationKind.BREACHED: "has waited past its review target",
     }[NotificationKind(notification.kind)]
-    return f"decisionflow: case {case_id} {what} (operation {notification.operation_id})."
+    # A case ID with hidden characters is shown quoted with escapes (docs/TEXT.md).
+    return f"decisionflow: case {shown(case_id)} {what} (operation {notification.operation_id})."
 
 
 def _send_email(notification: Notification, text: str) -> None:
@@ -120,7 +122,8 @@ def _send_email(notification: Notification, text: str) -> None:
 def _send_webhook(text: str) -> None:
     request = urllib.request.Request(
         settings.DECISIONFLOW_NOTIFY_WEBHOOK_URL,
-        data=json.dumps({"text": text}).encode(),
+        # Slack reads &, < and > as its own markup: escaped as its docs ask.
+        data=json.dumps({"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}).encode(),
         headers={"Content-Type": "application/json"},
         method="POST",
     )

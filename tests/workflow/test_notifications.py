@@ -262,3 +262,25 @@ def test_crash_after_acceptance_leaves_unknown_then_exactly_one_resend(case, rev
     notifications.notify_sweep(now=timezone.now() + timedelta(hours=1))
     assert manage("db_worker", "--batch", "--no-startup-delay", **env).returncode == 0
     assert len(mails) == 2 and len(hooks) == 1
+
+
+@pytest.mark.django_db
+def test_states_in_the_case_history_and_the_view_only_admin_list(
+    case, reviewer, notify_on, settings, django_capture_on_commit_callbacks, admin_client
+):
+    from django.urls import reverse
+
+    _, _, webhook_state = notify_on
+    settings.TASKS = IMMEDIATE
+    webhook_state["fail"] = 1
+    with django_capture_on_commit_callbacks(execute=True):
+        op = review_begin(case=case, actor=reviewer).operation_id
+    page = admin_client.get(reverse("admin:cases_case_history", args=[case.pk])).content.decode()
+    assert "df-ev-notification" in page
+    assert 'Review begun by email,webhook: <strong class="df-notification-queued">Queued</strong> after 1 try' in page
+    assert "HTTPError: HTTP Error 500" in page
+    listing = admin_client.get(reverse("admin:reviews_notification_changelist")).content.decode()
+    assert op[:12] in listing and "Queued" in listing
+    assert admin_client.get(reverse("admin:reviews_notification_add")).status_code == 403
+    pk = Notification.objects.get().pk
+    assert admin_client.get(reverse("admin:reviews_notification_delete", args=[pk])).status_code == 403
