@@ -55,6 +55,26 @@ DECISIONFLOW_REVIEW_CLAIM_LEASE = env.str("DECISIONFLOW_REVIEW_CLAIM_LEASE", def
 DECISIONFLOW_REVIEW_ON_BREACH = env.str("DECISIONFLOW_REVIEW_ON_BREACH", default="stay_pending")
 DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY", default={})
 
+# Notifications (docs/QUEUE.md): a review begun, at risk or breached, sent by the task
+# workers by email (Django's mail framework, EMAIL_* below) and/or a Slack incoming webhook.
+# Both unset (the default): nothing is written or enqueued.
+DECISIONFLOW_NOTIFY_EMAIL_TO = env.list("DECISIONFLOW_NOTIFY_EMAIL_TO", default=[])
+DECISIONFLOW_NOTIFY_WEBHOOK_URL = env.str("DECISIONFLOW_NOTIFY_WEBHOOK_URL", default="")
+DECISIONFLOW_NOTIFY_MAX_ATTEMPTS = env.int("DECISIONFLOW_NOTIFY_MAX_ATTEMPTS", default=5)
+# A Sending row older than this is taken for a dead worker's: Unknown, then sent once more.
+DECISIONFLOW_NOTIFY_LEASE = env.str("DECISIONFLOW_NOTIFY_LEASE", default="5m")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="decisionflow@localhost")
+# The task backend: the database (SQLite or PostgreSQL, no broker); a team may name another,
+# e.g. django_tasks.backends.immediate.ImmediateBackend to send within the request.
+TASKS = {
+    "default": {
+        "BACKEND": env.str("DECISIONFLOW_TASKS_BACKEND", default="django_tasks_db.DatabaseBackend"),
+    }
+}
+
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
 
@@ -83,6 +103,10 @@ INSTALLED_APPS = [
     "effects",
     "decisionflow.workflow",
     "api",
+    # Django's task framework (the django.tasks backport) and its database backend: the
+    # workers that send notifications (docs/QUEUE.md); `manage.py db_worker` runs one.
+    "django_tasks",
+    "django_tasks_db",
 ]
 # /api/docs serves the Swagger UI bundled in the pinned django-ninja package (its static/ and
 # templates/ folders, api.api.LocalSwagger), never a CDN that an offline network cannot reach.

@@ -10,7 +10,7 @@ from django.contrib import admin
 
 from decisionflow.core.admin_base import ViewOnlyAdmin, op_html, pre_html
 
-from .models import PendingReview, ReviewDecision, WorkflowCheckpoint
+from .models import Notification, PendingReview, ReviewDecision, WorkflowCheckpoint
 
 # Large columns no changelist shows; deferring them keeps a page of 100 rows light.
 PROPOSAL_BIG_FIELDS = ("body", "passages", "findings", "policy_snapshot", "unchecked_sentences")
@@ -115,3 +115,18 @@ class WorkflowCheckpointAdmin(ViewOnlyAdmin):
     @admin.display(description="payload (JSON)")
     def payload_pre(self, obj):
         return pre_html(obj.payload)
+
+
+@admin.register(Notification)
+class NotificationAdmin(ViewOnlyAdmin):
+    """What the task workers sent, are sending, or could not send (docs/QUEUE.md)."""
+
+    list_display = ("operation", "case", "kind", "channels", "state", "attempts", "last_error", "created_at", "sent_at")
+    list_select_related = ("case",)
+    list_filter = ("state", "kind")
+    search_fields = ("=operation_id", "=case__case_id")
+    list_per_page = 100
+
+    @admin.display(description="operation", ordering="operation_id")
+    def operation(self, obj):
+        return op_html(obj.operation_id)

@@ -318,3 +318,62 @@ class WorkflowCheckpoint(models.Model):
 
     def __str__(self):
         return self.checkpoint_id
+
+
+class NotificationKind(models.TextChoices):
+    """What a notification tells (docs/QUEUE.md, Notifications)."""
+
+    REVIEW_BEGUN = "review_begun", "Review begun"
+    AT_RISK = "at_risk", "At risk"
+    BREACHED = "breached", "Breached"
+
+
+class NotificationState(models.TextChoices):
+    """Forward only: Queued -> Sending -> Sent; Sending -> Queued (a failed try, retried) or
+    Failed (tries used up); Sending -> Unknown (a worker died after it began sending: the
+    message may or may not have been accepted) -> Sending (one more try)."""
+
+    QUEUED = "queued", "Queued"
+    SENDING = "sending", "Sending"
+    SENT = "sent", "Sent"
+    UNKNOWN = "unknown", "Unknown"
+    FAILED = "failed", "Failed"
+
+
+class Notification(models.Model):
+    """One notification per (operation, kind): the key that keeps a retry or a second worker
+    from starting a second send. The task worker moves its state (reviews/notifications.py)."""
+
+    operation_id = models.CharField(max_length=80)
+    kind = models.CharField(max_length=20, choices=NotificationKind.choices)
+    case = models.ForeignKey("cases.Case", on_delete=models.CASCADE, related_name="notifications")
+    state = models.CharField(max_length=10, choices=NotificationState.choices, default=NotificationState.QUEUED)
+    # Where it goes, fixed when the row is written: "email", "webhook" or "email,webhook".
+    channels = models.CharField(max_length=40)
+    # The channels that accepted it already, so a retry after a partial failure skips them.
+    accepted = models.CharField(max_length=40, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # When the current try began (the lease of a Sending row starts here).
+    sending_since = models.DateTimeField(null=True, blank=True)
+    # A failed try is retried no earlier than this.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["operation_id", "kind"], name="notification_unique_operation_kind"),
+            models.CheckConstraint(
+                condition=models.Q(kind__in=NotificationKind.values), name="notification_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=NotificationState.values), name="notification_state_valid"
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "sending_since"], name="notification_state")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {short(self.operation_id)} ({self.state})"

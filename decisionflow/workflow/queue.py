@@ -28,13 +28,21 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from decisionflow.core import identity
 from decisionflow.core.errors import ClaimHeld, InvalidInput
 from effects.services import CommitResult, effect_commit, reviewer_check
-from reviews.models import DeclineReason, PendingReview, ReviewClaimEvent, SystemActor
+from reviews import notifications
+from reviews.models import (
+    DeclineReason,
+    Notification,
+    NotificationKind,
+    PendingReview,
+    ReviewClaimEvent,
+    SystemActor,
+)
 
 
 class SlaState(models.TextChoices):
@@ -356,3 +364,34 @@ def review_expire(*, pending: PendingReview) -> CommitResult:
         decline_reason=DeclineReason.EXPIRED,
         system_actor=SystemActor.SLA_EXPIRY,
     )
+
+
+# --- notifications (item 4; reviews/notifications.py) -------------------------------------
+
+
+def sla_notifications(now: datetime | None = None) -> dict[str, int]:
+    """One notification per (operation, kind) for each pending review at risk or breached.
+
+    Run by ``sla_report``. A review already notified for that kind is skipped in the query
+    (NOT EXISTS on the key), and ``notify`` is a get-or-create on it, so two runs at once
+    still write one row. Nothing at all when no notification channel is configured.
+    """
+    if not notifications.channels():
+        return {}
+    now = now or timezone.now()
+    made: dict[str, int] = {}
+    for state in (SlaState.AT_RISK, SlaState.BREACHED):
+        kind = NotificationKind.AT_RISK if state == SlaState.AT_RISK else NotificationKind.BREACHED
+        already = Notification.objects.filter(operation_id=OuterRef("operation_id"), kind=kind)
+        rows = (
+            review_queue()
+            .filter(sla_q(state, now))
+            .filter(~Exists(already))
+            .select_related("case")
+            .only("id", "operation_id", "created_at", "case")
+        )
+        for pending in rows.iterator(chunk_size=2000):
+            with transaction.atomic():
+                notifications.notify(case=pending.case, operation_id=pending.operation_id, kind=kind)
+            made[str(kind)] = made.get(str(kind), 0) + 1
+    return made

@@ -17,7 +17,7 @@ from cases.models import Case
 from decisionflow.core.admin_base import when
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, operations_reconcile
-from reviews.models import Origin, PendingReview, Proposal, ReviewClaimEvent, ReviewDecision
+from reviews.models import Notification, Origin, PendingReview, Proposal, ReviewClaimEvent, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
 from reviews.services import prepared_content
 
@@ -98,7 +98,7 @@ def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[WithAn
 @dataclass(frozen=True)
 class HistoryEvent:
     at: datetime
-    kind: str  # proposal, pending_review, claim, attempt, decision, effect
+    kind: str  # proposal, pending_review, claim, attempt, decision, effect, notification
     obj: Model
     # For proposals: the body diff and the evidence moves against the parent.
     diff: list[str] = field(default_factory=list)
@@ -112,7 +112,7 @@ class CaseHistory:
     reconcile: list[ReconcileRow]
 
 
-_ORDER = {"proposal": 0, "pending_review": 1, "claim": 2, "attempt": 3, "decision": 4, "effect": 5}
+_ORDER = {"proposal": 0, "pending_review": 1, "claim": 2, "attempt": 3, "decision": 4, "effect": 5, "notification": 6}
 
 
 def case_history(case: Case) -> CaseHistory:
@@ -140,6 +140,9 @@ def case_history(case: Case) -> CaseHistory:
         events.append(HistoryEvent(effect.recorded_at, "effect", effect))
     for claim in ReviewClaimEvent.objects.filter(case=case).select_related("user"):
         events.append(HistoryEvent(claim.at, "claim", claim))
+    # One line per notification, at the time it was recorded, with its state now.
+    for notification in Notification.objects.filter(case=case):
+        events.append(HistoryEvent(notification.created_at, "notification", notification))
     # Within one transaction the timestamps can tie; show cause before consequence.
     events.sort(key=lambda e: (e.at, _ORDER[e.kind], e.obj.pk))
     return CaseHistory(case, events, list(operations_reconcile(case_ids=[case.case_id])))

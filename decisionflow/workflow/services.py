@@ -71,7 +71,16 @@ from effects.services import (
     operation_reconcile,
     reviewer_check,
 )
-from reviews.models import Channel, Origin, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
+from reviews.models import (
+    Channel,
+    NotificationKind,
+    Origin,
+    PendingReview,
+    Proposal,
+    ReviewDecision,
+    WorkflowCheckpoint,
+)
+from reviews.notifications import notify
 from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
@@ -269,6 +278,9 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
         begun_channel=str(channel)[:20],
         **fields,
     )
+    # In the same transaction as the pending review; sent by a task worker after commit
+    # (nothing at all unless notifications are configured; docs/QUEUE.md).
+    notify(case=case, operation_id=operation_id, kind=NotificationKind.REVIEW_BEGUN)
     return BeginResult(PAUSED, operation_id, 1, pending, True)
 
 

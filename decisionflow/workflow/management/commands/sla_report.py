@@ -7,6 +7,7 @@ from decisionflow.core.observability import sla_observed
 from decisionflow.core.text import shown
 from decisionflow.workflow import queue
 from effects.services import CONFLICTING
+from reviews import notifications
 
 # Breached reviews were found (docs/COMMANDS.md): someone should look.
 EXIT_BREACHED = 10
@@ -54,6 +55,10 @@ class Command(WorkflowCommand):
                         f"target={int(row.target.total_seconds())}s claimed_by={shown(row.claimed_by or '-')} "
                         f"action={action}"
                     )
+            # Notifications (docs/QUEUE.md): at risk and breached, once per review and kind;
+            # and the sweep: a dead worker's Sending row becomes Unknown and is sent again.
+            queue.sla_notifications()
+            notifications.notify_sweep()
         # For /metrics (docs/DEPLOY.md): still breached after this run, i.e. not expired now.
         sla_observed(breached=found - actions.get("expired", 0) - actions.get("replay", 0), actions=actions)
         if found:

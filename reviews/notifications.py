@@ -1,0 +1,206 @@
+"""Notifications sent by the task workers: a review begun, at risk, breached (docs/QUEUE.md).
+
+One ``Notification`` row per (operation, kind). ``notify`` writes it (get-or-create on the
+key, so a retry never makes a second row) and enqueues ``send_notification`` after commit.
+The task claims the row with one conditional UPDATE (Queued or Unknown -> Sending), so a
+second worker never starts a second send, sends by email and/or a Slack incoming webhook,
+then marks it Sent. A failed try goes back to Queued (retried after a backoff) or, after
+``DECISIONFLOW_NOTIFY_MAX_ATTEMPTS``, to Failed. A worker that dies after a mail server or
+webhook accepted the message leaves the row Sending: ``notify_sweep`` turns it Unknown after
+the lease and sends it once more. The promise is at-least-once, with Unknown visible, and a
+Message-ID derived from the key so that mail clients thread and drop the repeat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import urllib.request
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.mail import EmailMessage
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from django_tasks import task, task_backends
+
+from decisionflow.core.faults import crash_point
+from decisionflow.core.text import shown
+from reviews.models import Notification, NotificationKind, NotificationState
+
+EMAIL = "email"
+WEBHOOK = "webhook"
+WEBHOOK_TIMEOUT = 10  # seconds
+# The wait before try n+1 after n failed tries: 30 s, 1 min, 2 min, ... at most an hour.
+BACKOFF_BASE = timedelta(seconds=30)
+BACKOFF_MAX = timedelta(hours=1)
+
+
+def channels() -> list[str]:
+    """The configured channels; empty when notifications are off (the default)."""
+    found = []
+    if getattr(settings, "DECISIONFLOW_NOTIFY_EMAIL_TO", None):
+        found.append(EMAIL)
+    if getattr(settings, "DECISIONFLOW_NOTIFY_WEBHOOK_URL", ""):
+        found.append(WEBHOOK)
+    return found
+
+
+def lease() -> timedelta:
+    value = str(getattr(settings, "DECISIONFLOW_NOTIFY_LEASE", "5m")).strip()
+    match = re.fullmatch(r"(\d+)([smhd]?)", value)
+    if not match or int(match[1]) == 0:
+        raise ImproperlyConfigured(f"DECISIONFLOW_NOTIFY_LEASE: {value!r} is not a duration such as 90s, 5m or 1h")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+    return timedelta(seconds=int(match[1]) * unit)
+
+
+def message_id(operation_id: str, kind: str) -> str:
+    """The same for every send of one (operation, kind): a resend threads and can be dropped."""
+    digest = hashlib.sha256(f"{operation_id}|{kind}".encode()).hexdigest()[:32]
+    return f"<notify-{digest}@decisionflow>"
+
+
+def notify(*, case, operation_id: str, kind: NotificationKind | str) -> Notification | None:
+    """Record the notification (once per key) and enqueue its send after commit.
+
+    Call it inside the transaction that makes the event durable: the row commits with it,
+    and the task is only enqueued once it did. With no channel configured: nothing at all.
+    """
+    wanted = channels()
+    if not wanted:
+        return None
+    notification, created = Notification.objects.get_or_create(
+        operation_id=operation_id,
+        kind=str(kind),
+        defaults={"case": case, "channels": ",".join(wanted)},
+    )
+    if created:
+        pk = notification.pk
+        transaction.on_commit(lambda: enqueue(pk))
+    return notification
+
+
+def enqueue(pk: int, *, delay: timedelta | None = None) -> None:
+    """Enqueue one send. A later duplicate is harmless: the claim lets one through."""
+    if delay is not None and task_backends[send_notification.backend].supports_defer:
+        send_notification.using(run_after=timezone.now() + delay).enqueue(pk)
+    elif delay is None:
+        send_notification.enqueue(pk)
+    # A backend that cannot defer (the immediate one): the sweep re-enqueues it when due.
+
+
+def _text(notification: Notification) -> str:
+    from cases.models import Case
+
+    case_id = Case.objects.filter(pk=notification.case_id).values_list("case_id", flat=True).first()
+    what = {
+        NotificationKind.REVIEW_BEGUN: "is waiting for a review",
+        NotificationKind.AT_RISK: "is at risk of missing its review target",
+        NotificationKind.BREACHED: "has waited past its review target",
+    }[NotificationKind(notification.kind)]
+    # A case ID with hidden characters is shown quoted with escapes (docs/TEXT.md).
+    return f"decisionflow: case {shown(case_id)} {what} (operation {notification.operation_id})."
+
+
+def _send_email(notification: Notification, text: str) -> None:
+    headers = {"Message-ID": message_id(notification.operation_id, notification.kind)}
+    if notification.kind != NotificationKind.REVIEW_BEGUN:
+        # One thread per operation: at risk and breached refer to its "review begun" message.
+        headers["References"] = message_id(notification.operation_id, NotificationKind.REVIEW_BEGUN)
+    EmailMessage(
+        subject=text.split(" (operation", 1)[0],
+        body=text,
+        to=list(settings.DECISIONFLOW_NOTIFY_EMAIL_TO),
+        headers=headers,
+    ).send(fail_silently=False)
+
+
+def _send_webhook(text: str) -> None:
+    request = urllib.request.Request(
+        settings.DECISIONFLOW_NOTIFY_WEBHOOK_URL,
+        # Slack reads &, < and > as its own markup: escaped as its docs ask.
+        data=json.dumps({"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:  # noqa: S310 (a configured URL)
+        response.read()
+
+
+@task()
+def send_notification(notification_id: int) -> str:
+    """Claim, send, mark Sent. Returns what it did (the task result keeps it)."""
+    now = timezone.now()
+    claimed = Notification.objects.filter(
+        pk=notification_id, state__in=[NotificationState.QUEUED, NotificationState.UNKNOWN]
+    ).update(state=NotificationState.SENDING, sending_since=now, attempts=F("attempts") + 1, updated_at=now)
+    if not claimed:
+        # Another worker has it, or it is sent or failed already: never a second send.
+        return "not_claimed"
+    notification = Notification.objects.get(pk=notification_id)
+    text = _text(notification)
+    accepted = [c for c in notification.accepted.split(",") if c]
+    try:
+        for channel in notification.channels.split(","):
+            if channel in accepted:
+                continue
+            if channel == EMAIL:
+                _send_email(notification, text)
+            elif channel == WEBHOOK:
+                _send_webhook(text)
+            accepted.append(channel)
+            crash_point("notify-after-accept")
+            Notification.objects.filter(pk=notification_id).update(accepted=",".join(accepted))
+    except Exception as exc:  # noqa: BLE001 (any failure of a send is a failed try, recorded)
+        return _failed(notification, accepted, exc)
+    Notification.objects.filter(pk=notification_id, state=NotificationState.SENDING).update(
+        state=NotificationState.SENT, sent_at=timezone.now(), updated_at=timezone.now(), last_error=""
+    )
+    return "sent"
+
+
+def _failed(notification: Notification, accepted: list[str], exc: Exception) -> str:
+    error = f"{type(exc).__name__}: {exc}"[:2000]
+    now = timezone.now()
+    attempts = notification.attempts
+    if attempts >= int(getattr(settings, "DECISIONFLOW_NOTIFY_MAX_ATTEMPTS", 5)):
+        Notification.objects.filter(pk=notification.pk, state=NotificationState.SENDING).update(
+            state=NotificationState.FAILED, last_error=error, accepted=",".join(accepted), updated_at=now
+        )
+        return "failed"
+    delay = min(BACKOFF_BASE * 2 ** (attempts - 1), BACKOFF_MAX)
+    Notification.objects.filter(pk=notification.pk, state=NotificationState.SENDING).update(
+        state=NotificationState.QUEUED,
+        last_error=error,
+        accepted=",".join(accepted),
+        next_attempt_at=now + delay,
+        updated_at=now,
+    )
+    enqueue(notification.pk, delay=delay)
+    return "retry"
+
+
+def notify_sweep(now=None) -> dict[str, int]:
+    """Sending past the lease -> Unknown (a worker died mid-send), and every Unknown row and
+    every Queued row due for a retry is enqueued again. Run by ``sla_report`` and
+    ``manage.py notify_sweep``; enqueueing twice is harmless (the claim lets one through)."""
+    now = now or timezone.now()
+    unknown = Notification.objects.filter(state=NotificationState.SENDING, sending_since__lt=now - lease()).update(
+        state=NotificationState.UNKNOWN, last_error="the worker stopped during the send: it may have been delivered"
+    )
+    # Queued and never tried for a lease: its enqueue after commit was lost (the process
+    # stopped between the commit and the enqueue).
+    never_tried = Q(next_attempt_at__isnull=True, created_at__lt=now - lease())
+    due = list(
+        Notification.objects.filter(
+            Q(state=NotificationState.UNKNOWN)
+            | Q(state=NotificationState.QUEUED) & (Q(next_attempt_at__lte=now) | never_tried)
+        ).values_list("pk", flat=True)
+    )
+    for pk in due:
+        enqueue(pk)
+    return {"unknown": unknown, "enqueued": len(due)}
