@@ -134,6 +134,13 @@ def short_fingerprint(fingerprint: str) -> str:
     return (fingerprint or "none")[:12]
 
 
+@functools.cache
+def _declared_fields(declared: type) -> tuple[frozenset[str], frozenset[str]]:
+    # Read once per declaration: conform runs for every message of every resume (hot path).
+    hints = typing.get_type_hints(declared)
+    return frozenset(hints), frozenset(getattr(declared, "__required_keys__", hints))
+
+
 def conform(role: str, message: Any) -> Any:
     """Return ``message`` if it has exactly the fields its declaration names; TypeError otherwise.
 
@@ -143,9 +150,8 @@ def conform(role: str, message: Any) -> Any:
     declared = MESSAGES[role]
     if not isinstance(message, dict):
         raise TypeError(f"the {role} message is a {type(message).__name__}, not a dict")
-    hints = typing.get_type_hints(declared)
-    required = set(getattr(declared, "__required_keys__", hints))
-    missing, extra = required - set(message), set(message) - set(hints)
+    fields, required = _declared_fields(declared)
+    missing, extra = required - message.keys(), message.keys() - fields
     if missing or extra:
         raise TypeError(
             f"the {role} message does not match its declared schema {declared.__name__}: "

@@ -604,13 +604,15 @@ def decision_record(
                 pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
             if pending is None:
                 raise _no_pending_review(case, operation_id)
-            if _pause_pruned(pending):
-                # Decided, and its pause checkpoint pruned since (reviews/retention.py): the
-                # decision stands, so the review core answers a retry (replay or conflict)
-                # without the engine, exactly as the answered run's commit step would.
-                if approved is True and pending.reviewer_changed_case:
-                    four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
-                answer_started = True
+            # Decided, and its pause checkpoint pruned since (reviews/retention.py): the decision
+            # stands, so the review core answers a retry (replay or conflict) without the engine,
+            # exactly as the answered run's commit step would.
+            pruned = _pause_pruned(pending)
+            checkpoint = None if pruned else _bound_checkpoint(case, pending)
+            if approved is True and pending.reviewer_changed_case:
+                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
+            answer_started = True
+            if checkpoint is None:
                 commit = effect_commit(
                     operation_id=operation_id,
                     approved=approved,
@@ -620,10 +622,6 @@ def decision_record(
                     decline_note=decline_note,
                 )
             else:
-                checkpoint = _bound_checkpoint(case, pending)
-                if approved is True and pending.reviewer_changed_case:
-                    four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
-                answer_started = True
                 commit = _answer(
                     checkpoint,
                     operation_id=operation_id,
