@@ -88,3 +88,128 @@ class CommitAttempt(AppendOnlyModel):
 
     def __str__(self):
         return f"{self.outcome} {short(self.operation_id)}"
+
+
+class DeliveryState(models.TextChoices):
+    """Where the approved reply stands on the remote helpdesk (docs/DELIVERY.md).
+
+    Forward only: Queued -> Sending -> Delivered | Rejected | Unknown. Sending goes back to
+    Queued only when the try proves the helpdesk stored nothing (it answered 503, or the
+    connection was refused before a byte was sent). Unknown (a request went out and no
+    answer came back) never goes back to Queued: it is settled by a lookup (Delivered) or
+    by a resend with the same key (Sending). Delivered and Rejected are final. The database
+    enforces the same table (migration 0006).
+    """
+
+    QUEUED = "queued", "Queued"
+    SENDING = "sending", "Sending"
+    UNKNOWN = "unknown", "Unknown"
+    DELIVERED = "delivered", "Delivered"
+    REJECTED = "rejected", "Rejected"
+
+
+# The transitions the database allows (migration 0006 carries its own frozen copy); staying
+# in a state (a new lease, a later retry time) is always allowed except in a final state.
+DELIVERY_TRANSITIONS: dict[str, frozenset[str]] = {
+    DeliveryState.QUEUED: frozenset({DeliveryState.SENDING}),
+    DeliveryState.SENDING: frozenset(
+        {DeliveryState.QUEUED, DeliveryState.UNKNOWN, DeliveryState.DELIVERED, DeliveryState.REJECTED}
+    ),
+    DeliveryState.UNKNOWN: frozenset({DeliveryState.SENDING, DeliveryState.DELIVERED, DeliveryState.REJECTED}),
+    DeliveryState.DELIVERED: frozenset(),
+    DeliveryState.REJECTED: frozenset(),
+}
+DELIVERY_FINAL = frozenset({DeliveryState.DELIVERED, DeliveryState.REJECTED})
+
+
+class Delivery(models.Model):
+    """The second effect of an approval: its reply posted to the customer's ticket.
+
+    Written by the commit statement, in the transaction that writes the decision and the
+    local effect, and only for a new approval while a helpdesk is configured: an approval
+    without its delivery is impossible, a decline never has one. Its identity (operation,
+    case, decision, effect) is write-once; its state moves only forward (DeliveryState).
+    The operation identity is also the Idempotency-Key of every request to the helpdesk.
+    """
+
+    operation_id = models.CharField(max_length=80)
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="deliveries")
+    decision = models.OneToOneField("reviews.ReviewDecision", on_delete=models.PROTECT, related_name="delivery")
+    effect = models.OneToOneField(EffectRecord, on_delete=models.PROTECT, related_name="delivery")
+    state = models.CharField(max_length=20, choices=DeliveryState.choices, default=DeliveryState.QUEUED)
+    # Tries so far (sends and lookups): the backoff grows with it.
+    tries = models.PositiveIntegerField(default=0)
+    # A worker may take it from then on (backoff after a failed try; now when queued).
+    next_try_at = models.DateTimeField()
+    # While Sending: the worker that holds it, and until when. Past the lease the sweep turns
+    # it Unknown (the worker may have died after the helpdesk committed).
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # The helpdesk's own reference of the stored reply (Delivered), or why it refused (Rejected).
+    reference = models.CharField(max_length=200, blank=True)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            # The workers' and the sweep's query: what is due, in order.
+            models.Index(fields=["state", "next_try_at"], name="delivery_due"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["operation_id"], name="delivery_unique_operation"),
+            models.CheckConstraint(condition=models.Q(state__in=DeliveryState.values), name="delivery_state_known"),
+            # Delivered names the helpdesk's reference; Rejected says why.
+            models.CheckConstraint(
+                condition=~models.Q(state=DeliveryState.DELIVERED) | ~models.Q(reference=""),
+                name="delivery_delivered_has_reference",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state=DeliveryState.REJECTED) | ~models.Q(reason=""),
+                name="delivery_rejected_has_reason",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state=DeliveryState.SENDING) | models.Q(lease_until__isnull=False),
+                name="delivery_sending_has_lease",
+            ),
+        ]
+
+    def __str__(self):
+        return f"delivery {short(self.operation_id)} {self.state}"
+
+    @property
+    def final(self) -> bool:
+        return self.state in DELIVERY_FINAL
+
+
+class DeliveryTry(AppendOnlyModel):
+    """One request to the helpdesk and how it ended: append-only, every try a row."""
+
+    class Kind(models.TextChoices):
+        SEND = "send", "Send (POST)"
+        LOOKUP = "lookup", "Lookup (GET)"
+
+    class Outcome(models.TextChoices):
+        DELIVERED = "delivered", "Delivered"  # 201/200 with a reference, or found by lookup
+        REJECTED = "rejected", "Rejected"  # a permanent 4xx
+        NOT_STORED = "not_stored", "Not stored"  # 503/429, or refused before sending
+        NOT_FOUND = "not_found", "Not found"  # a lookup's 404: settles nothing by itself
+        UNKNOWN = "unknown", "Unknown"  # sent, and no usable answer came back
+
+    delivery = models.ForeignKey(Delivery, on_delete=models.PROTECT, related_name="try_rows")
+    operation_id = models.CharField(max_length=80)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    worker = models.CharField(max_length=200, blank=True)
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self):
+        return f"{self.kind} {short(self.operation_id)} {self.outcome}"
