@@ -265,6 +265,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._handle(self._route_post)
 
+    def _method_not_allowed(self) -> None:
+        raise Refusal(405, "method_not_allowed", f"{self.command} is not served; see helpdesk/README.md")
+
+    def do_PUT(self) -> None:
+        self._handle(self._method_not_allowed)
+
+    do_PATCH = do_DELETE = do_PUT
+
     def _route_get(self) -> None:
         path = self._path()
         if path == "/healthz":

@@ -261,6 +261,14 @@ def test_bad_input_gets_a_clear_json_error_and_stores_nothing(helpdesk, case):
     assert helpdesk.post_reply(payload(key)).status == 201
 
 
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "DELETE"])
+def test_other_methods_are_refused_in_json(helpdesk, method):
+    key = new_key()
+    response = helpdesk.request(method, "/replies", body=json.dumps(payload(key)).encode())
+    assert (response.status, response.json["error"]) == (405, "method_not_allowed")
+    assert rows(helpdesk, key) == []
+
+
 # -- fault switches ------------------------------------------------------------------------
 
 
