@@ -31,7 +31,6 @@ from typing import Any
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowEvent, WorkflowMessage
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils.crypto import salted_hmac
@@ -39,6 +38,8 @@ from django.utils.crypto import salted_hmac
 from decisionflow.core.errors import WorkflowIncompatible
 from decisionflow.core.faults import crash_point
 from reviews.models import WorkflowCheckpoint
+
+from .driver import on_caller
 
 FORMAT = "decisionflow.checkpoint.v2"  # v2: the digest is an HMAC
 
@@ -210,9 +211,8 @@ def decode_checkpoint(*, checkpoint_id: str, payload: str, digest: str) -> Engin
 class DatabaseCheckpointStorage:
     """agent-framework's CheckpointStorage protocol over ``reviews.WorkflowCheckpoint`` rows.
 
-    ORM work runs through ``sync_to_async(thread_sensitive=True)``: under ``async_to_sync``
-    that is the calling thread, so a checkpoint is written on the caller's connection (and
-    inside its transaction, if it has one).
+    ORM work runs through ``driver.on_caller``: on the calling thread, so a checkpoint is
+    written on the caller's connection (and inside its transaction, if it has one).
     """
 
     def __init__(self) -> None:
@@ -225,12 +225,12 @@ class DatabaseCheckpointStorage:
 
     async def save(self, checkpoint: EngineCheckpoint) -> str:
         payload = encode_checkpoint(checkpoint)
-        checkpoint_id = await sync_to_async(self._save_sync, thread_sensitive=True)(checkpoint, payload)
+        checkpoint_id = await on_caller(self._save_sync, checkpoint, payload)
         self.saved.append(checkpoint_id)
         return checkpoint_id
 
     async def load(self, checkpoint_id: str) -> EngineCheckpoint:
-        return await sync_to_async(self.load_sync, thread_sensitive=True)(checkpoint_id)
+        return await on_caller(self.load_sync, checkpoint_id)
 
     # --- the rest of the protocol, for the host ---------------------------------------------
 
@@ -246,13 +246,13 @@ class DatabaseCheckpointStorage:
                 .values_list("checkpoint_id", flat=True)
             )
 
-        return await sync_to_async(ids, thread_sensitive=True)()
+        return await on_caller(ids)
 
     async def delete(self, checkpoint_id: str) -> bool:
         def delete():
             return WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).delete()[0] > 0
 
-        return await sync_to_async(delete, thread_sensitive=True)()
+        return await on_caller(delete)
 
     async def get_latest(self, *, workflow_name: str) -> EngineCheckpoint | None:
         def latest():
@@ -263,7 +263,7 @@ class DatabaseCheckpointStorage:
                 .first()
             )
 
-        checkpoint_id = await sync_to_async(latest, thread_sensitive=True)()
+        checkpoint_id = await on_caller(latest)
         return None if checkpoint_id is None else await self.load(checkpoint_id)
 
     # --- sync helpers -----------------------------------------------------------------------

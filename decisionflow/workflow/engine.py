@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Never
 
 from agent_framework import Executor, WorkflowBuilder, WorkflowContext, WorkflowRunState, handler, response_handler
-from asgiref.sync import sync_to_async
 from django.db import OperationalError, connection
 
 from cases.models import Case
@@ -28,6 +27,7 @@ from decisionflow.core.faults import LostReceipt, crash_point
 from effects.services import CommitResult, effect_commit
 from reviews.services import proposal_create
 
+from .driver import on_caller
 from .messages import conform, graph_fingerprint
 from .names import COMMIT_ID, EDGES, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_NAME, WORKFLOW_VERSION  # noqa: F401 - re-exported
 
@@ -94,7 +94,7 @@ class Prepare(Executor):
 
     @handler
     async def prepare(self, message: dict, ctx: WorkflowContext[dict]) -> None:
-        await ctx.send_message(await sync_to_async(_prepare_sync, thread_sensitive=True)(message, self._begin))
+        await ctx.send_message(await on_caller(_prepare_sync, message, self._begin))
 
 
 class HumanReview(Executor):
@@ -190,7 +190,7 @@ class Commit(Executor):
         # From here on a failure may come after the commit statement ran: the host reports
         # it as an uncertain outcome, never as a refusal.
         answer.commit_started = True
-        answer.result = await sync_to_async(_commit_sync, thread_sensitive=True)(decision, answer)
+        answer.result = await on_caller(_commit_sync, decision, answer)
         await ctx.yield_output(conform("output", answer.result.receipt()))
 
 

@@ -22,9 +22,10 @@ A decision, in order, on one screen:
 5. The truth after a fault: once the commit step has started, any failure is
    ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
 
-The executors reach the ORM through ``sync_to_async(thread_sensitive=True)``, which under
-``async_to_sync`` runs on the calling thread, so all database work uses the caller's
-connection and transaction (and, in tests, the test transaction).
+The engine runs on the calling thread (``driver.run_on_caller``), and the executors' ORM
+work runs there too, between loop iterations (``driver.on_caller``), so all database work
+uses the caller's connection and transaction (and, in tests, the test transaction), with no
+thread started.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from typing import Any
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowRunState
 from agent_framework.exceptions import WorkflowCheckpointException
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
@@ -84,6 +84,7 @@ from reviews.notifications import notify
 from reviews.services import RevisionResult, proposal_revise
 
 from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
+from .driver import run_on_caller
 from .engine import (
     FAULTS,
     GRAPH_SIGNATURE_HASH,
@@ -183,7 +184,7 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
     workflow = build_workflow(begin=Begin(case=case, actor=actor), checkpoint_storage=buffer)
     message = conform("start", {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id})
     try:
-        result = async_to_sync(_run)(workflow, message=message)
+        result = run_on_caller(_run, workflow, message=message)
     except (DecisionflowError, DatabaseError):
         raise
     except Exception as exc:
@@ -490,7 +491,8 @@ def _answer(
     )
     short = identity.short(operation_id)
     try:
-        run = async_to_sync(_run)(
+        run = run_on_caller(
+            _run,
             workflow,
             checkpoint_id=checkpoint.checkpoint_id,
             responses={review_request_id(operation_id): response},
