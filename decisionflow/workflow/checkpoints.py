@@ -296,13 +296,14 @@ class DatabaseCheckpointStorage:
                 raise
         return checkpoint.checkpoint_id
 
-    def write(self, checkpoint: EngineCheckpoint) -> str:
+    def write(self, checkpoint: EngineCheckpoint, payload: str | None = None) -> str:
         """Store one new checkpoint now, in the caller's transaction (begin's pause).
 
+        ``payload``: its encoding, when the caller has it already (``PauseBuffer.payload``).
         A plain insert, no savepoint: its id is a fresh UUID, and if the insert fails the
         caller's whole transaction (proposal, pending review) must fail with it.
         """
-        row = self._insert(checkpoint, encode_checkpoint(checkpoint))
+        row = self._insert(checkpoint, encode_checkpoint(checkpoint) if payload is None else payload)
         # The pending review keeps this time: the row itself may be pruned once decided.
         self.written_at = row.created_at
         return checkpoint.checkpoint_id
@@ -340,11 +341,19 @@ class PauseBuffer:
 
     def __init__(self) -> None:
         self.saved: list[EngineCheckpoint] = []
+        self._payloads: dict[str, str] = {}
 
     async def save(self, checkpoint: EngineCheckpoint) -> str:
-        encode_checkpoint(checkpoint)
+        # Kept, so that the pause is not encoded a second time when the host writes it.
+        self._payloads[checkpoint.checkpoint_id] = encode_checkpoint(checkpoint)
         self.saved.append(checkpoint)
         return checkpoint.checkpoint_id
+
+    def payload(self, checkpoint: EngineCheckpoint) -> str | None:
+        """The encoding ``save`` made of this very checkpoint object, if it saved it."""
+        if not any(saved is checkpoint for saved in self.saved):
+            return None
+        return self._payloads.get(checkpoint.checkpoint_id)
 
     async def load(self, checkpoint_id: str) -> EngineCheckpoint:
         for checkpoint in self.saved:
@@ -371,13 +380,19 @@ class BoundCheckpoint(PauseBuffer):
 
     The engine restores through ``load``, so it gets exactly the object the binding checks
     looked at (no second read that could differ). What it saves during the answered run
-    stays in memory: once the commit has happened, recovery reads the effect store, not a
-    checkpoint, so an answered run writes no checkpoint rows.
+    stays in memory, unencoded: once the commit has happened, recovery reads the effect
+    store, not a checkpoint, so an answered run writes no checkpoint rows.
     """
 
     def __init__(self, checkpoint: EngineCheckpoint) -> None:
         super().__init__()
         self.checkpoint = checkpoint
+
+    async def save(self, checkpoint: EngineCheckpoint) -> str:
+        # Kept, never encoded: nothing reads or writes these (the engine only logs a warning
+        # when a save fails, so encoding them would check nothing).
+        self.saved.append(checkpoint)
+        return checkpoint.checkpoint_id
 
     async def load(self, checkpoint_id: str) -> EngineCheckpoint:
         if checkpoint_id != self.checkpoint.checkpoint_id:

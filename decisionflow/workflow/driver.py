@@ -99,7 +99,7 @@ def run_on_caller(coroutine_fn: Callable[..., Coroutine[Any, Any, _T]], /, *args
                 context, fn, call_args, future = driver.calls.popleft()
                 try:
                     result = context.run(fn, *call_args)
-                except BaseException as exc:  # handed to the step that asked, as sync_to_async does
+                except BaseException as exc:  # noqa: BLE001 - handed to the step that asked, as sync_to_async does
                     if not future.cancelled():
                         future.set_exception(exc)
                 else:

@@ -60,6 +60,8 @@ class Begin:
 
     case: Case
     actor: Any = None
+    # The host read, under the case lock, that the case has no proposal yet (proposal_create's ``first``).
+    first: bool = False
 
 
 def _prepare_sync(message: dict, begin: Begin | None) -> dict:
@@ -69,7 +71,7 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
         case = Case.objects.get(pk=message["case_pk"])
     # The pipeline prepared it: no human author, whoever began the review (the pending
     # review records who began it, and through which channel).
-    proposal = proposal_create(case=case)
+    proposal = proposal_create(case=case, first=begin is not None and begin.first and begin.case is case)
     # Issue 7: killed after the proposal is written, before anything records a pending review.
     crash_point("begin-after-proposal")
     return conform(

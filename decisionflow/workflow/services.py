@@ -146,8 +146,9 @@ class EditResult:
 # --- begin ------------------------------------------------------------------------------
 
 
-def _existing_begin(case: Case) -> BeginResult | None:
-    case.refresh_from_db(fields=["current_proposal"])
+def _existing_begin(case: Case, *, refresh: bool = True) -> BeginResult | None:
+    if refresh:
+        case.refresh_from_db(fields=["current_proposal"])
     if case.current_proposal_id is None:
         return None
     operation_id = Proposal.objects.values_list("operation_id", flat=True).get(pk=case.current_proposal_id)
@@ -178,10 +179,10 @@ async def _run(workflow, **kwargs):
     return await workflow.run(**kwargs)
 
 
-def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
+def _begin_run(case: Case, actor, *, first: bool = False) -> tuple[str, Any, list, PauseBuffer]:
     session_id = f"ws-{uuid.uuid4().hex}"
     buffer = PauseBuffer()
-    workflow = build_workflow(begin=Begin(case=case, actor=actor), checkpoint_storage=buffer)
+    workflow = build_workflow(begin=Begin(case=case, actor=actor, first=first), checkpoint_storage=buffer)
     message = conform("start", {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id})
     try:
         result = run_on_caller(_run, workflow, message=message)
@@ -192,8 +193,9 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
     return session_id, result.get_final_state(), result.get_request_info_events(), buffer
 
 
-def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE) -> BeginResult:
-    existing = _existing_begin(case)
+def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE, *, refreshed: bool = False) -> BeginResult:
+    # ``refreshed``: the caller read the case's current proposal under the lock just now.
+    existing = _existing_begin(case, refresh=not refreshed)
     if existing is not None and _decided_and_pruned(existing.pending_review):
         # Nothing is left to resume, and a retried decision is answered without the pause.
         return existing
@@ -208,22 +210,31 @@ def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE) -> BeginRes
             PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=PendingReview.Status.PENDING)
             existing.pending_review.refresh_from_db()
         return existing
+    # Read under the case lock: the case has no proposal yet, so its first one needs no savepoint.
+    first = existing is None and case.current_proposal_id is None
     try:
         # One durable transaction: the proposal, the pause checkpoint and the pending review
         # are written together or not at all.
         with transaction.atomic():
-            return _begin_write(case, actor, existing, channel)
+            return _begin_write(case, actor, existing, channel, first=first)
     except IntegrityError:
         # Another process recorded this operation first (the case lock makes that rare).
         raced = _existing_begin(case)
-        if raced is None:
+        if raced is not None:
+            return raced
+        if not first:
             raise
-        return raced
+    # A proposal of this case existed after all (written without the case lock): begin
+    # again the careful way, which finds it.
+    with transaction.atomic():
+        return _begin_write(case, actor, _existing_begin(case), channel)
 
 
-def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str = Channel.SERVICE) -> BeginResult:
+def _begin_write(
+    case: Case, actor, existing: BeginResult | None, channel: str = Channel.SERVICE, *, first: bool = False
+) -> BeginResult:
     # `prepare` works on this very case object, so it points at the new proposal afterwards.
-    session_id, state, requests, buffer = _begin_run(case, actor)
+    session_id, state, requests, buffer = _begin_run(case, actor, first=first)
     if state != WorkflowRunState.IDLE_WITH_PENDING_REQUESTS or len(requests) != 1:
         raise DecisionflowError(
             f"begin: the workflow ended {status_name(state)} with {len(requests)} review request(s) instead of "
@@ -243,7 +254,7 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
         )
     storage = DatabaseCheckpointStorage()
     try:
-        storage.write(pause)
+        storage.write(pause, buffer.payload(pause))
     except DatabaseError as exc:
         raise WorkflowIncompatible(
             f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "
@@ -304,7 +315,8 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
         decided = _decided_begin(case)
         if decided is not None:
             return decided
-        return _begin_locked(case, actor, channel)
+        # _decided_begin read the current proposal under this lock: no second read.
+        return _begin_locked(case, actor, channel, refreshed=True)
 
 
 def _decided_begin(case: Case) -> BeginResult | None:
