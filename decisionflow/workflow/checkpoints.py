@@ -299,7 +299,7 @@ class DatabaseCheckpointStorage:
     def write(self, checkpoint: EngineCheckpoint, payload: str | None = None) -> str:
         """Store one new checkpoint now, in the caller's transaction (begin's pause).
 
-        ``payload``: its encoding, when the caller has it already (``PauseBuffer.payload``).
+        ``payload``: its encoding (``encode_checkpoint``), when the caller made it already.
         A plain insert, no savepoint: its id is a fresh UUID, and if the insert fails the
         caller's whole transaction (proposal, pending review) must fail with it.
         """
@@ -333,27 +333,18 @@ class PauseBuffer:
     """A ``begin`` run's checkpoints, kept in memory until the host knows which one is the pause.
 
     The engine saves one before the first superstep and one after each; only the pause is
-    needed to resume, so the host writes that one (``DatabaseCheckpointStorage.write``) in
-    the same transaction as the proposal and the pending review, and drops the rest. Every
-    checkpoint is still encoded on save, so a value that is not plain JSON fails here exactly
-    as it would in the database store.
+    needed to resume, so the host encodes and writes that one (``DatabaseCheckpointStorage.write``)
+    in the same transaction as the proposal and the pending review, and drops the rest
+    unencoded. A pause that is not plain JSON fails when the host encodes it, exactly as it
+    would have failed in the database store.
     """
 
     def __init__(self) -> None:
         self.saved: list[EngineCheckpoint] = []
-        self._payloads: dict[str, str] = {}
 
     async def save(self, checkpoint: EngineCheckpoint) -> str:
-        # Kept, so that the pause is not encoded a second time when the host writes it.
-        self._payloads[checkpoint.checkpoint_id] = encode_checkpoint(checkpoint)
         self.saved.append(checkpoint)
         return checkpoint.checkpoint_id
-
-    def payload(self, checkpoint: EngineCheckpoint) -> str | None:
-        """The encoding ``save`` made of this very checkpoint object, if it saved it."""
-        if not any(saved is checkpoint for saved in self.saved):
-            return None
-        return self._payloads.get(checkpoint.checkpoint_id)
 
     async def load(self, checkpoint_id: str) -> EngineCheckpoint:
         for checkpoint in self.saved:
@@ -387,12 +378,6 @@ class BoundCheckpoint(PauseBuffer):
     def __init__(self, checkpoint: EngineCheckpoint) -> None:
         super().__init__()
         self.checkpoint = checkpoint
-
-    async def save(self, checkpoint: EngineCheckpoint) -> str:
-        # Kept, never encoded: nothing reads or writes these (the engine only logs a warning
-        # when a save fails, so encoding them would check nothing).
-        self.saved.append(checkpoint)
-        return checkpoint.checkpoint_id
 
     async def load(self, checkpoint_id: str) -> EngineCheckpoint:
         if checkpoint_id != self.checkpoint.checkpoint_id:

@@ -83,7 +83,7 @@ from reviews.models import (
 from reviews.notifications import notify
 from reviews.services import RevisionResult, proposal_revise
 
-from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
+from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer, encode_checkpoint
 from .driver import run_on_caller
 from .engine import (
     FAULTS,
@@ -252,9 +252,16 @@ def _begin_write(
             f"begin: the pause checkpoint for case {case.case_id} was not saved (the engine only logged a "
             "warning); no pending review was recorded, run begin again"
         )
+    try:
+        payload = encode_checkpoint(pause)
+    except TypeError as exc:
+        raise WorkflowIncompatible(
+            f"begin: the pause checkpoint for case {case.case_id} holds a value that is not plain JSON ({exc}); "
+            "no pending review was recorded"
+        ) from exc
     storage = DatabaseCheckpointStorage()
     try:
-        storage.write(pause, buffer.payload(pause))
+        storage.write(pause, payload)
     except DatabaseError as exc:
         raise WorkflowIncompatible(
             f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "

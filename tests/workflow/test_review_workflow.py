@@ -147,6 +147,22 @@ def test_begin_finds_a_proposal_that_exists_though_the_case_points_at_none(case,
     assert decide(case, begun.operation_id, reviewer).outcome == Outcome.COMMITTED
 
 
+def test_begin_refuses_a_pause_that_is_not_plain_json_and_writes_nothing(case, monkeypatch):
+    """The buffer keeps the run's checkpoints unencoded; the pause is encoded by the host,
+    which refuses it when it is not plain JSON, before anything is written."""
+    from decisionflow.workflow import engine
+
+    real = engine._prepare_sync
+
+    def with_a_tuple(message, begin):
+        return {**real(message, begin), "session_id": ("not", "json")}
+
+    monkeypatch.setattr(engine, "_prepare_sync", with_a_tuple)
+    with pytest.raises(WorkflowIncompatible, match="not plain JSON .*no pending review was recorded"):
+        review_begin(case=case)
+    assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
+
+
 def test_begin_refuses_when_the_engine_only_logged_a_failed_pause_save(case, monkeypatch):
     """agent-framework only logs a warning when a checkpoint save fails: begin proves the pause exists."""
     real_save = store.PauseBuffer.save
