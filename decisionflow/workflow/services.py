@@ -93,6 +93,7 @@ from .engine import (
     Answer,
     Begin,
     build_workflow,
+    resume_workflow,
     review_request_id,
     status_name,
 )
@@ -497,7 +498,6 @@ def _answer(
 ) -> CommitResult:
     """Restore the bound checkpoint and answer its request: one engine run, one crossing."""
     answer = Answer(reviewer=reviewer, fault=fault)
-    workflow = build_workflow(answer=answer)
     response = conform(
         "response",
         {
@@ -509,46 +509,50 @@ def _answer(
         },
     )
     short = identity.short(operation_id)
-    try:
-        run = run_on_caller(
-            _run,
-            workflow,
-            checkpoint_id=checkpoint.checkpoint_id,
-            responses={review_request_id(operation_id): response},
-            checkpoint_storage=BoundCheckpoint(checkpoint),
-        )
-    except DecisionflowError:
-        # Refusals of the review core (stale, not a boolean, no permission, busy) are raised
-        # before its transaction writes; it recorded the attempt. OutcomeUncertain passes too.
-        raise
-    except WorkflowCheckpointException as exc:
-        raise WorkflowIncompatible(f"resume: checkpoint {checkpoint.checkpoint_id} cannot be restored: {exc}") from exc
-    except Exception as exc:
-        if answer.commit_started:
+    # The thread's resume workflow (a fresh one after any failure): see engine.resume_workflow.
+    with resume_workflow(answer) as workflow:
+        try:
+            run = run_on_caller(
+                _run,
+                workflow,
+                checkpoint_id=checkpoint.checkpoint_id,
+                responses={review_request_id(operation_id): response},
+                checkpoint_storage=BoundCheckpoint(checkpoint),
+            )
+        except DecisionflowError:
+            # Refusals of the review core (stale, not a boolean, no permission, busy) are raised
+            # before its transaction writes; it recorded the attempt. OutcomeUncertain passes too.
+            raise
+        except WorkflowCheckpointException as exc:
+            raise WorkflowIncompatible(
+                f"resume: checkpoint {checkpoint.checkpoint_id} cannot be restored: {exc}"
+            ) from exc
+        except Exception as exc:
+            if answer.commit_started:
+                raise OutcomeUncertain(
+                    f"outcome uncertain: the commit step failed after it may have written ({type(exc).__name__}); "
+                    f"run `manage.py reconcile` to see whether {short} committed",
+                    operation_id=operation_id,
+                    error=f"{type(exc).__name__}: {exc}",
+                ) from exc
+            raise WorkflowIncompatible(
+                f"resume: checkpoint {checkpoint.checkpoint_id} could not be restored and answered "
+                f"({type(exc).__name__}: {exc}); the commit step did not run"
+            ) from exc
+        failures = [event for event in run if event.type in ("executor_failed", "failed")]
+        if failures or answer.result is None or len(run.get_outputs()) != 1:
+            if not answer.commit_started:
+                raise WorkflowIncompatible(
+                    f"resume: the answered run of checkpoint {checkpoint.checkpoint_id} ended "
+                    f"{status_name(run.get_final_state())} before the commit step; nothing was written"
+                )
+            # Silence is not success.
             raise OutcomeUncertain(
-                f"outcome uncertain: the commit step failed after it may have written ({type(exc).__name__}); "
+                f"outcome uncertain: the answered run ended {status_name(run.get_final_state())} without a receipt; "
                 f"run `manage.py reconcile` to see whether {short} committed",
                 operation_id=operation_id,
-                error=f"{type(exc).__name__}: {exc}",
-            ) from exc
-        raise WorkflowIncompatible(
-            f"resume: checkpoint {checkpoint.checkpoint_id} could not be restored and answered "
-            f"({type(exc).__name__}: {exc}); the commit step did not run"
-        ) from exc
-    failures = [event for event in run if event.type in ("executor_failed", "failed")]
-    if failures or answer.result is None or len(run.get_outputs()) != 1:
-        if not answer.commit_started:
-            raise WorkflowIncompatible(
-                f"resume: the answered run of checkpoint {checkpoint.checkpoint_id} ended "
-                f"{status_name(run.get_final_state())} before the commit step; nothing was written"
             )
-        # Silence is not success.
-        raise OutcomeUncertain(
-            f"outcome uncertain: the answered run ended {status_name(run.get_final_state())} without a receipt; "
-            f"run `manage.py reconcile` to see whether {short} committed",
-            operation_id=operation_id,
-        )
-    return answer.result
+        return answer.result
 
 
 # --- the one decision service -----------------------------------------------------------

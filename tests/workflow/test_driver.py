@@ -101,3 +101,36 @@ def test_outside_the_driver_on_caller_is_asgirefs_thread_sensitive_routing(db):
     connection.ensure_connection()
     with transaction.atomic():
         assert async_to_sync(steps)() == (threading.get_ident(), id(connection.connection), True)
+
+
+def test_a_thread_reuses_its_resume_workflow_and_drops_it_after_a_failure(case, reviewer, monkeypatch):
+    """Each answered run restores its bound checkpoint, which replaces all the state a run keeps;
+    the answer is the run's own (a context variable), and a run that fails leaves nothing behind."""
+    from cases.services import case_import
+    from decisionflow.workflow import engine
+    from decisionflow.workflow.services import decision_record, review_begin
+    from tests.conftest import load_fixture
+
+    def decide(c, op):
+        return decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="test")
+
+    cases = [case, case_import(data=load_fixture("t1077.json")).case]
+    ops = [review_begin(case=c).operation_id for c in cases]
+    third = case_import(data={**load_fixture("t1042.json"), "case_id": "T-9042"}).case
+    op3 = review_begin(case=third).operation_id
+    assert decide(cases[0], ops[0]).commit.operation_id == ops[0]
+    reused = engine._RESUME.workflow
+    assert reused is not None
+    assert decide(cases[1], ops[1]).commit.operation_id == ops[1]  # another case, the same workflow
+    assert engine._RESUME.workflow is reused
+
+    def killed(**kwargs):
+        raise SystemError("killed mid-commit")
+
+    monkeypatch.setattr(engine, "effect_commit", killed)
+    with pytest.raises(Exception, match="outcome uncertain"):
+        decide(third, op3)
+    assert engine._RESUME.workflow is None  # dropped: the next resume builds a fresh one
+    monkeypatch.undo()
+    assert decide(third, op3).commit.operation_id == op3
+    assert engine._RESUME.workflow not in (None, reused)

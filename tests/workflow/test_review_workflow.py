@@ -326,7 +326,7 @@ def test_an_answered_run_that_ends_in_silence_after_the_commit_step_started_is_u
 
     @handler(input=dict, workflow_output=dict)
     async def says_nothing(self, decision, ctx) -> None:
-        self._answer.commit_started = True  # the commit may have run; no receipt comes back
+        self.current_answer().commit_started = True  # the commit may have run; no receipt comes back
 
     monkeypatch.setattr(Commit, "commit", says_nothing)
     with pytest.raises(OutcomeUncertain, match="without a receipt; run `manage.py reconcile`"):
