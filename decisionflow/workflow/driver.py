@@ -86,12 +86,12 @@ def run_on_caller(coroutine_fn: Callable[..., Coroutine[Any, Any, _T]], /, *args
     driver = _Driver(loop)
     outer_busy = getattr(_THREAD, "busy", False)
     _THREAD.busy = True
-    token = _DRIVER.set(driver)
+    # The run's context: the caller's, plus the driver, which every step (and every task it
+    # starts, as they copy it) sees; the caller's own context is left as it was.
+    context = contextvars.copy_context()
+    context.run(_DRIVER.set, driver)
     try:
-        # The task copies this context, so every step (and every task it starts) sees the driver.
-        task = loop.create_task(coroutine_fn(*args, **kwargs))
-        _DRIVER.reset(token)
-        token = None
+        task = loop.create_task(coroutine_fn(*args, **kwargs), context=context)
         task.add_done_callback(lambda _: loop.stop())
         while True:
             loop.run_forever()
@@ -108,8 +108,6 @@ def run_on_caller(coroutine_fn: Callable[..., Coroutine[Any, Any, _T]], /, *args
             if task.done():
                 return task.result()
     finally:
-        if token is not None:
-            _DRIVER.reset(token)
         try:
             _cancel_leftovers(loop)
         finally:
