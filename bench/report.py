@@ -68,7 +68,8 @@ FINDINGS = {
         "A resume is the one decision service (`decision_record`): one query reads the pending review with "
         "its checkpoint row, the binding checks run in Python (HMAC, case, operation, nothing in flight), "
         "then one engine run restores the checkpoint from memory and answers it in one call (one "
-        "sync-to-async crossing), and its commit step is `effect_commit` above, with the reviewer the "
+        "sync-to-async crossing, on the caller's own thread: no thread or event loop is started per call), "
+        "and its commit step is `effect_commit` above, with the reviewer the "
         "channel authenticated (no permission queries). The engine's own checkpoints of the answered run "
         "stay in memory: once the commit has happened, recovery reads the effect store. Before issue 12: "
         "29 statements, six durable commits and four checkpoint rows per resume, two engine runs."
@@ -76,7 +77,9 @@ FINDINGS = {
     "begin_postgresql": (
         "Begin = `proposal_create` plus one engine run to the human step, in one transaction with the one "
         "checkpoint row it writes (the pause; the engine's other checkpoints of the run stay in memory) and "
-        "the pending review row. The peer's begin does no database work of its own in `prepare`."
+        "the pending review row: the case read once, its passages and findings in one query, the first "
+        "proposal inserted without a savepoint, the pause encoded once. The peer's begin does no database "
+        "work of its own in `prepare`."
     ),
     "process_start": (
         "Profiled with `python -X importtime`: Django set-up runs the admin autodiscovery, which imports "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from cases.models import Case, Policy, Source, SourceVersion
+from cases.selectors import case_evidence
 from cases.services import VERSION_RANGE
 from decisionflow.core import identity, text
 from decisionflow.core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
@@ -59,29 +60,20 @@ def _content(case: Case, *, body: str, passages: list[dict], findings: list[dict
 
 
 def prepared_content(case: Case) -> dict:
-    passages = [
-        {"source_id": p.source_version.source.source_id, "version": p.source_version.version, "quotation": p.quotation}
-        for p in case.passages.select_related("source_version__source")
-    ]
-    findings = [
-        {
-            "finding": f.finding,
-            "licensed_clause": f.licensed_clause,
-            "source_id": f.source_version.source.source_id,
-            "version": f.source_version.version,
-        }
-        for f in case.findings.select_related("source_version__source")
-    ]
+    passages, findings = case_evidence(case.pk)
     policy = {"name": case.policy.name, "label": case.policy.label, "parameters": case.policy.parameters}
     return _content(case, body=case.draft, passages=passages, findings=findings, policy=policy)
 
 
-def _find_or_insert(fields: dict) -> Proposal:
+def _find_or_insert(fields: dict, *, savepoint: bool = True) -> Proposal:
     """Insert a proposal, or find the one that already has this identity.
 
     The unique constraint on ``operation_id`` decides; a savepoint keeps the surrounding
-    transaction usable when the insert loses a race.
+    transaction usable when the insert loses a race. Without ``savepoint`` (the caller
+    knows no such proposal can exist) a unique violation fails the caller's transaction.
     """
+    if not savepoint:
+        return Proposal.objects.create(**fields)
     try:
         with transaction.atomic():
             return Proposal.objects.create(**fields)
@@ -92,18 +84,25 @@ def _find_or_insert(fields: dict) -> Proposal:
         return existing
 
 
-def proposal_create(*, case: Case, author=None) -> Proposal:
+def proposal_create(*, case: Case, author=None, first: bool = False) -> Proposal:
     """Build the prepared proposal for ``case`` and make it current if the case has none.
 
     Building the same content again finds the existing proposal. If the case has already
     moved on (an edit made another proposal current), the current proposal is returned
     unchanged: preparing again never rolls the pointer back.
+
+    ``first``: the caller holds the case lock and has just read that the case has no current
+    proposal, so none of its proposals exists (the first one always becomes current and the
+    pointer is never cleared). The insert then takes no savepoint (two round trips fewer per
+    begin); should it still meet an existing proposal, the unique violation fails the
+    caller's transaction, and the caller retries without ``first``.
     """
     # No savepoint of its own: inside a caller's transaction (begin) a failure here fails
     # the whole of it anyway; alone, this is its own transaction.
     with transaction.atomic(savepoint=False):
         proposal = _find_or_insert(
-            {**prepared_content(case), "origin": Origin.PREPARED, "parent": None, "author": author}
+            {**prepared_content(case), "origin": Origin.PREPARED, "parent": None, "author": author},
+            savepoint=not first,
         )
         # Compare-and-swap from "no proposal yet".
         if Case.objects.filter(pk=case.pk, current_proposal__isnull=True).update(current_proposal=proposal):

@@ -31,7 +31,6 @@ from typing import Any
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowEvent, WorkflowMessage
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils.crypto import salted_hmac
@@ -39,6 +38,8 @@ from django.utils.crypto import salted_hmac
 from decisionflow.core.errors import WorkflowIncompatible
 from decisionflow.core.faults import crash_point
 from reviews.models import WorkflowCheckpoint
+
+from .driver import on_caller
 
 FORMAT = "decisionflow.checkpoint.v2"  # v2: the digest is an HMAC
 
@@ -210,9 +211,8 @@ def decode_checkpoint(*, checkpoint_id: str, payload: str, digest: str) -> Engin
 class DatabaseCheckpointStorage:
     """agent-framework's CheckpointStorage protocol over ``reviews.WorkflowCheckpoint`` rows.
 
-    ORM work runs through ``sync_to_async(thread_sensitive=True)``: under ``async_to_sync``
-    that is the calling thread, so a checkpoint is written on the caller's connection (and
-    inside its transaction, if it has one).
+    ORM work runs through ``driver.on_caller``: on the calling thread, so a checkpoint is
+    written on the caller's connection (and inside its transaction, if it has one).
     """
 
     def __init__(self) -> None:
@@ -225,12 +225,12 @@ class DatabaseCheckpointStorage:
 
     async def save(self, checkpoint: EngineCheckpoint) -> str:
         payload = encode_checkpoint(checkpoint)
-        checkpoint_id = await sync_to_async(self._save_sync, thread_sensitive=True)(checkpoint, payload)
+        checkpoint_id = await on_caller(self._save_sync, checkpoint, payload)
         self.saved.append(checkpoint_id)
         return checkpoint_id
 
     async def load(self, checkpoint_id: str) -> EngineCheckpoint:
-        return await sync_to_async(self.load_sync, thread_sensitive=True)(checkpoint_id)
+        return await on_caller(self.load_sync, checkpoint_id)
 
     # --- the rest of the protocol, for the host ---------------------------------------------
 
@@ -246,13 +246,13 @@ class DatabaseCheckpointStorage:
                 .values_list("checkpoint_id", flat=True)
             )
 
-        return await sync_to_async(ids, thread_sensitive=True)()
+        return await on_caller(ids)
 
     async def delete(self, checkpoint_id: str) -> bool:
         def delete():
             return WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).delete()[0] > 0
 
-        return await sync_to_async(delete, thread_sensitive=True)()
+        return await on_caller(delete)
 
     async def get_latest(self, *, workflow_name: str) -> EngineCheckpoint | None:
         def latest():
@@ -263,7 +263,7 @@ class DatabaseCheckpointStorage:
                 .first()
             )
 
-        checkpoint_id = await sync_to_async(latest, thread_sensitive=True)()
+        checkpoint_id = await on_caller(latest)
         return None if checkpoint_id is None else await self.load(checkpoint_id)
 
     # --- sync helpers -----------------------------------------------------------------------
@@ -296,13 +296,14 @@ class DatabaseCheckpointStorage:
                 raise
         return checkpoint.checkpoint_id
 
-    def write(self, checkpoint: EngineCheckpoint) -> str:
+    def write(self, checkpoint: EngineCheckpoint, payload: str | None = None) -> str:
         """Store one new checkpoint now, in the caller's transaction (begin's pause).
 
+        ``payload``: its encoding (``encode_checkpoint``), when the caller made it already.
         A plain insert, no savepoint: its id is a fresh UUID, and if the insert fails the
         caller's whole transaction (proposal, pending review) must fail with it.
         """
-        row = self._insert(checkpoint, encode_checkpoint(checkpoint))
+        row = self._insert(checkpoint, encode_checkpoint(checkpoint) if payload is None else payload)
         # The pending review keeps this time: the row itself may be pruned once decided.
         self.written_at = row.created_at
         return checkpoint.checkpoint_id
@@ -332,17 +333,16 @@ class PauseBuffer:
     """A ``begin`` run's checkpoints, kept in memory until the host knows which one is the pause.
 
     The engine saves one before the first superstep and one after each; only the pause is
-    needed to resume, so the host writes that one (``DatabaseCheckpointStorage.write``) in
-    the same transaction as the proposal and the pending review, and drops the rest. Every
-    checkpoint is still encoded on save, so a value that is not plain JSON fails here exactly
-    as it would in the database store.
+    needed to resume, so the host encodes and writes that one (``DatabaseCheckpointStorage.write``)
+    in the same transaction as the proposal and the pending review, and drops the rest
+    unencoded. A pause that is not plain JSON fails when the host encodes it, exactly as it
+    would have failed in the database store.
     """
 
     def __init__(self) -> None:
         self.saved: list[EngineCheckpoint] = []
 
     async def save(self, checkpoint: EngineCheckpoint) -> str:
-        encode_checkpoint(checkpoint)
         self.saved.append(checkpoint)
         return checkpoint.checkpoint_id
 
@@ -371,8 +371,8 @@ class BoundCheckpoint(PauseBuffer):
 
     The engine restores through ``load``, so it gets exactly the object the binding checks
     looked at (no second read that could differ). What it saves during the answered run
-    stays in memory: once the commit has happened, recovery reads the effect store, not a
-    checkpoint, so an answered run writes no checkpoint rows.
+    stays in memory, unencoded: once the commit has happened, recovery reads the effect
+    store, not a checkpoint, so an answered run writes no checkpoint rows.
     """
 
     def __init__(self, checkpoint: EngineCheckpoint) -> None:

@@ -15,11 +15,14 @@ Every message is a plain dict, so checkpoints are JSON only (see ``checkpoints.p
 host functions that drive the graph are in ``services.py``.
 """
 
+import contextvars
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Never
 
 from agent_framework import Executor, WorkflowBuilder, WorkflowContext, WorkflowRunState, handler, response_handler
-from asgiref.sync import sync_to_async
 from django.db import OperationalError, connection
 
 from cases.models import Case
@@ -28,6 +31,7 @@ from decisionflow.core.faults import LostReceipt, crash_point
 from effects.services import CommitResult, effect_commit
 from reviews.services import proposal_create
 
+from .driver import on_caller
 from .messages import conform, graph_fingerprint
 from .names import COMMIT_ID, EDGES, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_NAME, WORKFLOW_VERSION  # noqa: F401 - re-exported
 
@@ -60,6 +64,8 @@ class Begin:
 
     case: Case
     actor: Any = None
+    # The host read, under the case lock, that the case has no proposal yet (proposal_create's ``first``).
+    first: bool = False
 
 
 def _prepare_sync(message: dict, begin: Begin | None) -> dict:
@@ -69,7 +75,7 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
         case = Case.objects.get(pk=message["case_pk"])
     # The pipeline prepared it: no human author, whoever began the review (the pending
     # review records who began it, and through which channel).
-    proposal = proposal_create(case=case)
+    proposal = proposal_create(case=case, first=begin is not None and begin.first and begin.case is case)
     # Issue 7: killed after the proposal is written, before anything records a pending review.
     crash_point("begin-after-proposal")
     return conform(
@@ -94,7 +100,7 @@ class Prepare(Executor):
 
     @handler
     async def prepare(self, message: dict, ctx: WorkflowContext[dict]) -> None:
-        await ctx.send_message(await sync_to_async(_prepare_sync, thread_sensitive=True)(message, self._begin))
+        await ctx.send_message(await on_caller(_prepare_sync, message, self._begin))
 
 
 class HumanReview(Executor):
@@ -177,20 +183,30 @@ def _commit_sync(decision: dict, answer: Answer) -> CommitResult:
     return result
 
 
+# The answer of the run in progress, for a commit step built without one (the thread's
+# reused resume workflow, ``resume_workflow``). Each run's task copies the context it was
+# started in, so a run only ever sees its own answer.
+_ANSWER: contextvars.ContextVar[Answer | None] = contextvars.ContextVar("decisionflow_answer", default=None)
+
+
 class Commit(Executor):
     def __init__(self, answer: Answer | None = None):
         super().__init__(id=COMMIT_ID)
         self._answer = answer
 
+    def current_answer(self) -> Answer | None:
+        """The answer of the run in progress: the one this step was built with, or the run's own."""
+        return self._answer if self._answer is not None else _ANSWER.get()
+
     @handler
     async def commit(self, decision: dict, ctx: WorkflowContext[Never, dict]) -> None:
-        answer = self._answer
+        answer = self.current_answer()
         if answer is None:
             raise RuntimeError("the commit step ran without an answer from the host")
         # From here on a failure may come after the commit statement ran: the host reports
         # it as an uncertain outcome, never as a refusal.
         answer.commit_started = True
-        answer.result = await sync_to_async(_commit_sync, thread_sensitive=True)(decision, answer)
+        answer.result = await on_caller(_commit_sync, decision, answer)
         await ctx.yield_output(conform("output", answer.result.receipt()))
 
 
@@ -203,6 +219,39 @@ def build_workflow(*, begin: Begin | None = None, answer: Answer | None = None, 
         .add_edge(review, commit)
         .build()
     )
+
+
+_RESUME = threading.local()  # each thread's resume workflow, and whether a resume is using it
+
+
+@contextmanager
+def resume_workflow(answer: Answer) -> Iterator[Any]:
+    """The workflow for one answered run, whose commit step will use ``answer``.
+
+    Building the graph (each executor's handler discovery, the builder's validation, the
+    graph signature) is the largest fixed cost of a resume, so each thread keeps its resume
+    workflow for the next one. That is safe because an answered run starts by restoring its
+    bound checkpoint, which replaces everything a run keeps (shared state, executor and edge
+    states, messages in flight, pending requests, events); the answer itself is never stored
+    on the workflow. A run that raises, in the engine or in the host's checks of its result
+    (inside this block), drops the workflow, so the next resume builds a fresh one; a resume
+    nested in another's commit builds its own.
+    """
+    outer = getattr(_RESUME, "busy", False)
+    cached = None if outer else getattr(_RESUME, "workflow", None)
+    workflow = cached if cached is not None else build_workflow()
+    _RESUME.busy, _RESUME.workflow = True, None
+    token = _ANSWER.set(answer)
+    try:
+        yield workflow
+    except BaseException:
+        workflow = None
+        raise
+    finally:
+        _ANSWER.reset(token)
+        _RESUME.busy = outer
+        if not outer:
+            _RESUME.workflow = workflow
 
 
 def _built_edges(workflow) -> tuple[tuple[str, str], ...]:

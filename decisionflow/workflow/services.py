@@ -22,9 +22,10 @@ A decision, in order, on one screen:
 5. The truth after a fault: once the commit step has started, any failure is
    ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
 
-The executors reach the ORM through ``sync_to_async(thread_sensitive=True)``, which under
-``async_to_sync`` runs on the calling thread, so all database work uses the caller's
-connection and transaction (and, in tests, the test transaction).
+The engine runs on the calling thread (``driver.run_on_caller``), and the executors' ORM
+work runs there too, between loop iterations (``driver.on_caller``), so all database work
+uses the caller's connection and transaction (and, in tests, the test transaction), with no
+thread started.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from typing import Any
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowRunState
 from agent_framework.exceptions import WorkflowCheckpointException
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
@@ -83,7 +83,8 @@ from reviews.models import (
 from reviews.notifications import notify
 from reviews.services import RevisionResult, proposal_revise
 
-from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer
+from .checkpoints import BoundCheckpoint, DatabaseCheckpointStorage, PauseBuffer, encode_checkpoint
+from .driver import run_on_caller
 from .engine import (
     FAULTS,
     GRAPH_SIGNATURE_HASH,
@@ -92,6 +93,7 @@ from .engine import (
     Answer,
     Begin,
     build_workflow,
+    resume_workflow,
     review_request_id,
     status_name,
 )
@@ -145,8 +147,9 @@ class EditResult:
 # --- begin ------------------------------------------------------------------------------
 
 
-def _existing_begin(case: Case) -> BeginResult | None:
-    case.refresh_from_db(fields=["current_proposal"])
+def _existing_begin(case: Case, *, refresh: bool = True) -> BeginResult | None:
+    if refresh:
+        case.refresh_from_db(fields=["current_proposal"])
     if case.current_proposal_id is None:
         return None
     operation_id = Proposal.objects.values_list("operation_id", flat=True).get(pk=case.current_proposal_id)
@@ -177,13 +180,13 @@ async def _run(workflow, **kwargs):
     return await workflow.run(**kwargs)
 
 
-def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
+def _begin_run(case: Case, actor, *, first: bool = False) -> tuple[str, Any, list, PauseBuffer]:
     session_id = f"ws-{uuid.uuid4().hex}"
     buffer = PauseBuffer()
-    workflow = build_workflow(begin=Begin(case=case, actor=actor), checkpoint_storage=buffer)
+    workflow = build_workflow(begin=Begin(case=case, actor=actor, first=first), checkpoint_storage=buffer)
     message = conform("start", {"case_pk": case.pk, "actor_pk": getattr(actor, "pk", None), "session_id": session_id})
     try:
-        result = async_to_sync(_run)(workflow, message=message)
+        result = run_on_caller(_run, workflow, message=message)
     except (DecisionflowError, DatabaseError):
         raise
     except Exception as exc:
@@ -191,8 +194,9 @@ def _begin_run(case: Case, actor) -> tuple[str, Any, list, PauseBuffer]:
     return session_id, result.get_final_state(), result.get_request_info_events(), buffer
 
 
-def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE) -> BeginResult:
-    existing = _existing_begin(case)
+def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE, *, refreshed: bool = False) -> BeginResult:
+    # ``refreshed``: the caller read the case's current proposal under the lock just now.
+    existing = _existing_begin(case, refresh=not refreshed)
     if existing is not None and _decided_and_pruned(existing.pending_review):
         # Nothing is left to resume, and a retried decision is answered without the pause.
         return existing
@@ -207,22 +211,31 @@ def _begin_locked(case: Case, actor, channel: str = Channel.SERVICE) -> BeginRes
             PendingReview.objects.filter(pk=existing.pending_review.pk).update(status=PendingReview.Status.PENDING)
             existing.pending_review.refresh_from_db()
         return existing
+    # Read under the case lock: the case has no proposal yet, so its first one needs no savepoint.
+    first = existing is None and case.current_proposal_id is None
     try:
         # One durable transaction: the proposal, the pause checkpoint and the pending review
         # are written together or not at all.
         with transaction.atomic():
-            return _begin_write(case, actor, existing, channel)
+            return _begin_write(case, actor, existing, channel, first=first)
     except IntegrityError:
         # Another process recorded this operation first (the case lock makes that rare).
         raced = _existing_begin(case)
-        if raced is None:
+        if raced is not None:
+            return raced
+        if not first:
             raise
-        return raced
+    # A proposal of this case existed after all (written without the case lock): begin
+    # again the careful way, which finds it.
+    with transaction.atomic():
+        return _begin_write(case, actor, _existing_begin(case), channel)
 
 
-def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str = Channel.SERVICE) -> BeginResult:
+def _begin_write(
+    case: Case, actor, existing: BeginResult | None, channel: str = Channel.SERVICE, *, first: bool = False
+) -> BeginResult:
     # `prepare` works on this very case object, so it points at the new proposal afterwards.
-    session_id, state, requests, buffer = _begin_run(case, actor)
+    session_id, state, requests, buffer = _begin_run(case, actor, first=first)
     if state != WorkflowRunState.IDLE_WITH_PENDING_REQUESTS or len(requests) != 1:
         raise DecisionflowError(
             f"begin: the workflow ended {status_name(state)} with {len(requests)} review request(s) instead of "
@@ -240,9 +253,16 @@ def _begin_write(case: Case, actor, existing: BeginResult | None, channel: str =
             f"begin: the pause checkpoint for case {case.case_id} was not saved (the engine only logged a "
             "warning); no pending review was recorded, run begin again"
         )
+    try:
+        payload = encode_checkpoint(pause)
+    except TypeError as exc:
+        raise WorkflowIncompatible(
+            f"begin: the pause checkpoint for case {case.case_id} holds a value that is not plain JSON ({exc}); "
+            "no pending review was recorded"
+        ) from exc
     storage = DatabaseCheckpointStorage()
     try:
-        storage.write(pause)
+        storage.write(pause, payload)
     except DatabaseError as exc:
         raise WorkflowIncompatible(
             f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "
@@ -303,7 +323,8 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
         decided = _decided_begin(case)
         if decided is not None:
             return decided
-        return _begin_locked(case, actor, channel)
+        # _decided_begin read the current proposal under this lock: no second read.
+        return _begin_locked(case, actor, channel, refreshed=True)
 
 
 def _decided_begin(case: Case) -> BeginResult | None:
@@ -477,7 +498,6 @@ def _answer(
 ) -> CommitResult:
     """Restore the bound checkpoint and answer its request: one engine run, one crossing."""
     answer = Answer(reviewer=reviewer, fault=fault)
-    workflow = build_workflow(answer=answer)
     response = conform(
         "response",
         {
@@ -489,45 +509,50 @@ def _answer(
         },
     )
     short = identity.short(operation_id)
-    try:
-        run = async_to_sync(_run)(
-            workflow,
-            checkpoint_id=checkpoint.checkpoint_id,
-            responses={review_request_id(operation_id): response},
-            checkpoint_storage=BoundCheckpoint(checkpoint),
-        )
-    except DecisionflowError:
-        # Refusals of the review core (stale, not a boolean, no permission, busy) are raised
-        # before its transaction writes; it recorded the attempt. OutcomeUncertain passes too.
-        raise
-    except WorkflowCheckpointException as exc:
-        raise WorkflowIncompatible(f"resume: checkpoint {checkpoint.checkpoint_id} cannot be restored: {exc}") from exc
-    except Exception as exc:
-        if answer.commit_started:
+    # The thread's resume workflow (a fresh one after any failure): see engine.resume_workflow.
+    with resume_workflow(answer) as workflow:
+        try:
+            run = run_on_caller(
+                _run,
+                workflow,
+                checkpoint_id=checkpoint.checkpoint_id,
+                responses={review_request_id(operation_id): response},
+                checkpoint_storage=BoundCheckpoint(checkpoint),
+            )
+        except DecisionflowError:
+            # Refusals of the review core (stale, not a boolean, no permission, busy) are raised
+            # before its transaction writes; it recorded the attempt. OutcomeUncertain passes too.
+            raise
+        except WorkflowCheckpointException as exc:
+            raise WorkflowIncompatible(
+                f"resume: checkpoint {checkpoint.checkpoint_id} cannot be restored: {exc}"
+            ) from exc
+        except Exception as exc:
+            if answer.commit_started:
+                raise OutcomeUncertain(
+                    f"outcome uncertain: the commit step failed after it may have written ({type(exc).__name__}); "
+                    f"run `manage.py reconcile` to see whether {short} committed",
+                    operation_id=operation_id,
+                    error=f"{type(exc).__name__}: {exc}",
+                ) from exc
+            raise WorkflowIncompatible(
+                f"resume: checkpoint {checkpoint.checkpoint_id} could not be restored and answered "
+                f"({type(exc).__name__}: {exc}); the commit step did not run"
+            ) from exc
+        failures = [event for event in run if event.type in ("executor_failed", "failed")]
+        if failures or answer.result is None or len(run.get_outputs()) != 1:
+            if not answer.commit_started:
+                raise WorkflowIncompatible(
+                    f"resume: the answered run of checkpoint {checkpoint.checkpoint_id} ended "
+                    f"{status_name(run.get_final_state())} before the commit step; nothing was written"
+                )
+            # Silence is not success.
             raise OutcomeUncertain(
-                f"outcome uncertain: the commit step failed after it may have written ({type(exc).__name__}); "
+                f"outcome uncertain: the answered run ended {status_name(run.get_final_state())} without a receipt; "
                 f"run `manage.py reconcile` to see whether {short} committed",
                 operation_id=operation_id,
-                error=f"{type(exc).__name__}: {exc}",
-            ) from exc
-        raise WorkflowIncompatible(
-            f"resume: checkpoint {checkpoint.checkpoint_id} could not be restored and answered "
-            f"({type(exc).__name__}: {exc}); the commit step did not run"
-        ) from exc
-    failures = [event for event in run if event.type in ("executor_failed", "failed")]
-    if failures or answer.result is None or len(run.get_outputs()) != 1:
-        if not answer.commit_started:
-            raise WorkflowIncompatible(
-                f"resume: the answered run of checkpoint {checkpoint.checkpoint_id} ended "
-                f"{status_name(run.get_final_state())} before the commit step; nothing was written"
             )
-        # Silence is not success.
-        raise OutcomeUncertain(
-            f"outcome uncertain: the answered run ended {status_name(run.get_final_state())} without a receipt; "
-            f"run `manage.py reconcile` to see whether {short} committed",
-            operation_id=operation_id,
-        )
-    return answer.result
+        return answer.result
 
 
 # --- the one decision service -----------------------------------------------------------

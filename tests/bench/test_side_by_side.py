@@ -174,7 +174,7 @@ def _counted_and_logged(fn):
 @pytest.mark.django_db(transaction=True)
 def test_our_side_counts_one_begin_and_one_resume():
     """The counts agree with Django's own query log and include the engine's checkpoint
-    saves (they run under async_to_sync, on the same connection)."""
+    saves (they run on the caller's thread, on the same connection)."""
     from bench.data import make_cases
     from decisionflow.workflow.services import review_begin
 

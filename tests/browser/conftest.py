@@ -4,7 +4,8 @@ Playwright's sync API keeps an asyncio loop registered as running in this thread
 - Django would refuse ORM calls here (SynchronousOnlyOperation): ``allow_orm_beside_playwright``
   allows them, only while these tests run (elsewhere the check must keep catching real
   mistakes), which is safe because the test thread never awaits anything itself;
-- the workflow host functions use ``async_to_sync``, which cannot run in a thread with a
+- the workflow host functions run the engine on an event loop of their own
+  (``decisionflow.workflow.driver.run_on_caller``), which cannot run in a thread with a
   running loop: tests call them through ``in_thread``.
 
 Screenshots go to a temporary folder, or to ``DECISIONFLOW_SCREENSHOT_DIR`` when set

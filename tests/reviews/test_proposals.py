@@ -31,6 +31,23 @@ def test_create_binds_the_protocol_identities_and_sets_current(case):
     assert case.current_proposal == proposal
 
 
+def test_the_snapshot_follows_the_positions_not_the_insert_order(case):
+    """Passages and findings are read in one query, each kind in its positions' order."""
+    from reviews.services import prepared_content
+
+    before = prepared_content(case)
+    for related in (case.passages, case.findings):
+        rows = list(related.order_by("position"))
+        top = max(r.position for r in rows)
+        for r in rows:  # reverse the order through the positions alone
+            type(r).objects.filter(pk=r.pk).update(position=top + 1 - r.position + 100)
+    after = prepared_content(case)
+    assert after["passages"] == before["passages"][::-1] and after["findings"] == before["findings"][::-1]
+    assert [p["source_id"] for p in after["passages"]] == ["KB-311", "HOLD-7"]
+    assert set(after["findings"][0]) == {"finding", "licensed_clause", "source_id", "version"}
+    assert after["evidence_id"] == T1042_EVIDENCE  # the identity itself does not depend on the order
+
+
 def test_create_twice_finds_the_same_proposal(case):
     first = proposal_create(case=case)
     assert proposal_create(case=case) == first

@@ -72,3 +72,14 @@ def committed_case(transactional_db, t1042_data, reviewer):
     from cases.services import case_import
 
     return case_import(data=t1042_data).case
+
+
+@pytest.fixture(autouse=True)
+def _fresh_resume_workflow():
+    """Each test starts without its thread's reused resume workflow (engine.resume_workflow),
+    so that a test that patches an executor class gets a graph built from the patched class."""
+    from decisionflow.workflow import engine
+
+    engine._RESUME.workflow = None
+    yield
+    engine._RESUME.workflow = None

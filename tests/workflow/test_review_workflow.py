@@ -97,7 +97,7 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
 def test_begin_rolls_back_whole_when_the_pause_cannot_be_stored(case, monkeypatch):
     """Begin is one transaction: proposal, pause checkpoint and pending review, or none of them."""
 
-    def full_disk(self, checkpoint):
+    def full_disk(self, checkpoint, payload=None):
         raise DatabaseError("disk full")
 
     monkeypatch.setattr(store.DatabaseCheckpointStorage, "write", full_disk)
@@ -108,6 +108,59 @@ def test_begin_rolls_back_whole_when_the_pause_cannot_be_stored(case, monkeypatc
     assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
     monkeypatch.undo()
     assert review_begin(case=case).checkpoints == 1  # and a rerun then works
+
+
+def test_begin_reads_the_case_once_and_its_first_proposal_takes_no_savepoint(case):
+    """Begin on a case without a proposal: one read of its current proposal, one of its
+    evidence, and the proposal insert without a savepoint around it."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        review_begin(case=case)
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert sum('"current_proposal_id" FROM "cases_case"' in s for s in sql) == 1, sql
+    assert sum("cases_selectedpassage" in s or "cases_finding" in s for s in sql) == 1, sql
+    insert = next(i for i, s in enumerate(sql) if s.startswith('INSERT INTO "reviews_proposal"'))
+    assert not sql[insert - 1].startswith("SAVEPOINT"), sql
+
+
+def test_begin_finds_a_proposal_that_exists_though_the_case_points_at_none(case, reviewer):
+    """The savepoint-free first insert meets an existing proposal (written without the case
+    lock): begin rolls back and begins again the careful way, which finds it."""
+    from cases.models import Case
+    from reviews.services import proposal_create
+
+    proposal = proposal_create(case=case)
+    Case.objects.filter(pk=case.pk).update(current_proposal=None)
+    case.refresh_from_db()
+    begun = review_begin(case=case)
+    assert (begun.created, begun.operation_id, begun.pending_review.proposal_id) == (
+        True,
+        proposal.operation_id,
+        proposal.pk,
+    )
+    assert Proposal.objects.count() == 1 and PendingReview.objects.count() == 1
+    assert WorkflowCheckpoint.objects.count() == 1
+    case.refresh_from_db()
+    assert case.current_proposal_id == proposal.pk
+    assert decide(case, begun.operation_id, reviewer).outcome == Outcome.COMMITTED
+
+
+def test_begin_refuses_a_pause_that_is_not_plain_json_and_writes_nothing(case, monkeypatch):
+    """The buffer keeps the run's checkpoints unencoded; the pause is encoded by the host,
+    which refuses it when it is not plain JSON, before anything is written."""
+    from decisionflow.workflow import engine
+
+    real = engine._prepare_sync
+
+    def with_a_tuple(message, begin):
+        return {**real(message, begin), "session_id": ("not", "json")}
+
+    monkeypatch.setattr(engine, "_prepare_sync", with_a_tuple)
+    with pytest.raises(WorkflowIncompatible, match="not plain JSON .*no pending review was recorded"):
+        review_begin(case=case)
+    assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
 
 
 def test_begin_refuses_when_the_engine_only_logged_a_failed_pause_save(case, monkeypatch):
@@ -273,7 +326,7 @@ def test_an_answered_run_that_ends_in_silence_after_the_commit_step_started_is_u
 
     @handler(input=dict, workflow_output=dict)
     async def says_nothing(self, decision, ctx) -> None:
-        self._answer.commit_started = True  # the commit may have run; no receipt comes back
+        self.current_answer().commit_started = True  # the commit may have run; no receipt comes back
 
     monkeypatch.setattr(Commit, "commit", says_nothing)
     with pytest.raises(OutcomeUncertain, match="without a receipt; run `manage.py reconcile`"):
@@ -315,7 +368,7 @@ def test_edit_supersedes_the_pending_review_and_begins_the_new_proposal(case, be
 
 
 def test_an_edit_whose_begin_fails_is_saved_and_says_so(case, begun, reviewer, editor, monkeypatch):
-    def full_disk(self, checkpoint):
+    def full_disk(self, checkpoint, payload=None):
         raise DatabaseError("disk full")
 
     monkeypatch.setattr(store.DatabaseCheckpointStorage, "write", full_disk)
