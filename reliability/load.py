@@ -3,7 +3,10 @@
 Starts two gunicorn instances (the pinned gunicorn, gthread workers) on two loopback ports,
 both on one PostgreSQL database, and runs bounded client threads against them for a fixed
 time. Each client thread loops over three scenarios on fresh cases (imported directly in the
-database, as the pipeline's import would):
+database, as the pipeline's import would). The cases are imported, and the stale ones begun,
+before the clock starts: that is the pipeline's work, not the API's, and done during the run
+it shared this process's GIL and the machine's cores with the requests being timed. A client
+that runs out of prepared cases imports its own (counted as rounds_imported_during_run).
 
 - approve: GET the case, then the same approval sent to BOTH hosts at once, then once more:
   exactly one answer may say ``replay: false``;
@@ -22,6 +25,13 @@ the servers are stopped and ``manage.py reconcile --all --json`` must show every
 settled and agreeing with what the clients were told: each operation told Committed is
 Committed with one effect, each told Declined is Declined, nothing is NoLocalEffectRecorded,
 and no case has two decisions or two effects.
+
+The summary also says where the CPU went during the timed window (both hosts' processes,
+this driver, every postgres process, the whole machine) and the hosts' and PostgreSQL's CPU
+per request: on a shared machine those move less than requests per second do.
+
+``--code DIR`` serves, migrates and imports another checkout's code with this harness, so
+that one harness measures two commits (docs/PERFORMANCE.md, "load").
 
 Usage (``make reliability`` runs the first form for 60 s)::
 
@@ -623,7 +633,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--rounds-per-client",
         type=int,
-        help="Rounds whose cases are imported before the clock starts (default: 4 per second of the run, + 5).",
+        help="Rounds whose cases are imported before the clock starts (default: 2 per second of the run, + 5).",
     )
     parser.add_argument(
         "--code",
@@ -639,7 +649,7 @@ def main(argv=None) -> int:
         parser.error("--clients must be 1..64 and --seconds 0..900")
     rounds_per_client = args.rounds_per_client
     if rounds_per_client is None:
-        rounds_per_client = math.ceil(args.seconds * 4) + 5
+        rounds_per_client = math.ceil(args.seconds * 2) + 5
     if not 0 <= rounds_per_client <= 10_000:
         parser.error("--rounds-per-client must be 0..10000")
     global CODE
