@@ -114,7 +114,10 @@ def _token_sql() -> str:
     own = user._meta.get_field("user_permissions")
     member = user._meta.get_field("groups")
     granted = Group._meta.get_field("permissions")
-    q = connection.ops.quote_name
+
+    def q(name: str | None) -> str:
+        return connection.ops.quote_name(str(name))
+
     u_pk = q(user._meta.pk.column)
     permission_joins = (
         f"JOIN {q(Permission._meta.db_table)} x ON x.{q(Permission._meta.pk.column)} = {{link}} "
@@ -163,21 +166,23 @@ def token_authenticate(plaintext: str):
     if not rows:
         return None
     user = rows[0]
+    # The statement's own columns (not the user's fields) land in each row's __dict__.
+    extra = [vars(r) for r in rows]
     if settings.AUTHENTICATION_BACKENDS == [MODEL_BACKEND] and not user.is_superuser:
-        own = {f"{r.perm_app}.{r.perm_codename}" for r in rows if r.perm_source == "user"}
-        groups = {f"{r.perm_app}.{r.perm_codename}" for r in rows if r.perm_source == "group"}
-        user._user_perm_cache = own
-        user._group_perm_cache = groups
-        user._perm_cache = own | groups
+        own = {f"{e['perm_app']}.{e['perm_codename']}" for e in extra if e["perm_source"] == "user"}
+        groups = {f"{e['perm_app']}.{e['perm_codename']}" for e in extra if e["perm_source"] == "group"}
+        # ModelBackend's own cache attributes: its has_perm reads these before any query.
+        vars(user).update(_user_perm_cache=own, _group_perm_cache=groups, _perm_cache=own | groups)
     # Only a stale stamp is written: an UPDATE, even one that matches nothing, takes SQLite's
     # write lock and would make every request wait behind any writer. The filter repeats the
     # check so that concurrent requests still write it once.
-    if user.stamp_stale:
-        ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=user.token_pk).update(
+    token_pk, stamp_stale = extra[0]["token_pk"], extra[0]["stamp_stale"]
+    if stamp_stale:
+        ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=token_pk).update(
             last_used_at=now
         )
-    for extra in ("token_pk", "stamp_stale", "perm_app", "perm_codename", "perm_source"):
-        user.__dict__.pop(extra, None)
+    for name in ("token_pk", "stamp_stale", "perm_app", "perm_codename", "perm_source"):
+        extra[0].pop(name, None)
     return user
 
 
