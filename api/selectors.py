@@ -21,8 +21,10 @@ def tokens_of(user) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
-def case_get(case_id: str) -> Case:
-    case = Case.objects.select_related("current_proposal").filter(case_id=case_id).first()
+def case_get(case_id: str, *, detail: bool = False) -> Case:
+    """The case with its current proposal (and, with ``detail``, what ``case_data`` shows of it)."""
+    related = ("current_proposal__parent", "current_proposal__author") if detail else ("current_proposal",)
+    case = Case.objects.select_related(*related).filter(case_id=case_id).first()
     if case is None:
         raise NotFound(f"case {case_id[:100]} does not exist")
     return case
@@ -61,13 +63,18 @@ def pending_data(operation_id: str) -> dict | None:
     }
 
 
-def operation_data(operation_id: str) -> dict:
-    """What happened to one operation, read from the decision and effect tables (never guessed)."""
+def operation_data(operation_id: str, *, current: bool | None = None) -> dict:
+    """What happened to one operation, read from the decision and effect tables (never guessed).
+
+    ``current``: whether it is its case's current operation, when the caller already knows
+    (``case_data`` reads the current proposal itself); otherwise it is read.
+    """
     row = operation_reconcile(operation_id)
     if row is None:
         raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
     decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=operation_id).first()
-    current = Case.objects.filter(case_id=row.case_id, current_proposal__operation_id=operation_id).exists()
+    if current is None:
+        current = Case.objects.filter(case_id=row.case_id, current_proposal__operation_id=operation_id).exists()
     return {
         "operation_id": row.operation_id,
         "case_id": row.case_id,
@@ -88,13 +95,17 @@ def operation_data(operation_id: str) -> dict:
 
 
 def case_data(case: Case) -> dict:
+    """What GET /api/cases/{id} shows; ``case`` from ``case_get(..., detail=True)`` reads its
+    proposal with it (any other case reads it here)."""
     proposal = None
     if case.current_proposal_id:
-        proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
+        proposal = case.current_proposal if Case.current_proposal.is_cached(case) else None
+        if proposal is None or not (Proposal.parent.is_cached(proposal) and Proposal.author.is_cached(proposal)):
+            proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
     fields = [(name, value) for name, value in case_text_fields(case) if name == "subject"]
     if proposal is not None:
         fields += [(f"proposal.{name}", value) for name, value in proposal_text_fields(proposal)]
-    reconcile = proposal and operation_data(proposal.operation_id)
+    reconcile = proposal and operation_data(proposal.operation_id, current=True)
     decision = reconcile["decision"] if reconcile else None
     return {
         "case_id": case.case_id,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -93,27 +99,91 @@ def token_self_revoke(*, user, token_id: int) -> tuple[ApiToken, bool]:
     return token, token_revoke(token=token)
 
 
-def token_authenticate(plaintext: str):
-    """The active user holding this unrevoked token, or None."""
-    if not plaintext or len(plaintext) > 200:
-        return None
-    token = (
-        ApiToken.objects.select_related("user")
-        .filter(token_hash=token_hash(plaintext), revoked_at__isnull=True, user__is_active=True)
-        .first()
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+
+
+@functools.cache
+def _token_sql() -> str:
+    """One statement: the token's user, one row per permission the user holds.
+
+    Permissions come from the user's own grants and from their groups: the two sets Django's
+    ModelBackend reads with two more queries per request. Each row also says whether the
+    token's advisory last-used stamp is stale. Table and column names come from the models.
+    """
+    user = get_user_model()
+    own = user._meta.get_field("user_permissions")
+    member = user._meta.get_field("groups")
+    granted = Group._meta.get_field("permissions")
+
+    def q(name: str | None) -> str:
+        return connection.ops.quote_name(str(name))
+
+    u_pk = q(user._meta.pk.column)
+    permission_joins = (
+        f"JOIN {q(Permission._meta.db_table)} x ON x.{q(Permission._meta.pk.column)} = {{link}} "
+        f"JOIN {q(ContentType._meta.db_table)} c "
+        f"ON c.{q(ContentType._meta.pk.column)} = x.{q(Permission._meta.get_field('content_type').column)}"
     )
-    if token is None:
+    user_columns = ", ".join(f"u.{q(f.column)}" for f in user._meta.concrete_fields)
+    return f"""
+        SELECT {user_columns}, t.{q(ApiToken._meta.pk.column)} AS token_pk,
+               CASE WHEN t.{q("last_used_at")} IS NULL OR t.{q("last_used_at")} < %s THEN 1 ELSE 0 END
+                   AS stamp_stale,
+               p.app_label AS perm_app, p.codename AS perm_codename, p.source AS perm_source
+        FROM {q(ApiToken._meta.db_table)} t
+        JOIN {q(user._meta.db_table)} u ON u.{u_pk} = t.{q(ApiToken._meta.get_field("user").column)}
+        LEFT JOIN (
+            SELECT o.{q(own.m2m_column_name())} AS user_id, c.{q("app_label")} AS app_label,
+                   x.{q("codename")} AS codename, 'user' AS source
+            FROM {q(own.m2m_db_table())} o
+            {permission_joins.format(link=f"o.{q(own.m2m_reverse_name())}")}
+            UNION ALL
+            SELECT m.{q(member.m2m_column_name())}, c.{q("app_label")}, x.{q("codename")}, 'group'
+            FROM {q(member.m2m_db_table())} m
+            JOIN {q(granted.m2m_db_table())} g ON g.{q(granted.m2m_column_name())} = m.{q(member.m2m_reverse_name())}
+            {permission_joins.format(link=f"g.{q(granted.m2m_reverse_name())}")}
+        ) p ON p.user_id = u.{u_pk}
+        WHERE t.{q("token_hash")} = %s AND t.{q("revoked_at")} IS NULL AND u.{q("is_active")}
+    """
+
+
+def token_authenticate(plaintext: str):
+    """The active user holding this unrevoked token, or None: one query (two when the
+    advisory last-used stamp is due).
+
+    The user comes back with Django's permission caches filled from that one statement,
+    exactly as ModelBackend fills them, so every ``has_perm`` of this request (the API's own
+    check, the decision service's) reads no more rows. Only under the default backend and
+    for a non-superuser: a superuser holds every permission, which ModelBackend reads
+    itself, and another backend has rules of its own.
+    """
+    if not plaintext or len(plaintext) > 200:
         return None
     now = timezone.now()
     stale = now - LAST_USED_RESOLUTION
+    params = [connection.ops.adapt_datetimefield_value(stale), token_hash(plaintext)]
+    rows = list(get_user_model().objects.raw(_token_sql(), params))
+    if not rows:
+        return None
+    user = rows[0]
+    # The statement's own columns (not the user's fields) land in each row's __dict__.
+    extra = [vars(r) for r in rows]
+    if settings.AUTHENTICATION_BACKENDS == [MODEL_BACKEND] and not user.is_superuser:
+        own = {f"{e['perm_app']}.{e['perm_codename']}" for e in extra if e["perm_source"] == "user"}
+        groups = {f"{e['perm_app']}.{e['perm_codename']}" for e in extra if e["perm_source"] == "group"}
+        # ModelBackend's own cache attributes: its has_perm reads these before any query.
+        vars(user).update(_user_perm_cache=own, _group_perm_cache=groups, _perm_cache=own | groups)
     # Only a stale stamp is written: an UPDATE, even one that matches nothing, takes SQLite's
     # write lock and would make every request wait behind any writer. The filter repeats the
     # check so that concurrent requests still write it once.
-    if token.last_used_at is None or token.last_used_at < stale:
-        ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=token.pk).update(
+    token_pk, stamp_stale = extra[0]["token_pk"], extra[0]["stamp_stale"]
+    if stamp_stale:
+        ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=token_pk).update(
             last_used_at=now
         )
-    return token.user
+    for name in ("token_pk", "stamp_stale", "perm_app", "perm_codename", "perm_source"):
+        extra[0].pop(name, None)
+    return user
 
 
 # Decisions and edits --------------------------------------------------------------------

@@ -25,7 +25,10 @@ wsgi_app = "decisionflow.wsgi:application"
 chdir = str(ROOT)
 bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000").split(",")
 # Threads, not more processes: a decision spends most of its time waiting on PostgreSQL, and
-# each worker process holds its own copy of Django and the workflow engine (~100 MB).
+# each worker process holds its own copy of Django and the workflow engine (~100 MB). One
+# worker per core: more processes than cores cost CPU per request (measured under the
+# two-host load on 2 cores: 4x2 per host 34 ms, 2x4 26 ms, 1x8 25 ms; docs/DEPLOY.md). Each
+# thread keeps its own database connection (DATABASE_CONN_MAX_AGE in the settings).
 worker_class = "gthread"
 workers = int(os.environ.get("GUNICORN_WORKERS", "2"))
 threads = int(os.environ.get("GUNICORN_THREADS", "4"))

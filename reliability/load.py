@@ -3,7 +3,10 @@
 Starts two gunicorn instances (the pinned gunicorn, gthread workers) on two loopback ports,
 both on one PostgreSQL database, and runs bounded client threads against them for a fixed
 time. Each client thread loops over three scenarios on fresh cases (imported directly in the
-database, as the pipeline's import would):
+database, as the pipeline's import would). The cases are imported, and the stale ones begun,
+before the clock starts: that is the pipeline's work, not the API's, and done during the run
+it shared this process's GIL and the machine's cores with the requests being timed. A client
+that runs out of prepared cases imports its own (counted as rounds_imported_during_run).
 
 - approve: GET the case, then the same approval sent to BOTH hosts at once, then once more:
   exactly one answer may say ``replay: false``;
@@ -23,6 +26,13 @@ settled and agreeing with what the clients were told: each operation told Commit
 Committed with one effect, each told Declined is Declined, nothing is NoLocalEffectRecorded,
 and no case has two decisions or two effects.
 
+The summary also says where the CPU went during the timed window (both hosts' processes,
+this driver, every postgres process, the whole machine) and the hosts' and PostgreSQL's CPU
+per request: on a shared machine those move less than requests per second do.
+
+``--code DIR`` serves, migrates and imports another checkout's code with this harness, so
+that one harness measures two commits (docs/PERFORMANCE.md, "load").
+
 Usage (``make reliability`` runs the first form for 60 s)::
 
     python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8
@@ -37,10 +47,13 @@ on one host (or here) must verify on the other.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
+import math
 import os
 import random
+import resource
 import secrets
 import signal
 import socket
@@ -53,6 +66,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The checkout whose code is under test: served by the hosts, run by manage.py, imported by
+# this driver. This one by default; --code names another (the same harness then measures an
+# older commit, as the before/after figures in docs/PERFORMANCE.md do).
+CODE = ROOT
 HOST = "127.0.0.1"
 MAX_ROUNDS_PER_CLIENT = 100_000  # a bound on count, beside the bound on time
 EXPECTED_409 = {"conflicting_decision", "stale_proposal", "case_busy"}
@@ -92,7 +109,7 @@ def manage(database_url: str, *args: str, timeout: float = 600) -> subprocess.Co
     env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1")
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "manage.py", *args], cwd=CODE, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -100,14 +117,14 @@ def django_setup(database_url: str) -> None:
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("DEBUG", "1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "decisionflow.settings")
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(CODE))
     import django
 
     django.setup()
 
 
 def case_data(case_id: str) -> dict:
-    data = json.loads((ROOT / "cases" / "demo" / "t1042.json").read_text())
+    data = json.loads((CODE / "cases" / "demo" / "t1042.json").read_text())
     data["case_id"] = case_id
     return data
 
@@ -192,7 +209,7 @@ class Servers:
                     "--graceful-timeout",
                     "10",
                 ],
-                cwd=ROOT,
+                cwd=CODE,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -232,6 +249,64 @@ class Servers:
             log.close()
 
 
+# --- CPU accounting (Linux /proc) ------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def _tree(pid: int) -> list[int]:
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            pids += [int(c) for c in (task / "children").read_text().split()]
+    return pids
+
+
+def servers_cpu(servers) -> float:
+    return sum(_proc_cpu(p) for _port, proc, _log in servers.procs for p in _tree(proc.pid))
+
+
+def postgres_cpu() -> float:
+    """CPU seconds of every live ``postgres`` process on this machine (the server is local).
+
+    An upper bound for this run: other databases on the same server count too, and backends
+    that exited during the window (one per request without persistent connections) do not,
+    so the figure is read with server_requests and new_db_connections beside it.
+    """
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(postgres)" in text:
+            fields = text.rsplit(")", 1)[1].split()
+            # utime + stime, plus the reaped children's (cutime + cstime): the postmaster
+            # collects the CPU of every backend that exited, so short-lived ones count too.
+            total += sum(int(f) for f in fields[11:15]) / TICK
+    return total
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the machine so far."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = parts[3] + parts[4]
+    return (sum(parts) - idle) / TICK, sum(parts) / TICK
+
+
+def driver_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 # --- clients -------------------------------------------------------------------------------
 
 
@@ -251,6 +326,7 @@ class Tally:
         self.scenarios = Counter()
         self.uncertain = set()  # operations whose answer was lost in transport
         self.latencies = []
+        self.rounds_imported_during_run = 0  # rounds whose case a client imported itself
 
     def answer(self, what, status, body, seconds):
         with self.lock:
@@ -409,25 +485,55 @@ def scenario_stale(here, there, tally, case_id, rng):
         decided(tally, new, body, "Committed")
 
 
-def client_loop(index, ports, tokens, tally, deadline, seed):
+KINDS = ("approve", "decline", "stale")
+KIND_WEIGHTS = (45, 25, 30)
+
+
+def round_case(kind: str) -> str:
+    """A fresh case for one round, as the pipeline hands it over: imported directly in the
+    database and, for the stale scenario, begun (as `manage.py begin` would). Approve and
+    decline cases are begun by their first decision through the API."""
+    case_id = import_case(f"LOAD-{kind[:2].upper()}")
+    if kind == "stale":
+        from cases.models import Case
+        from decisionflow.workflow.services import review_begin
+
+        review_begin(case=Case.objects.get(case_id=case_id))
+    return case_id
+
+
+def prepare_rounds(clients: int, rounds_per_client: int, seed: int) -> list[list[tuple[str, str]]]:
+    """Every client's rounds, (scenario, case), with their cases imported before the clock starts.
+
+    The import is the pipeline's work, not an API request: done here, it no longer shares
+    this process's GIL and the machine's two cores with the measured requests. A client that
+    runs out of prepared rounds imports the next case itself (counted in the summary).
+    """
+    plans = []
+    for index in range(clients):
+        rng = random.Random(f"{seed}:{index}:scenarios")
+        kinds = rng.choices(KINDS, weights=KIND_WEIGHTS, k=rounds_per_client)
+        plans.append([(kind, round_case(kind)) for kind in kinds])
+    return plans
+
+
+def client_loop(index, ports, tokens, tally, deadline, seed, plan=None):
     from django.db import connections
 
     rng = random.Random(seed + index)
     here = Client(ports[index % len(ports)], tokens[index % len(tokens)], tally)
     there = Client(ports[(index + 1) % len(ports)], tokens[(index + 1) % len(tokens)], tally)
+    prepared = iter(plan or ())
     try:
         for _ in range(MAX_ROUNDS_PER_CLIENT):
             if time.monotonic() >= deadline:
                 break
-            kind = rng.choices(["approve", "decline", "stale"], weights=[45, 25, 30])[0]
-            case_id = import_case(f"LOAD-{kind[:2].upper()}")
-            if kind == "stale":
-                # The pipeline begins this one itself (as `manage.py begin` would); approve and
-                # decline cases are begun by their first decision through the API.
-                from cases.models import Case
-                from decisionflow.workflow.services import review_begin
-
-                review_begin(case=Case.objects.get(case_id=case_id))
+            kind, case_id = next(prepared, (None, None))
+            if case_id is None:
+                kind = rng.choices(KINDS, weights=KIND_WEIGHTS)[0]
+                case_id = round_case(kind)
+                with tally.lock:
+                    tally.rounds_imported_during_run += 1
             with tally.lock:
                 tally.scenarios[kind] += 1
             if kind == "approve":
@@ -524,12 +630,32 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="Client threads, split across the two hosts.")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per host.")
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker.")
+    parser.add_argument(
+        "--rounds-per-client",
+        type=int,
+        help="Rounds whose cases are imported before the clock starts (default: 2 per second of the run, + 5).",
+    )
+    parser.add_argument(
+        "--code",
+        metavar="DIR",
+        default=str(ROOT),
+        help="The checkout to run: its hosts, its manage.py and its models (default: this one).",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="FILE", help="Also write the summary here.")
     parser.add_argument("--log-dir", default=str(ROOT / "var" / "load"), help="gunicorn logs.")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 64 or not 0 < args.seconds <= 900:
         parser.error("--clients must be 1..64 and --seconds 0..900")
+    rounds_per_client = args.rounds_per_client
+    if rounds_per_client is None:
+        rounds_per_client = math.ceil(args.seconds * 2) + 5
+    if not 0 <= rounds_per_client <= 10_000:
+        parser.error("--rounds-per-client must be 0..10000")
+    global CODE
+    CODE = Path(args.code).resolve()
+    if not (CODE / "manage.py").is_file():
+        parser.error(f"--code {args.code}: no manage.py there")
 
     # This script begins reviews itself (the stale scenario), so it signs checkpoints with the
     # same secret as the hosts; children started below (migrate, reconcile) inherit it.
@@ -546,6 +672,9 @@ def main(argv=None) -> int:
     django_setup(database_url)
     tokens = make_reviewers(4)
     import_case("LOAD-WARMUP")  # creates the shared sources before the clients race for them
+    preparing = time.monotonic()
+    plans = prepare_rounds(args.clients, rounds_per_client, args.seed)
+    prepare_seconds = time.monotonic() - preparing
 
     ports = [free_port(), free_port()]
     while ports[0] == ports[1]:
@@ -558,13 +687,17 @@ def main(argv=None) -> int:
         "hosts": [f"{HOST}:{p}" for p in ports],
         "workers_per_host": args.workers,
         "threads_per_worker": args.threads,
+        "code": str(CODE),
+        "rounds_prepared": rounds_per_client * args.clients,
+        "prepare_seconds": round(prepare_seconds, 1),
     }
     try:
         servers.wait_ready()
+        cpu_before = (servers_cpu(servers), driver_cpu(), postgres_cpu(), machine_cpu())
         started = time.monotonic()
         deadline = started + args.seconds
         clients = [
-            threading.Thread(target=client_loop, args=(i, ports, tokens, tally, deadline, args.seed))
+            threading.Thread(target=client_loop, args=(i, ports, tokens, tally, deadline, args.seed, plans[i]))
             for i in range(args.clients)
         ]
         for t in clients:
@@ -573,12 +706,14 @@ def main(argv=None) -> int:
             t.join(max(1.0, deadline - time.monotonic()) + 300)
         elapsed = time.monotonic() - started
         stuck = sum(t.is_alive() for t in clients)
+        cpu_after = (servers_cpu(servers), driver_cpu(), postgres_cpu(), machine_cpu())
     finally:
         servers.stop()
     lat = sorted(tally.latencies) or [0.0]
     summary.update(
         elapsed_seconds=round(elapsed, 1),
         scenarios=dict(tally.scenarios),
+        rounds_imported_during_run=tally.rounds_imported_during_run,
         requests=tally.requests,
         requests_per_second=round(tally.requests / elapsed, 1) if elapsed else 0,
         latency_p50_ms=round(lat[len(lat) // 2] * 1000),
@@ -590,6 +725,18 @@ def main(argv=None) -> int:
         unexpected_samples=tally.unexpected,
         transport_errors=tally.transport_errors,
         stuck_clients=stuck,
+        # Where the machine's CPU went during the timed window (context for the figures
+        # above: the hosts, this driver's clients, every postgres process, the whole machine
+        # including whatever else ran on it).
+        cpu_seconds={
+            "hosts": round(cpu_after[0] - cpu_before[0], 1),
+            "clients": round(cpu_after[1] - cpu_before[1], 1),
+            "postgres": round(cpu_after[2] - cpu_before[2], 1),
+            "machine_busy": round(cpu_after[3][0] - cpu_before[3][0], 1),
+            "machine_total": round(cpu_after[3][1] - cpu_before[3][1], 1),
+        },
+        host_cpu_ms_per_request=round((cpu_after[0] - cpu_before[0]) * 1000 / max(tally.requests, 1), 1),
+        postgres_cpu_ms_per_request=round((cpu_after[2] - cpu_before[2]) * 1000 / max(tally.requests, 1), 1),
     )
     failures = settle(database_url, tally, summary)
     if stuck:

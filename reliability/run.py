@@ -326,7 +326,11 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             f"each) on {', '.join(s['hosts'])}, sharing the PostgreSQL database `decisionflow_load` (dropped, "
             f"created and migrated first). {s['clients']} client threads, split across both hosts, ran for "
             f"{s['seconds']:.0f} s (bounded in time and in count). Both hosts and the driver share one "
-            "SECRET_KEY (checkpoint digests are HMACs keyed from it). Each round imports a fresh case, then:",
+            "SECRET_KEY (checkpoint digests are HMACs keyed from it). Each round takes a fresh case, imported "
+            "(and for the stale scenario begun) by the driver before the clock starts, as the pipeline would hand "
+            "it over; the clients then only send the API requests, which are what is timed "
+            f"({s.get('rounds_imported_during_run', 0)} round(s) ran out of prepared cases and imported "
+            "their own during the run). Then:",
             "",
             "- **approve**: GET the case, send the same approval to both hosts at once (the first decision "
             "begins the review), then once more: exactly one answer may say `replay: false`;",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import tempfile
 import threading
@@ -28,64 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import contextlib
 
 from reliability import load  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
-
-
-def _tree(pid: int) -> list[int]:
-    pids = [pid]
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            pids += [int(c) for c in (task / "children").read_text().split()]
-    return pids
-
-
-def servers_cpu(servers) -> float:
-    return sum(_proc_cpu(p) for _port, proc, _log in servers.procs for p in _tree(proc.pid))
-
-
-def postgres_cpu() -> float:
-    """CPU seconds of every live ``postgres`` process on this machine (the server is local).
-
-    An upper bound for this run: other databases on the same server count too, and backends
-    that exited during the window (one per request without persistent connections) do not,
-    so the figure is read with server_requests and new_db_connections beside it.
-    """
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        if "(postgres)" in text:
-            fields = text.rsplit(")", 1)[1].split()
-            # utime + stime, plus the reaped children's (cutime + cstime): the postmaster
-            # collects the CPU of every backend that exited, so short-lived ones count too.
-            total += sum(int(f) for f in fields[11:15]) / TICK
-    return total
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the machine so far."""
-    parts = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = parts[3] + parts[4]
-    return (sum(parts) - idle) / TICK, sum(parts) / TICK
-
-
-def driver_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def read_metrics(folder: str) -> dict:
@@ -163,7 +106,13 @@ def main(argv=None) -> int:
     }
     try:
         servers.wait_ready()
-        before = (servers_cpu(servers), driver_cpu(), machine_cpu(), read_metrics(metrics_dir), postgres_cpu())
+        before = (
+            load.servers_cpu(servers),
+            load.driver_cpu(),
+            load.machine_cpu(),
+            read_metrics(metrics_dir),
+            load.postgres_cpu(),
+        )
         started = time.monotonic()
         deadline = started + args.seconds
         clients = [
@@ -175,7 +124,13 @@ def main(argv=None) -> int:
         for t in clients:
             t.join(max(1.0, deadline - time.monotonic()) + 300)
         elapsed = time.monotonic() - started
-        after = (servers_cpu(servers), driver_cpu(), machine_cpu(), read_metrics(metrics_dir), postgres_cpu())
+        after = (
+            load.servers_cpu(servers),
+            load.driver_cpu(),
+            load.machine_cpu(),
+            read_metrics(metrics_dir),
+            load.postgres_cpu(),
+        )
     finally:
         servers.stop()
     m0, m1 = before[3], after[3]

@@ -16,6 +16,7 @@ overlap).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -120,7 +121,14 @@ def _advisory_unlock(key: int, what: str) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
     except DatabaseError as exc:
-        log.warning("releasing the lock on %s failed (%s); the server released it with the session", what, exc)
+        log.warning("releasing the lock on %s failed (%s); the server releases it with the session", what, exc)
+        # End the session, so that the server does release it: a persistent connection
+        # (CONN_MAX_AGE) that still works would carry the lock into its next requests.
+        if connection.in_atomic_block:
+            connection.close_at = 0  # closed when the request ends, not under the caller's transaction
+        else:
+            with contextlib.suppress(DatabaseError):
+                connection.close()
 
 
 def case_lock(case_id: str, *, timeout: float | None = None):
