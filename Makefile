@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz screenshots bench reliability clean
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -82,6 +82,13 @@ run: $(VENV)/.runtime graphviz
 	@echo "API tokens: sign in as the demo reviewer, then http://127.0.0.1:8000/admin/api/apitoken/mine/ (docs/API.md)"
 	@echo "API docs (work offline): http://127.0.0.1:8000/api/docs"
 	$(PY) manage.py runserver 127.0.0.1:8000
+
+# The reference helpdesk that approved replies are delivered to (helpdesk/README.md), on
+# 127.0.0.1:8025 with its own SQLite file, fault switches on (for the demo). Standard library
+# only: it needs no installed set. Its bearer token must be the one decisionflow sends.
+HELPDESK_TOKEN ?= dev-helpdesk-token
+helpdesk: | $(PY)
+	HELPDESK_TOKEN="$(HELPDESK_TOKEN)" $(PY) -m helpdesk --port 8025 --db var/helpdesk.sqlite3 --faults
 
 test: $(VENV)/.test browser graphviz
 	$(MAKE) --no-print-directory test-sqlite

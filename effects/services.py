@@ -39,7 +39,9 @@ from decisionflow.core.locks import decision_lock_timeout
 from decisionflow.core.observability import observed_commit
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
 
-from .models import CommitAttempt, EffectRecord
+from .delivery import delivery_configured, delivery_fields
+from .models import CommitAttempt, Delivery, DeliveryState, EffectRecord
+from .tasks import delivery_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +391,18 @@ def _commit_sql() -> str:
         WHERE s.approved AND %(approved)s
         ON CONFLICT (operation_id) DO NOTHING
         RETURNING id
+    ), new_delivery AS (
+        -- The approval's second effect, queued for the workers: only with a new effect (a
+        -- new approval, never a replay, conflict or decline) and a helpdesk configured.
+        INSERT INTO {Delivery._meta.db_table} (
+            operation_id, case_id, decision_id, effect_id, state, tries, next_try_at,
+            lease_owner, reference, reason, created_at, updated_at
+        )
+        SELECT %(operation_id)s, %(case)s, s.id, e.id, '{DeliveryState.QUEUED.value}', 0, %(now)s,
+               '', '', '', %(now)s, %(now)s
+        FROM new_effect e CROSS JOIN standing s
+        WHERE %(deliver)s
+        ON CONFLICT (operation_id) DO NOTHING
     ), outcome AS (
         SELECT s.*, CASE
             WHEN s.approved <> %(approved)s THEN '{outcome.CONFLICT.value}'
@@ -458,6 +472,7 @@ def _commit_postgresql(call: _Call) -> CommitResult:
                 "decline_reason": call.decline_reason,
                 "decline_note": call.decline_note,
                 "system_actor": call.system_actor,
+                "deliver": delivery_configured(),
             }
             # Every CTE of the statement reads one snapshot, taken when it starts. When the
             # decision insert loses ON CONFLICT to a transaction that committed after that
@@ -593,6 +608,9 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
         effect_count = 0
     else:
         new_effect = _insert_once(EffectRecord, **_effect_fields(proposal, decision))
+        if new_effect is not None and delivery_configured():
+            # The approval's second effect, as in the PostgreSQL statement's new_delivery.
+            _insert_once(Delivery, **delivery_fields(new_effect))
         replay = new_decision is None and new_effect is None
         outcome = CommitAttempt.Outcome.REPLAY if replay else CommitAttempt.Outcome.COMMITTED
         effect_count = 1
@@ -688,6 +706,10 @@ def effect_commit(
         _record_failure(call, exc)
         raise
     crash_point("commit-after-transaction")
+    if result.status == COMMITTED and not result.replay and delivery_configured():
+        # After the durable transaction: the worker must see the row. A lost enqueue (the
+        # process stops right here) only delays the delivery: the sweep finds it.
+        delivery_enqueue(result.operation_id)
     return result
 
 
@@ -798,7 +820,10 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
             continue
         with transaction.atomic():
             decision = ReviewDecision.objects.select_related("proposal", "reviewer").get(operation_id=row.operation_id)
-            if _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision)):
+            repaired_effect = _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision))
+            if repaired_effect is not None and delivery_configured():
+                _insert_once(Delivery, **delivery_fields(repaired_effect))
+            if repaired_effect is not None:
                 _attempt(
                     operation_id=row.operation_id,
                     case_id=decision.proposal.case_id,
