@@ -15,8 +15,10 @@ SQLite file in tmp_path; its log is tmp_path / "helpdesk.log".
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -171,6 +173,42 @@ class Helpdesk:
         if response.status != 200:
             raise HelpdeskError(f"GET /_stats answered {response.status}: {response.json}")
         return response.json
+
+
+def accept_rate(helpdesk: Helpdesk, *, replies: int = 200, case_id: str = "bench-baseline") -> float:
+    """The helpdesk's raw accept rate: new replies per second from one kept-alive client.
+
+    The baseline for a delivery benchmark, measured in the same run on the same machine. It
+    stores `replies` replies under case_id (fresh keys), which /_stats then counts.
+    """
+    connection = http.client.HTTPConnection("127.0.0.1", helpdesk.port, timeout=30)
+    try:
+        started = time.perf_counter()
+        for _ in range(replies):
+            key = secrets.token_hex(32)
+            body = json.dumps(
+                {
+                    "case_id": case_id,
+                    "operation_id": key,
+                    "body": "baseline",
+                    "evidence_id": "baseline",
+                    "policy_id": "baseline",
+                    "source_versions": {},
+                }
+            )
+            headers = {
+                "Authorization": f"Bearer {helpdesk.token}",
+                "Idempotency-Key": key,
+                "Content-Type": "application/json",
+            }
+            connection.request("POST", "/replies", body, headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 201:
+                raise HelpdeskError(f"the baseline POST answered {response.status}")
+        return replies / (time.perf_counter() - started)
+    finally:
+        connection.close()
 
 
 def _json(raw: bytes) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 
-from helpdesk.testing import ROOT, Helpdesk, HelpdeskError, running_helpdesk
+from helpdesk.testing import ROOT, Helpdesk, HelpdeskError, accept_rate, running_helpdesk
 
 
 def new_key() -> str:
@@ -442,3 +442,9 @@ def test_the_helpdesk_loads_nothing_of_decisionflow():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=10)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_accept_rate_baseline_stores_what_it_counts(helpdesk):
+    before = helpdesk.stats()["replies_by_case"].get("bench-baseline", 0)
+    assert accept_rate(helpdesk, replies=20) > 0
+    assert helpdesk.stats()["replies_by_case"]["bench-baseline"] == before + 20
