@@ -153,6 +153,7 @@ class Delivery(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "deliveries"
         ordering = ["-created_at", "-id"]
         indexes = [
             # The workers' and the sweep's query: what is due, in order.
@@ -209,6 +210,8 @@ class DeliveryTry(AppendOnlyModel):
     started_at = models.DateTimeField()
 
     class Meta:
+        verbose_name = "delivery try"
+        verbose_name_plural = "delivery tries"
         ordering = ["-started_at", "-id"]
 
     def __str__(self):

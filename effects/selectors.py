@@ -27,9 +27,7 @@ STATE_SENTENCES = {
     DeliveryState.SENDING: "A task worker is sending the reply to the helpdesk now.",
     DeliveryState.UNKNOWN: (
         "The helpdesk may have received it; reconcile is checking. A request went out and no answer came back, "
-        "so nobody can say yet whether the customer's ticket has the reply. Do not post it by hand: "
-        "reconcile --repair looks it up and, where the lookup cannot settle it, resends with the same key, "
-        "which the helpdesk never turns into a second reply."
+        "so nobody can say yet whether the customer's ticket has the reply."
     ),
     DeliveryState.DELIVERED: "The helpdesk stored the reply on the customer's ticket.",
     DeliveryState.REJECTED: "The helpdesk refused the reply for good; it is not on the ticket.",

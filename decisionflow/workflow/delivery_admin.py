@@ -66,10 +66,11 @@ class DeliveryAdmin(CaseListAdminMixin, ViewOnlyAdmin):
     list_filter = ("state",)
     # The operation identity or the case ID, whole: both are unique indexes.
     search_fields = ("=operation_id", "=case__case_id")
-    search_help_text = "An operation identity (op-v1-…) or a case ID (T-1042), whole."
     # The index order only (newest first): a sortable column would sort every delivery.
     sortable_by = ()
     ordering = ("-id",)
+    # Counts per state would count every delivery: the list never shows them.
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 100
     inlines = [DeliveryTryInline]
     fields = (

@@ -29,4 +29,19 @@ class Migration(migrations.Migration):
         ("contenttypes", "0002_remove_content_type_name"),
     ]
 
-    operations = [migrations.RunPython(grant_view_deliveries, migrations.RunPython.noop)]
+    operations = [
+        # Names only (the admin's "deliveries", not "deliverys"): no change to the tables.
+        migrations.AlterModelOptions(
+            name="delivery",
+            options={"ordering": ["-created_at", "-id"], "verbose_name_plural": "deliveries"},
+        ),
+        migrations.AlterModelOptions(
+            name="deliverytry",
+            options={
+                "ordering": ["-started_at", "-id"],
+                "verbose_name": "delivery try",
+                "verbose_name_plural": "delivery tries",
+            },
+        ),
+        migrations.RunPython(grant_view_deliveries, migrations.RunPython.noop),
+    ]
