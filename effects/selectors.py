@@ -1,5 +1,6 @@
 """Reads of the second effect, the reply's delivery to the helpdesk (docs/DELIVERY.md): what
-the review and history pages, the deliveries list and the API show. Nothing here writes."""
+the review and history pages, the deliveries list, the API and the demo show. Nothing here
+writes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,39 @@ PANEL_TRIES = 10
 def helpdesk_configured() -> bool:
     """Whether approvals are delivered to a helpdesk (``DECISIONFLOW_DELIVERY_URL`` set)."""
     return bool(getattr(settings, "DECISIONFLOW_DELIVERY_URL", ""))
+
+
+def delivery_for(operation_id: str) -> Delivery | None:
+    """The operation's delivery (None: a decline, not decided, or no helpdesk configured then)."""
+    return Delivery.objects.filter(operation_id=operation_id).first()
+
+
+def delivery_tries(operation_id: str) -> list[DeliveryTry]:
+    """Every try, oldest first."""
+    return list(DeliveryTry.objects.filter(operation_id=operation_id).order_by("started_at", "id"))
+
+
+def delivery_status(operation_id: str) -> dict | None:
+    """The delivery as plain data (the API's ``delivery`` field), or None when there is none.
+
+    ``state`` is one of queued, sending, unknown, delivered, rejected; ``reference`` is the
+    helpdesk's own id once delivered; ``reason`` is why it was rejected, or the last failed
+    try's error while it is not settled.
+    """
+    found = delivery_for(operation_id)
+    if found is None:
+        return None
+    return {
+        "state": found.state,
+        "label": DeliveryState(found.state).label,
+        "reference": found.reference or None,
+        "reason": found.reason or None,
+        "tries": found.tries,
+        "created_at": found.created_at,
+        "updated_at": found.updated_at,
+        "next_try_at": found.next_try_at if not found.final else None,
+        "settled_at": found.settled_at,
+    }
 
 
 # What each state means to a support reviewer, in one sentence (the API's states are the
@@ -74,7 +108,7 @@ def delivery_panel(*, operation_id: str, approved: bool | None) -> DeliveryPanel
     ``approved`` is the operation's decision (None: undecided). No delivery and no helpdesk
     configured: no panel at all, as before the helpdesk existed.
     """
-    delivery = Delivery.objects.filter(operation_id=operation_id).first()
+    delivery = delivery_for(operation_id)
     if delivery is not None:
         return _panel_for(delivery)
     if not helpdesk_configured():
@@ -108,7 +142,7 @@ def case_delivery_panels(*, case_pk: int, decisions: dict[str, bool]) -> list[De
 
 def delivery_data(operation_id: str) -> dict | None:
     """The API's ``delivery`` of one operation: None when it has none (docs/API.md)."""
-    delivery = Delivery.objects.filter(operation_id=operation_id).first()
+    delivery = delivery_for(operation_id)
     if delivery is None:
         return None
     last = DeliveryTry.objects.filter(delivery=delivery).order_by("-started_at", "-id").first()
