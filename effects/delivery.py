@@ -303,7 +303,11 @@ def helpdesk_send(*, operation_id: str, body: bytes) -> Answer:
 
 
 def helpdesk_lookup(*, operation_id: str) -> Answer:
-    return _exchange("GET", _url(f"/replies/{operation_id}"), operation_id, lookup=True)
+    answer = _exchange("GET", _url(f"/replies/{operation_id}"), operation_id, lookup=True)
+    if answer.outcome == Outcome.NOT_STORED:
+        # A lookup that never reached the helpdesk says nothing about the reply either way.
+        return Answer(Outcome.UNKNOWN, answer.http_status, answer.error)
+    return answer
 
 
 # -- the state side --------------------------------------------------------------------------
