@@ -97,7 +97,7 @@ class Command(WorkflowCommand):
                     unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
                     delivered = [row for row in chunk if row.delivery is not None]
                     if delivered:
-                        deliveries.update(row.delivery for row in delivered)
+                        deliveries.update(str(row.delivery) for row in delivered)
                         if repair:
                             # Counted after the repair, from their new state.
                             to_settle += [row.operation_id for row in delivered if row.delivery in UNSETTLED]
@@ -130,12 +130,12 @@ class Command(WorkflowCommand):
                 # The sweep, then each Unknown delivery tried here and now (lookup, then a
                 # resend with the same key). No case lock: a delivery's claim is its own.
                 tried = dict(deliveries_repair(operation_ids=to_settle))
-                fresh = [operation_reconcile(operation_id) for operation_id in to_settle]
-                for row in fresh:
-                    if row is not None and row.operation_id in tried:
+                fresh = [found for op in to_settle if (found := operation_reconcile(op)) is not None]
+                for settled in fresh:
+                    if settled.operation_id in tried:
                         run.repaired += 1
-                        self.report(row, repaired=True)
-                alerts = _add(alerts, delivery_alert([row for row in fresh if row is not None], now=now))
+                        self.report(settled, repaired=True)
+                alerts = _add(alerts, delivery_alert(fresh, now=now))
             code, messages = _delivery_findings(alerts, code, messages, repair)
             if code:
                 self.fail(code, *messages)
