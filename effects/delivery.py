@@ -303,7 +303,11 @@ def helpdesk_send(*, operation_id: str, body: bytes) -> Answer:
 
 
 def helpdesk_lookup(*, operation_id: str) -> Answer:
-    return _exchange("GET", _url(f"/replies/{operation_id}"), operation_id, lookup=True)
+    answer = _exchange("GET", _url(f"/replies/{operation_id}"), operation_id, lookup=True)
+    if answer.outcome == Outcome.NOT_STORED:
+        # A lookup that never reached the helpdesk says nothing about the reply either way.
+        return Answer(Outcome.UNKNOWN, answer.http_status, answer.error)
+    return answer
 
 
 # -- the state side --------------------------------------------------------------------------
@@ -322,21 +326,25 @@ def delivery_claim(*, operation_id: str, worker: str, now: datetime | None = Non
     as for ``reconcile --repair``) -> Sending, in one conditional UPDATE per source state.
     None when another worker holds it, it is settled, or it is not due yet."""
     now = now or timezone.now()
-    for source in (DeliveryState.UNKNOWN, DeliveryState.QUEUED):
-        rows = Delivery.objects.filter(operation_id=operation_id, state=source)
-        if due_only:
-            rows = rows.filter(next_try_at__lte=now)
-        claimed = rows.update(
-            state=DeliveryState.SENDING,
-            lease_owner=worker,
-            lease_until=now + lease(),
-            tries=F("tries") + 1,
-            updated_at=now,
-        )
-        if claimed:
-            delivery = Delivery.objects.get(operation_id=operation_id)
-            return _Claim(delivery, source == DeliveryState.UNKNOWN, worker, delivery.tries)
-    return None
+    # Read the state, then claim on exactly that state and try count: the UPDATE is the
+    # atomic step (another worker's claim changes both, and this one then matches nothing).
+    seen = Delivery.objects.filter(operation_id=operation_id).values_list("state", "tries", "next_try_at").first()
+    if seen is None or seen[0] not in (DeliveryState.QUEUED, DeliveryState.UNKNOWN):
+        return None
+    source, tries, due_at = seen
+    if due_only and due_at > now:
+        return None
+    claimed = Delivery.objects.filter(operation_id=operation_id, state=source, tries=tries).update(
+        state=DeliveryState.SENDING,
+        lease_owner=worker,
+        lease_until=now + lease(),
+        tries=tries + 1,
+        updated_at=now,
+    )
+    if not claimed:
+        return None
+    delivery = Delivery.objects.get(operation_id=operation_id)
+    return _Claim(delivery, source == DeliveryState.UNKNOWN, worker, tries + 1)
 
 
 def _record(claim: _Claim, kind: str, answer: Answer, started: datetime, latency_ms: int) -> None:
@@ -353,16 +361,16 @@ def _record(claim: _Claim, kind: str, answer: Answer, started: datetime, latency
     )
 
 
-def _timed(kind: str, claim: _Claim, call) -> Answer:
+def _timed(kind: str, claim: _Claim, call) -> tuple[Answer, Any]:
+    """Make one request; returns its answer and the writer of its try row (called by the
+    caller, in the transaction that also settles the state when the try settles it)."""
     started, began = timezone.now(), time.monotonic()
     answer = call()
     latency = round((time.monotonic() - began) * 1000)
     if kind == DeliveryTry.Kind.SEND:
         # The helpdesk answered (or did not); nothing local is written yet.
         crash_point("deliver-after-send")
-    # The try row is written whatever happens to the state: it happened.
-    _record(claim, kind, answer, started, latency)
-    return answer
+    return answer, lambda: _record(claim, kind, answer, started, latency)
 
 
 def _settle(claim: _Claim, answer: Answer) -> tuple[str, timedelta | None]:
@@ -408,15 +416,22 @@ def delivery_attempt(
     if claim is None:
         return "not_claimed", None
     if claim.from_unknown:
-        found = _timed(DeliveryTry.Kind.LOOKUP, claim, lambda: helpdesk_lookup(operation_id=operation_id))
+        found, record = _timed(DeliveryTry.Kind.LOOKUP, claim, lambda: helpdesk_lookup(operation_id=operation_id))
         if found.outcome == Outcome.DELIVERED:
-            return _settle(claim, found)
+            with transaction.atomic():
+                record()
+                return _settle(claim, found)
+        record()  # the try happened; the send below decides the state
     effect = EffectRecord.objects.get(pk=claim.delivery.effect_id)
     case_label = Case.objects.filter(pk=claim.delivery.case_id).values_list("case_id", flat=True).get()
     body = request_body(effect, case_label)
     crash_point("deliver-before-send")
-    answer = _timed(DeliveryTry.Kind.SEND, claim, lambda: helpdesk_send(operation_id=operation_id, body=body))
-    return _settle(claim, answer)
+    answer, record = _timed(DeliveryTry.Kind.SEND, claim, lambda: helpdesk_send(operation_id=operation_id, body=body))
+    # The try row and the state it proves commit together (one commit per try). The try row
+    # stands even when the claim was lost: the request happened.
+    with transaction.atomic():
+        record()
+        return _settle(claim, answer)
 
 
 def delivery_sweep(*, now: datetime | None = None, grace: timedelta | None = None) -> tuple[int, list[str]]:

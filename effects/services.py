@@ -39,9 +39,9 @@ from decisionflow.core.locks import decision_lock_timeout
 from decisionflow.core.observability import observed_commit
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
 
-from .delivery import delivery_configured, delivery_fields
+from .delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
 from .models import CommitAttempt, Delivery, DeliveryState, EffectRecord
-from .tasks import delivery_enqueue
+from .tasks import delivery_enqueue, delivery_sweep_and_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -722,15 +722,24 @@ class ReconcileRow(NamedTuple):
     effects: int
     # Why a declined operation was declined (None otherwise, or when no reason was given).
     decline_reason: str | None = None
+    # The delivery to the helpdesk (docs/DELIVERY.md): its state's label (None: there is
+    # none), the helpdesk's reference once Delivered, and when it was written (the approval).
+    delivery: str | None = None
+    delivery_reference: str | None = None
+    delivery_since: Any = None
 
     def as_dict(self) -> dict:
-        return {
+        found = {
             "case": self.case_id,
             "operation_id": self.operation_id,
             "state": self.state,
             "effects": self.effects,
             "decline_reason": self.decline_reason,
         }
+        if self.delivery is not None:
+            # Only with a delivery: without a helpdesk the lines stay exactly as before.
+            found.update(delivery=self.delivery, delivery_reference=self.delivery_reference or None)
+        return found
 
 
 def _state(approved, has_effect) -> str:
@@ -748,6 +757,61 @@ _STATE_SQL = f"""
          WHEN e.id IS NULL THEN '{NO_LOCAL_EFFECT}'
          ELSE '{COMMITTED}' END
 """
+
+
+# The delivery's state as reconcile prints it: its label (Queued, Unknown, Delivered, ...).
+_DELIVERY_SQL = (
+    "CASE dl.state "
+    + " ".join(f"WHEN '{state.value}' THEN '{state.label}'" for state in DeliveryState)
+    + " ELSE dl.state END"
+)
+
+
+class DeliveryAlert(NamedTuple):
+    """What reconcile alerts on, for deliveries (each its own exit bit, docs/COMMANDS.md)."""
+
+    unknown: int  # Unknown longer than DECISIONFLOW_DELIVERY_UNKNOWN_ALERT after the approval
+    rejected: int  # Rejected: the helpdesk refused the reply for good
+    queued: int  # Queued or Sending longer than DECISIONFLOW_DELIVERY_QUEUED_ALERT
+
+
+def delivery_alert(rows: Iterable[ReconcileRow], *, now=None) -> DeliveryAlert:
+    """Count the deliveries among ``rows`` that someone should look at."""
+    now = now or timezone.now()
+    unknown_after = duration_setting("DECISIONFLOW_DELIVERY_UNKNOWN_ALERT", "15m")
+    queued_after = duration_setting("DECISIONFLOW_DELIVERY_QUEUED_ALERT", "15m")
+    unknown = rejected = queued = 0
+    for row in rows:
+        if row.delivery is None:
+            continue
+        age = now - row.delivery_since
+        if row.delivery == DeliveryState.UNKNOWN.label and age > unknown_after:
+            unknown += 1
+        elif row.delivery == DeliveryState.REJECTED.label:
+            rejected += 1
+        elif row.delivery in (DeliveryState.QUEUED.label, DeliveryState.SENDING.label) and age > queued_after:
+            queued += 1
+    return DeliveryAlert(unknown, rejected, queued)
+
+
+def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
+    """``reconcile --repair`` for deliveries: the sweep (Sending past its lease -> Unknown;
+    stale Queued ones enqueued again), then each Unknown delivery among ``operation_ids`` is
+    tried now, in this process: looked up, and resent with the same key when the lookup
+    cannot settle it. Each try is bounded by the delivery timeouts. Returns (operation,
+    outcome) for each one tried."""
+    delivery_sweep_and_enqueue()
+    wanted = list(operation_ids)
+    unknown = Delivery.objects.filter(operation_id__in=wanted, state=DeliveryState.UNKNOWN).order_by("created_at")
+    done = []
+    for operation_id in unknown.values_list("operation_id", flat=True):
+        outcome, delay = delivery_attempt(
+            operation_id=operation_id, worker=f"reconcile@{worker_name()}", due_only=False
+        )
+        if delay is not None:
+            delivery_enqueue(operation_id, delay=delay)
+        done.append((operation_id, outcome))
+    return done
 
 
 def operations_reconcile(
@@ -772,11 +836,13 @@ def operations_reconcile(
             where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
             params += values
     sql = f"""
-        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END, d.decline_reason
+        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END, d.decline_reason,
+               {_DELIVERY_SQL}, dl.reference, dl.created_at
         FROM {Proposal._meta.db_table} p
         JOIN {Case._meta.db_table} c ON c.id = p.case_id
         LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
         LEFT JOIN {EffectRecord._meta.db_table} e ON e.operation_id = p.operation_id
+        LEFT JOIN {Delivery._meta.db_table} dl ON dl.operation_id = p.operation_id
         WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
         {"AND " + " AND ".join(where) if where else ""}
         ORDER BY c.case_id, p.id
@@ -789,8 +855,16 @@ def operations_reconcile(
             with connection.cursor() as setting:
                 setting.execute("SET LOCAL cursor_tuple_fraction = 1.0")
         cursor.execute(sql, params)
+        converters = connection.ops.get_db_converters(Delivery._meta.get_field("created_at").get_col("dl"))
         while rows := cursor.fetchmany(chunk_size):
-            yield from map(ReconcileRow._make, rows)
+            for row in rows:
+                if row[5] is not None and converters:
+                    # SQLite returns the timestamp as text: the field's own converter reads it.
+                    since = row[7]
+                    for convert in converters:
+                        since = convert(since, None, connection)
+                    row = (*row[:7], since)
+                yield ReconcileRow._make(row)
 
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:
@@ -801,7 +875,9 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
     decided = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", "decline_reason").first()
     approved, reason = decided if decided is not None else (None, None)
     effects = EffectRecord.objects.filter(operation_id=operation_id).count()
-    return ReconcileRow(row[0], row[1], _state(approved, effects > 0), effects, reason)
+    found = Delivery.objects.filter(operation_id=operation_id).values_list("state", "reference", "created_at").first()
+    delivery = (DeliveryState(found[0]).label, found[1], found[2]) if found else (None, None, None)
+    return ReconcileRow(row[0], row[1], _state(approved, effects > 0), effects, reason, *delivery)
 
 
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:
