@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -434,7 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     elif initial:
         parser.error(f"fault switches ({', '.join(sorted(initial))}) need --faults")
 
-    server = HelpdeskServer((args.host, args.port), db=args.db, token=args.token, faults=faults)
+    try:
+        server = HelpdeskServer((args.host, args.port), db=args.db, token=args.token, faults=faults)
+    except (OSError, sqlite3.Error) as error:
+        # A port in use, a database file that cannot be opened: one line, no traceback.
+        _log(f"helpdesk: cannot start on {args.host}:{args.port} with {args.db}: {error}")
+        return 1
     port = server.server_address[1]
 
     def stop(signum: int, frame: Any) -> None:

@@ -410,6 +410,17 @@ def test_start_up_refuses_a_wrong_command_line_with_a_clear_message(tmp_path, ar
     assert "Traceback" not in result.stderr
 
 
+def test_a_port_in_use_or_an_unusable_file_is_one_clear_line(tmp_path, shared):
+    result = run_helpdesk("--token", "t", "--db", str(tmp_path / "h.sqlite3"), "--port", str(shared.port))
+    assert (result.returncode, "Traceback" in result.stderr) == (1, False)
+    assert "cannot start" in result.stderr and "in use" in result.stderr
+
+    (tmp_path / "a-directory").mkdir()
+    result = run_helpdesk("--token", "t", "--db", str(tmp_path / "a-directory"))
+    assert (result.returncode, "Traceback" in result.stderr) == (1, False)
+    assert "cannot start" in result.stderr
+
+
 def test_sigterm_stops_it_cleanly_and_each_request_is_logged(tmp_path):
     with running_helpdesk(tmp_path) as helpdesk:
         key = new_key()
