@@ -171,6 +171,10 @@ def test_the_demo_tells_the_whole_story():
     assert re.search(
         r"^delivery: case=T-1150 op=\S+ state=Delivered tries=2 reference=HD-\d+ last=lookup:delivered", remote, re.M
     )
+    assert re.search(r"^reconcile: case=T-1150 op=\S+ state=Committed effects=1 delivery=Unknown ", remote, re.M)
+    assert re.search(
+        r"^repaired: case=T-1150 op=\S+ state=Committed effects=1 delivery=Delivered reference=HD-\d+ ", remote, re.M
+    )
     assert remote.count("helpdesk: case=T-1150 replies=1 ") == 3 and "case=T-1150 replies=2" not in remote
     assert re.search(r"^delivery: case=T-1151 op=\S+ state=Delivered tries=2 .*last=send:delivered", remote, re.M)
     assert "helpdesk: case=T-1151 replies=2 " in remote

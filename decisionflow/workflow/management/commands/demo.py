@@ -112,8 +112,11 @@ class Command(WorkflowCommand):
         "Every step is a separate manage.py process: begin, approve with a lost receipt (exit 42), "
         "reconcile, approve again (a replay), approve again, a decline on a second case, an approval of that "
         "case (ConflictingDecision), a decline after the approval, and finally the control experiment with "
-        "the effect keyed by a fresh random ID per attempt (EffectCount 2). Exits 0 only if every step "
-        "behaved as expected. Touches no other database."
+        "the effect keyed by a fresh random ID per attempt (EffectCount 2). Then the remote chapter "
+        "(docs/DELIVERY.md): the reference helpdesk, started as its own process on a free port, stores an "
+        "approved reply and drops the answer; the delivery is Unknown; `reconcile --repair` looks it up and "
+        "finds it Delivered, one reply on the helpdesk; and its control, a fresh Idempotency-Key per try, "
+        "leaves two. Exits 0 only if every step behaved as expected. Touches no other database."
     )
 
     def add_arguments(self, parser):
@@ -124,9 +127,7 @@ class Command(WorkflowCommand):
         parser.add_argument("--operation-id", help=__import__("argparse").SUPPRESS)
         parser.add_argument("--fault", help=__import__("argparse").SUPPRESS)
         # Internal: a step of the remote chapter (show a delivery; the naive control's try).
-        parser.add_argument(
-            "--delivery-step", choices=["show", "naive", "repair"], help=__import__("argparse").SUPPRESS
-        )
+        parser.add_argument("--delivery-step", choices=["show", "naive"], help=__import__("argparse").SUPPRESS)
 
     def handle(self, *args, keep, naive_step, delivery_step, **options):
         if naive_step:
@@ -143,9 +144,6 @@ class Command(WorkflowCommand):
             # change made here and not in production code: a fresh key per try.
             with mock.patch.object(delivery, "helpdesk_send", _naive_send):
                 delivery.delivery_attempt(operation_id=operation_id, worker="demo-naive", due_only=False)
-        elif step == "repair":
-            # Placeholder until reconcile --repair settles deliveries: the service it calls.
-            delivery.delivery_attempt(operation_id=operation_id, worker="reconcile", due_only=False)
         self.stdout.write(delivery_line(operation_id))
 
     # --- the child side of the control -------------------------------------------------
@@ -463,16 +461,32 @@ class Command(WorkflowCommand):
             note="no answer: it may have arrived",
         )
         self.helpdesk_replies(REMOTE_CASE, expect=1, note="it did; decisionflow cannot know that yet")
-        self.repair(op)
+        committed_line = f"reconcile: case={REMOTE_CASE} op={op} state=Committed effects=1"
+        self.step(
+            "",
+            ["reconcile", REMOTE_CASE],
+            rc=0,
+            expect=[f"{committed_line} delivery=Unknown"],
+            note="reconcile reads it: Unknown",
+        )
+        self.repair(
+            op,
+            rf"repaired: case={REMOTE_CASE} op={op} state=Committed effects=1 delivery=Delivered reference=HD-\d+",
+            note="--repair looks it up by its key: found",
+        )
         self.delivery_shown(
             op,
             rf"delivery: case={REMOTE_CASE} op={op} state=Delivered tries=2 reference=\S+ last=lookup:delivered "
             r"\(HTTP 200\)",
-            note="found by its key",
+            note="settled by evidence, not a guess",
         )
         self.helpdesk_replies(REMOTE_CASE, expect=1, note="one reply on the ticket")
-        self.repair(op)
-        self.helpdesk_replies(REMOTE_CASE, expect=1, note="reconcile again: still one")
+        self.repair(
+            op,
+            rf"reconcile: case={REMOTE_CASE} op={op} state=Committed effects=1 delivery=Delivered reference=HD-\d+",
+            note="again: nothing left to settle",
+        )
+        self.helpdesk_replies(REMOTE_CASE, expect=1, note="still one")
 
         # The control: the same worker code, a fresh random key per try.
         self.stdout.write("control: the same delivery, a fresh random Idempotency-Key per try")
@@ -518,11 +532,8 @@ class Command(WorkflowCommand):
             self.failures += 1
             self.stdout.write(f"  UNEXPECTED: exit {proc.returncode}; the line does not match {pattern!r}")
 
-    def repair(self, operation_id: str) -> None:
-        """``reconcile --repair``'s delivery part: look the Unknown delivery up, resend with
-        the same key where the lookup cannot settle it."""
-        proc = self.manage("demo", "--delivery-step", "repair", "--operation-id", operation_id)
-        self.stdout.write(f"{'reconcile --repair ' + REMOTE_CASE:<55} <- looks it up by its key")
-        if proc.returncode != 0:
-            self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    def repair(self, operation_id: str, pattern: str, *, note: str) -> None:
+        """``reconcile --repair CASE``: it looks an Unknown delivery up by its key, and resends
+        with the same key where the lookup cannot settle it. Its last line must match."""
+        proc = self.manage("reconcile", "--repair", REMOTE_CASE)
+        self.check_line(proc, pattern, note=note)
