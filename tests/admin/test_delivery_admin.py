@@ -52,6 +52,7 @@ def test_no_helpdesk_and_no_delivery_means_no_panel(reviewer_client, reviewer, p
     approved(proposal, reviewer)
     assert 'id="df-delivery"' not in review_page(reviewer_client, proposal)
     assert 'id="df-delivery"' not in history_page(reviewer_client, case)
+    assert "<th>Delivery</th>" not in history_page(reviewer_client, case)
 
 
 @HELPDESK
@@ -90,6 +91,15 @@ def test_delivered_shows_the_reference_and_the_tries_newest_first(reviewer_clien
         assert "HTTP 201" in shown and "HTTP 503" in shown and "Send (POST)" in shown
         assert reverse("admin:effects_delivery_change", args=[delivery.pk]) in shown
         assert UNKNOWN_SENTENCE not in shown
+    # The history's reconcile table says what reconcile says.
+    reconcile_table = re.search(
+        r'<table class="df-table" id="df-reconcile">(.*?)</table>', history_page(reviewer_client, case), re.S
+    )
+    assert (
+        reconcile_table
+        and "<th>Delivery</th>" in reconcile_table.group(1)
+        and "<td>Delivered</td>" in reconcile_table.group(1)
+    )
 
 
 def test_unknown_says_plainly_it_may_have_arrived_and_points_to_reconcile(reviewer_client, reviewer, proposal, case):
