@@ -1,5 +1,6 @@
-# decisionflow: `make run` serves the admin on 127.0.0.1:8000; `make test` runs the suite
-# on SQLite and again on PostgreSQL when a server answers at TEST_POSTGRES_URL.
+# decisionflow: `make run` serves the admin on 127.0.0.1:8000, beside the reference helpdesk and
+# a task worker; `make test` runs the suite on SQLite and again on PostgreSQL when a server
+# answers at TEST_POSTGRES_URL.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -75,13 +76,12 @@ graphviz:
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
 
+# The server, the reference helpdesk (127.0.0.1:8025) and one task worker that delivers the
+# approved replies to it (docs/DELIVERY.md); Ctrl-C stops all three (deploy/run-local.sh).
 run: $(VENV)/.runtime graphviz
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py load_demo
-	@echo "Serving the admin at http://127.0.0.1:8000/admin/ (Ctrl-C to stop)"
-	@echo "API tokens: sign in as the demo reviewer, then http://127.0.0.1:8000/admin/api/apitoken/mine/ (docs/API.md)"
-	@echo "API docs (work offline): http://127.0.0.1:8000/api/docs"
-	$(PY) manage.py runserver 127.0.0.1:8000
+	@PY="$(PY)" HELPDESK_TOKEN="$(HELPDESK_TOKEN)" deploy/run-local.sh
 
 # The reference helpdesk that approved replies are delivered to (helpdesk/README.md), on
 # 127.0.0.1:8025 with its own SQLite file, fault switches on (for the demo). Standard library

@@ -214,6 +214,31 @@ class DecisionInfoOut(Schema):
     )
 
 
+class DeliveryTryOut(Schema):
+    kind: Literal["send", "lookup"] = Field(description="send: POST {url}/replies; lookup: GET {url}/replies/{key}")
+    outcome: Literal["delivered", "rejected", "not_stored", "not_found", "unknown"] = Field(
+        description="how the try ended (docs/DELIVERY.md): not_found from a lookup settles nothing by itself"
+    )
+    worker: str = Field(description="the worker (host:pid) that made the try")
+    http_status: int | None = Field(description="the helpdesk's HTTP status; null when no answer came back")
+    error: str | None = Field(description="what went wrong, when something did (a timeout, a bad answer)")
+    latency_ms: int | None
+    started_at: datetime
+
+
+class DeliveryOut(Schema):
+    state: Literal["queued", "sending", "unknown", "delivered", "rejected"] = Field(
+        description="where the approved reply stands on the helpdesk; unknown: a request went out and no answer "
+        "came back, so the helpdesk may have stored it: reconcile --repair settles it (docs/DELIVERY.md)"
+    )
+    reference: str | None = Field(description="the helpdesk's own reference of the stored reply (delivered)")
+    reason: str | None = Field(description="why the helpdesk refused it (rejected)")
+    tries: int = Field(description="requests made so far, sends and lookups")
+    created_at: datetime = Field(description="when the approval queued it (in the commit's transaction)")
+    settled_at: datetime | None = Field(description="when it became delivered or rejected")
+    last_try: DeliveryTryOut | None = Field(description="the newest try; null before the first")
+
+
 class OperationOut(Schema):
     operation_id: str
     case_id: str
@@ -221,6 +246,10 @@ class OperationOut(Schema):
     effect_count: int
     current: bool = Field(description="whether this is still the case's current proposal")
     decision: DecisionInfoOut | None
+    delivery: DeliveryOut | None = Field(
+        description="the reply's delivery to the helpdesk: null when there is none (a decline, no decision yet, "
+        "or no helpdesk configured when it was approved)"
+    )
 
 
 class CaseOut(Schema):

@@ -9,6 +9,7 @@ from cases.selectors import case_text_fields
 from decisionflow.core import text
 from decisionflow.core.errors import NotFound
 from decisionflow.workflow.selectors import decidable_operation_id
+from effects.selectors import delivery_data
 from effects.services import operation_reconcile
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
@@ -91,6 +92,7 @@ def operation_data(operation_id: str, *, current: bool | None = None) -> dict:
             "decline_note": decision.decline_note,
             "system_actor": decision.system_actor,
         },
+        "delivery": delivery_data(operation_id),
     }
 
 

@@ -402,6 +402,34 @@ def _retention_text(results: list[dict]) -> str | None:
     return "\n".join([begin, *lines]).rstrip("\n") + "\n" + end
 
 
+def delivery_section(results: list[dict]) -> str | None:
+    """15. One delivery worker against the reference helpdesk's raw accept rate (bench/delivery.py)."""
+    rows = [r for r in results if r.get("kind") == "delivery"]
+    if not rows:
+        return None
+    begin, end = section_markers("delivery")
+    lines = [
+        begin,
+        "## 15. Delivery to the helpdesk: one worker against the helpdesk's raw accept rate",
+        "",
+        "Measured in the same run against the same reference helpdesk process (helpdesk/): **raw** is one "
+        "client posting new replies back to back over one keep-alive connection; **one worker** is "
+        "`manage.py db_worker --batch` draining as many approvals' queued deliveries (each a claim, a POST, "
+        "a try row and the settling update, plus the task queue's own rows), timed from the first try to "
+        "the last settlement, so the process start is not counted. Report only; no goal. "
+        "Re-run alone: `python -m bench.delivery [--database-url URL] [--n 300]`.",
+        "",
+        "| database | deliveries | one worker | raw accept | worker ÷ raw | delivered | duplicate replies |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['database']} | {r['n']:,} | {r['worker_per_s']:.1f}/s | {r['raw_per_s']:.1f}/s | "
+            f"**{r['ratio']:.3f}×** | {r['delivered']:,} | {r['duplicate_replies']} |"
+        )
+    return "\n".join([*lines, end])
+
+
 def render(info: dict, results: list[dict]) -> str:
     by_key = {r["key"]: r for r in results}
     lines = [
@@ -510,6 +538,10 @@ def render(info: dict, results: list[dict]) -> str:
         lines += [retention, ""]
 
     text = pages_section(by_key.get("pages"), info)
+    if text:
+        lines += [text, ""]
+
+    text = delivery_section(results)
     if text:
         lines += [text, ""]
 
@@ -647,6 +679,9 @@ def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
     retention = _retention_text(results)
     if retention:
         out["retention"] = retention
+    delivery = delivery_section(results)
+    if delivery:
+        out["delivery"] = delivery
     # A measure's row of the summary table (e.g. "14." for cron_start), replaced where it stands.
     for r in results:
         number = re.match(r"(\d+)\.", r.get("title", ""))

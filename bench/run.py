@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 # The parts of a run, for --skip and --only.
-PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start")
+PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery")
 
 SIZES = {
     "full": {
@@ -47,6 +47,7 @@ SIZES = {
         "page_cases": (10_000, 1_000_000),
         "page_rounds": 6,
         "page_requests": 8,
+        "deliveries": 500,
     },
     "smoke": {
         "runs": 1,
@@ -57,6 +58,7 @@ SIZES = {
         "page_cases": (30, 300),
         "page_rounds": 2,
         "page_requests": 1,
+        "deliveries": 20,
     },
 }
 
@@ -463,6 +465,24 @@ def bench_cron_start_part(base: str | None, runs: int, *, name: str) -> list[dic
             ]
 
 
+def bench_delivery_part(base: str | None, n: int, *, name: str) -> list[dict]:
+    """15. deliveries/s by one worker against the reference helpdesk's raw accept rate."""
+    from .delivery import bench_delivery
+
+    url = None
+    if base is not None:
+        log(f"delivery: recreating {name}; the reference helpdesk in a temporary directory")
+        pg_recreate(base, name)
+        url = pg_url(base, name)
+    with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
+        try:
+            return [bench_delivery(url or f"sqlite:///{tmp}/delivery.sqlite3", n)]
+        except Exception:
+            import traceback
+
+            return [{"key": "delivery", "kind": "error", "bench": "delivery", "error": traceback.format_exc(limit=6)}]
+
+
 # --- machine ----------------------------------------------------------------------------
 
 
@@ -681,6 +701,10 @@ def main(argv=None) -> int:
     if "cron_start" not in skip:
         base = args.postgres if pg_ok else None
         results += bench_cron_start_part(base, sizes["process_runs"], name=f"{args.db_prefix}_cron")
+
+    if "delivery" not in skip:
+        base = args.postgres if pg_ok else None
+        results += bench_delivery_part(base, sizes["deliveries"], name=f"{args.db_prefix}_delivery")
 
     if "reconcile" not in skip:
         try:

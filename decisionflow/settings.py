@@ -67,6 +67,31 @@ EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="decisionflow@localhost")
+# The remote delivery of an approved reply to the customer's ticket (docs/DELIVERY.md): the
+# helpdesk's base URL (POST {url}/replies, GET {url}/replies/{operation id}) and its bearer
+# token. Unset URL (the default): no delivery is written or sent, the local effect is the only one.
+DECISIONFLOW_DELIVERY_URL = env.str("DECISIONFLOW_DELIVERY_URL", default="")
+DECISIONFLOW_DELIVERY_TOKEN = env.str("DECISIONFLOW_DELIVERY_TOKEN", default="")
+# httpx timeouts, in seconds: connecting, each read and write of the request, and the wait for
+# a pooled connection. A send whose answer does not come within the read timeout is Unknown.
+DECISIONFLOW_DELIVERY_CONNECT_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_CONNECT_TIMEOUT", default=5.0)
+DECISIONFLOW_DELIVERY_READ_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_READ_TIMEOUT", default=15.0)
+DECISIONFLOW_DELIVERY_WRITE_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_WRITE_TIMEOUT", default=15.0)
+DECISIONFLOW_DELIVERY_POOL_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_POOL_TIMEOUT", default=5.0)
+# The longest helpdesk answer read; a longer one is a bad answer (the try is Unknown).
+DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES = env.int("DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES", default=64 * 1024)
+# The wait before try n+1 after n failed tries: base * 2^(n-1), at most max (seconds).
+DECISIONFLOW_DELIVERY_BACKOFF = env.float("DECISIONFLOW_DELIVERY_BACKOFF", default=5.0)
+DECISIONFLOW_DELIVERY_BACKOFF_MAX = env.float("DECISIONFLOW_DELIVERY_BACKOFF_MAX", default=600.0)
+# A worker holds a Sending delivery this long; past it the sweep takes the worker for dead and
+# turns the delivery Unknown. Longer than a whole try (the timeouts above) by far.
+DECISIONFLOW_DELIVERY_LEASE = env.str("DECISIONFLOW_DELIVERY_LEASE", default="5m")
+# How often each worker (`manage.py db_worker`) runs the delivery sweep, in seconds.
+DECISIONFLOW_DELIVERY_SWEEP_INTERVAL = env.float("DECISIONFLOW_DELIVERY_SWEEP_INTERVAL", default=30.0)
+# reconcile alerts (its exit bits, docs/COMMANDS.md) on a delivery Unknown, or still Queued or
+# Sending, this long after its approval.
+DECISIONFLOW_DELIVERY_UNKNOWN_ALERT = env.str("DECISIONFLOW_DELIVERY_UNKNOWN_ALERT", default="15m")
+DECISIONFLOW_DELIVERY_QUEUED_ALERT = env.str("DECISIONFLOW_DELIVERY_QUEUED_ALERT", default="15m")
 # The task backend: the database (SQLite or PostgreSQL, no broker); a team may name another,
 # e.g. django_tasks.backends.immediate.ImmediateBackend to send within the request.
 TASKS = {

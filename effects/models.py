@@ -94,8 +94,9 @@ class DeliveryState(models.TextChoices):
     """Where the approved reply stands on the remote helpdesk (docs/DELIVERY.md).
 
     Forward only: Queued -> Sending -> Delivered | Rejected | Unknown. Sending goes back to
-    Queued only when the try proves the helpdesk stored nothing (it answered 503, or the
-    connection was refused before a byte was sent). Unknown (a request went out and no
+    Queued only when the try proves the helpdesk stored nothing (it answered 503 or 429, a
+    bad token or URL, or the connection was refused before a byte was sent; see
+    effects.delivery.NOT_STORED_STATUSES), and only when it was not Unknown before. Unknown (a request went out and no
     answer came back) never goes back to Queued: it is settled by a lookup (Delivered) or
     by a resend with the same key (Sending). Delivered and Rejected are final. The database
     enforces the same table (migration 0006).
@@ -137,7 +138,8 @@ class Delivery(models.Model):
     decision = models.OneToOneField("reviews.ReviewDecision", on_delete=models.PROTECT, related_name="delivery")
     effect = models.OneToOneField(EffectRecord, on_delete=models.PROTECT, related_name="delivery")
     state = models.CharField(max_length=20, choices=DeliveryState.choices, default=DeliveryState.QUEUED)
-    # Tries so far (sends and lookups): the backoff grows with it.
+    # Claims so far (each a lookup and/or a send): the backoff grows with it, and a worker
+    # writes its outcome only while the count is still its own claim's (the fence).
     tries = models.PositiveIntegerField(default=0)
     # A worker may take it from then on (backoff after a failed try; now when queued).
     next_try_at = models.DateTimeField()
@@ -153,6 +155,7 @@ class Delivery(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "deliveries"
         ordering = ["-created_at", "-id"]
         indexes = [
             # The workers' and the sweep's query: what is due, in order.
@@ -209,6 +212,8 @@ class DeliveryTry(AppendOnlyModel):
     started_at = models.DateTimeField()
 
     class Meta:
+        verbose_name = "delivery try"
+        verbose_name_plural = "delivery tries"
         ordering = ["-started_at", "-id"]
 
     def __str__(self):

@@ -39,7 +39,9 @@ from decisionflow.core.locks import decision_lock_timeout
 from decisionflow.core.observability import observed_commit
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
 
-from .models import CommitAttempt, EffectRecord
+from .delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
+from .models import CommitAttempt, Delivery, DeliveryState, EffectRecord
+from .tasks import delivery_enqueue, delivery_sweep_and_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +391,18 @@ def _commit_sql() -> str:
         WHERE s.approved AND %(approved)s
         ON CONFLICT (operation_id) DO NOTHING
         RETURNING id
+    ), new_delivery AS (
+        -- The approval's second effect, queued for the workers: only with a new effect (a
+        -- new approval, never a replay, conflict or decline) and a helpdesk configured.
+        INSERT INTO {Delivery._meta.db_table} (
+            operation_id, case_id, decision_id, effect_id, state, tries, next_try_at,
+            lease_owner, reference, reason, created_at, updated_at
+        )
+        SELECT %(operation_id)s, %(case)s, s.id, e.id, '{DeliveryState.QUEUED.value}', 0, %(now)s,
+               '', '', '', %(now)s, %(now)s
+        FROM new_effect e CROSS JOIN standing s
+        WHERE %(deliver)s
+        ON CONFLICT (operation_id) DO NOTHING
     ), outcome AS (
         SELECT s.*, CASE
             WHEN s.approved <> %(approved)s THEN '{outcome.CONFLICT.value}'
@@ -458,6 +472,7 @@ def _commit_postgresql(call: _Call) -> CommitResult:
                 "decline_reason": call.decline_reason,
                 "decline_note": call.decline_note,
                 "system_actor": call.system_actor,
+                "deliver": delivery_configured(),
             }
             # Every CTE of the statement reads one snapshot, taken when it starts. When the
             # decision insert loses ON CONFLICT to a transaction that committed after that
@@ -593,6 +608,9 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
         effect_count = 0
     else:
         new_effect = _insert_once(EffectRecord, **_effect_fields(proposal, decision))
+        if new_effect is not None and delivery_configured():
+            # The approval's second effect, as in the PostgreSQL statement's new_delivery.
+            _insert_once(Delivery, **delivery_fields(new_effect))
         replay = new_decision is None and new_effect is None
         outcome = CommitAttempt.Outcome.REPLAY if replay else CommitAttempt.Outcome.COMMITTED
         effect_count = 1
@@ -688,6 +706,10 @@ def effect_commit(
         _record_failure(call, exc)
         raise
     crash_point("commit-after-transaction")
+    if result.status == COMMITTED and not result.replay and delivery_configured():
+        # After the durable transaction: the worker must see the row. A lost enqueue (the
+        # process stops right here) only delays the delivery: the sweep finds it.
+        delivery_enqueue(result.operation_id)
     return result
 
 
@@ -700,15 +722,24 @@ class ReconcileRow(NamedTuple):
     effects: int
     # Why a declined operation was declined (None otherwise, or when no reason was given).
     decline_reason: str | None = None
+    # The delivery to the helpdesk (docs/DELIVERY.md): its state's label (None: there is
+    # none), the helpdesk's reference once Delivered, and when it was written (the approval).
+    delivery: str | None = None
+    delivery_reference: str | None = None
+    delivery_since: Any = None
 
     def as_dict(self) -> dict:
-        return {
+        found = {
             "case": self.case_id,
             "operation_id": self.operation_id,
             "state": self.state,
             "effects": self.effects,
             "decline_reason": self.decline_reason,
         }
+        if self.delivery is not None:
+            # Only with a delivery: without a helpdesk the lines stay exactly as before.
+            found.update(delivery=self.delivery, delivery_reference=self.delivery_reference or None)
+        return found
 
 
 def _state(approved, has_effect) -> str:
@@ -726,6 +757,61 @@ _STATE_SQL = f"""
          WHEN e.id IS NULL THEN '{NO_LOCAL_EFFECT}'
          ELSE '{COMMITTED}' END
 """
+
+
+# The delivery's state as reconcile prints it: its label (Queued, Unknown, Delivered, ...).
+_DELIVERY_SQL = (
+    "CASE dl.state "
+    + " ".join(f"WHEN '{state.value}' THEN '{state.label}'" for state in DeliveryState)
+    + " ELSE dl.state END"
+)
+
+
+class DeliveryAlert(NamedTuple):
+    """What reconcile alerts on, for deliveries (each its own exit bit, docs/COMMANDS.md)."""
+
+    unknown: int  # Unknown longer than DECISIONFLOW_DELIVERY_UNKNOWN_ALERT after the approval
+    rejected: int  # Rejected: the helpdesk refused the reply for good
+    queued: int  # Queued or Sending longer than DECISIONFLOW_DELIVERY_QUEUED_ALERT
+
+
+def delivery_alert(rows: Iterable[ReconcileRow], *, now=None) -> DeliveryAlert:
+    """Count the deliveries among ``rows`` that someone should look at."""
+    now = now or timezone.now()
+    unknown_after = duration_setting("DECISIONFLOW_DELIVERY_UNKNOWN_ALERT", "15m")
+    queued_after = duration_setting("DECISIONFLOW_DELIVERY_QUEUED_ALERT", "15m")
+    unknown = rejected = queued = 0
+    for row in rows:
+        if row.delivery is None:
+            continue
+        age = now - row.delivery_since
+        if row.delivery == DeliveryState.UNKNOWN.label and age > unknown_after:
+            unknown += 1
+        elif row.delivery == DeliveryState.REJECTED.label:
+            rejected += 1
+        elif row.delivery in (DeliveryState.QUEUED.label, DeliveryState.SENDING.label) and age > queued_after:
+            queued += 1
+    return DeliveryAlert(unknown, rejected, queued)
+
+
+def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
+    """``reconcile --repair`` for deliveries: the sweep (Sending past its lease -> Unknown;
+    stale Queued ones enqueued again), then each Unknown delivery among ``operation_ids`` is
+    tried now, in this process: looked up, and resent with the same key when the lookup
+    cannot settle it. Each try is bounded by the delivery timeouts. Returns (operation,
+    outcome) for each one tried."""
+    delivery_sweep_and_enqueue()
+    wanted = list(operation_ids)
+    unknown = Delivery.objects.filter(operation_id__in=wanted, state=DeliveryState.UNKNOWN).order_by("created_at")
+    done = []
+    for operation_id in unknown.values_list("operation_id", flat=True):
+        outcome, delay = delivery_attempt(
+            operation_id=operation_id, worker=f"reconcile@{worker_name()}", due_only=False
+        )
+        if delay is not None:
+            delivery_enqueue(operation_id, delay=delay)
+        done.append((operation_id, outcome))
+    return done
 
 
 def operations_reconcile(
@@ -750,11 +836,13 @@ def operations_reconcile(
             where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
             params += values
     sql = f"""
-        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END, d.decline_reason
+        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END, d.decline_reason,
+               {_DELIVERY_SQL}, dl.reference, dl.created_at
         FROM {Proposal._meta.db_table} p
         JOIN {Case._meta.db_table} c ON c.id = p.case_id
         LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
         LEFT JOIN {EffectRecord._meta.db_table} e ON e.operation_id = p.operation_id
+        LEFT JOIN {Delivery._meta.db_table} dl ON dl.operation_id = p.operation_id
         WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
         {"AND " + " AND ".join(where) if where else ""}
         ORDER BY c.case_id, p.id
@@ -767,8 +855,16 @@ def operations_reconcile(
             with connection.cursor() as setting:
                 setting.execute("SET LOCAL cursor_tuple_fraction = 1.0")
         cursor.execute(sql, params)
+        converters = connection.ops.get_db_converters(Delivery._meta.get_field("created_at").get_col("dl"))
         while rows := cursor.fetchmany(chunk_size):
-            yield from map(ReconcileRow._make, rows)
+            for row in rows:
+                if row[5] is not None and converters:
+                    # SQLite returns the timestamp as text: the field's own converter reads it.
+                    since = row[7]
+                    for convert in converters:
+                        since = convert(since, None, connection)
+                    row = (*row[:7], since)
+                yield ReconcileRow._make(row)
 
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:
@@ -779,7 +875,9 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
     decided = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", "decline_reason").first()
     approved, reason = decided if decided is not None else (None, None)
     effects = EffectRecord.objects.filter(operation_id=operation_id).count()
-    return ReconcileRow(row[0], row[1], _state(approved, effects > 0), effects, reason)
+    found = Delivery.objects.filter(operation_id=operation_id).values_list("state", "reference", "created_at").first()
+    delivery = (DeliveryState(found[0]).label, found[1], found[2]) if found else (None, None, None)
+    return ReconcileRow(row[0], row[1], _state(approved, effects > 0), effects, reason, *delivery)
 
 
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:
@@ -798,7 +896,10 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
             continue
         with transaction.atomic():
             decision = ReviewDecision.objects.select_related("proposal", "reviewer").get(operation_id=row.operation_id)
-            if _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision)):
+            repaired_effect = _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision))
+            if repaired_effect is not None and delivery_configured():
+                _insert_once(Delivery, **delivery_fields(repaired_effect))
+            if repaired_effect is not None:
                 _attempt(
                     operation_id=row.operation_id,
                     case_id=decision.proposal.case_id,

@@ -32,7 +32,8 @@ DEFAULT_DB = "var/helpdesk.sqlite3"
 MAX_BODY_BYTES = 256 * 1024
 # A refused body up to this size is read and dropped, so the answer reaches the client.
 DRAIN_LIMIT = 8 * 1024 * 1024
-KEY_RE = re.compile(r"[0-9a-f]{64}")
+# decisionflow's operation ids (op-v1- and 64 hex digits); a bare 64-hex key is accepted too.
+KEY_RE = re.compile(r"(?:op-v1-)?[0-9a-f]{64}")
 REQUIRED_STRINGS = ("case_id", "operation_id", "body", "evidence_id", "policy_id")
 FIELDS = frozenset({*REQUIRED_STRINGS, "source_versions"})
 
@@ -70,7 +71,7 @@ def payload_validate(raw: bytes) -> dict[str, Any]:
         if not isinstance(data[name], str) or not data[name].strip():
             raise Refusal(400, "invalid_request", f"{name} must be a non-empty string")
     if not KEY_RE.fullmatch(data["operation_id"]):
-        raise Refusal(400, "invalid_request", "operation_id must be 64 lower-case hex digits")
+        raise Refusal(400, "invalid_request", "operation_id must be op-v1- and 64 lower-case hex digits")
     versions = data["source_versions"]
     if not isinstance(versions, dict) or not all(
         isinstance(value, int) and not isinstance(value, bool) for value in versions.values()
@@ -313,7 +314,7 @@ class Handler(BaseHTTPRequestHandler):
         if not key:
             raise Refusal(400, "invalid_request", "the Idempotency-Key header is required")
         if self._key is None:
-            raise Refusal(400, "invalid_request", "Idempotency-Key must be 64 lower-case hex digits")
+            raise Refusal(400, "invalid_request", "Idempotency-Key must be op-v1- and 64 lower-case hex digits")
         payload = payload_validate(raw)
         if payload["operation_id"] != key:
             raise Refusal(422, "idempotency_key_mismatch", "Idempotency-Key must equal the body's operation_id")

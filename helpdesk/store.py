@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS replies (
     created_ts REAL NOT NULL,
     CONSTRAINT replies_idempotency_key_unique UNIQUE (idempotency_key),
     CONSTRAINT replies_key_is_sha256_hex CHECK (
-        length(idempotency_key) = 64 AND idempotency_key NOT GLOB '*[^0-9a-f]*'
+        (length(idempotency_key) = 64 AND idempotency_key NOT GLOB '*[^0-9a-f]*')
+        OR (length(idempotency_key) = 70 AND idempotency_key GLOB 'op-v1-*'
+            AND substr(idempotency_key, 7) NOT GLOB '*[^0-9a-f]*')
     )
 );
 """

@@ -4,7 +4,8 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 
 1. tests/reliability on SQLite, 10 iterations per crash point;
 2. tests/reliability on PostgreSQL, 20 iterations per crash point (skipped, and reported as
-   skipped, when no server answers at TEST_POSTGRES_URL);
+   skipped, when no server answers at TEST_POSTGRES_URL); the delivery battery
+   (tests/reliability/test_delivery.py) runs in both, with the reference helpdesk;
 3. reliability/load.py: two gunicorn hosts on one PostgreSQL database (decisionflow_load,
    created and migrated), 8 client threads for 60 s;
 4. this file writes docs/RELIABILITY.md from the figures the tests recorded
@@ -428,6 +429,54 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         for f in rows:
             lines += [f"**{f['entry']}**: " + "; ".join(f.get("names", [])), ""]
         lines += ["</details>"]
+
+    # delivery to the helpdesk (issue 15)
+    lines += [
+        "",
+        "## Delivery to the helpdesk",
+        "",
+        "The sending side against the reference helpdesk (helpdesk/, its own process): the task worker "
+        "(`manage.py db_worker`) SIGKILLed at each delivery crash point (before the send; after the helpdesk "
+        "answered, before the answer was read; after the answer, before the local state was written), then "
+        "another worker past the lease; the helpdesk process stopped for 30 s while approvals are made and a "
+        "worker keeps trying; every answer dropped after the helpdesk committed with a lookup that lags "
+        "(settled only by a resend with the same key); two worker processes draining 1,000 queued "
+        "deliveries. Each run requires 0 duplicate replies on the helpdesk, 0 approvals without a delivery, "
+        "every delivery Delivered with the reference the helpdesk's own lookup gives, and `reconcile --json` "
+        "saying the same (exit 0). Test: `tests/reliability/test_delivery.py`.",
+        "",
+    ]
+    for db in dbs:
+        rows = [f for f in figures(db) if f["family"] == "delivery"]
+        if not rows:
+            continue
+        lines += [f"### {db}", ""]
+        lines += md_table(
+            [
+                "scenario",
+                "deliveries",
+                "worker kills",
+                "duplicate replies",
+                "approvals without delivery",
+                "delivered, helpdesk agrees",
+                "reconcile agrees",
+                "seconds",
+            ],
+            [
+                [
+                    f["scenario"] + (f" ({f['per_second']}/s, {f['workers']} workers)" if "per_second" in f else ""),
+                    f["iterations"],
+                    f["crashes"],
+                    f"**{f['duplicate_replies']}**",
+                    f"**{f['approvals_without_delivery']}**",
+                    f["helpdesk_agrees"],
+                    f["reconcile_agrees"],
+                    f["seconds"],
+                ]
+                for f in rows
+            ],
+        )
+        lines += [""]
 
     # security
     lines += ["", "## Security", "", "Test: `tests/reliability/test_security.py`.", ""]

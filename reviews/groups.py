@@ -14,6 +14,8 @@ _VIEW = [
     ("reviews", "workflowcheckpoint"),
     ("effects", "effectrecord"),
     ("effects", "commitattempt"),
+    ("effects", "delivery"),
+    ("effects", "deliverytry"),
 ]
 
 

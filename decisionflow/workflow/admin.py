@@ -42,6 +42,7 @@ from decisionflow.core.errors import (
     StaleProposal,
 )
 from effects.models import EffectRecord
+from effects.selectors import case_delivery_panels, delivery_panel
 from effects.services import REVIEW_PERMISSION, operation_reconcile
 from reviews.admin import PROPOSAL_BIG_FIELDS
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
@@ -383,6 +384,14 @@ class ProposalAdmin(ViewOnlyAdmin):
             decision=decision,
             decided_at=when(decision.decided_at) if decision else None,
             effect=effect,
+            # Where the approved reply stands on the helpdesk (none: no panel at all).
+            delivery_panels=[
+                panel
+                for panel in [
+                    delivery_panel(operation_id=proposal.operation_id, approved=decision.approved if decision else None)
+                ]
+                if panel is not None
+            ],
             pending=pending,
             passages=[with_link(p) for p in proposal.passages],
             findings=[with_link(f) for f in proposal.findings],
@@ -743,6 +752,12 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
             "status_label": selectors.STATUS_LABELS[status],
             "can_review": can_review(request.user),
             "picture": workflow_picture.picture_for(case, workflow_picture.path_from_history(history)),
+            "delivery_panels": case_delivery_panels(
+                case_pk=case.pk,
+                decisions={
+                    ev.obj.operation_id: ev.obj.approved for ev in history.events if isinstance(ev.obj, ReviewDecision)
+                },
+            ),
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/cases/case/history.html", context)
@@ -884,5 +899,6 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
 
 
 # Registered on import, as this module is: the policy publish page (it replaces the view-only
-# policy admin, and sits above the data) and the review queue with its claim endpoints.
-from . import policy_admin, queue_admin  # noqa: E402, F401
+# policy admin, and sits above the data), the review queue with its claim endpoints, and the
+# deliveries list (it pages with listing.py, this layer's).
+from . import delivery_admin, policy_admin, queue_admin  # noqa: E402, F401

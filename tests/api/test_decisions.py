@@ -150,6 +150,7 @@ def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer,
         "effect_count": 0,
         "current": False,
         "decision": None,
+        "delivery": None,
     }
     # The current operation is decided normally.
     assert api.post(DECISION, {"operation_id": new_op, "approved": True}).json()["status"] == "Committed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -162,4 +163,19 @@ def test_the_demo_tells_the_whole_story():
     assert 'decline (another case): result={"Status":"Declined","Replay":false,"EffectCount":0}' in out
     assert 'approve (that case): result={"Status":"ConflictingDecision","Replay":false,"EffectCount":0}' in out
     assert 'naive key (control): result={"Status":"Committed","Replay":false,"EffectCount":2}' in out
+    # The remote chapter: the helpdesk stores the reply and drops the answer; the delivery is
+    # Unknown; reconcile finds it by its key: Delivered, one reply. The naive key makes two.
+    remote = out[out.index("remote: ") :]
+    assert re.search(r"^helpdesk: http://127\.0\.0\.1:\d+ ", remote, re.M), remote
+    assert re.search(r"^delivery: case=T-1150 op=\S+ state=Unknown tries=1 last=send:unknown \(", remote, re.M)
+    assert re.search(
+        r"^delivery: case=T-1150 op=\S+ state=Delivered tries=2 reference=HD-\d+ last=lookup:delivered", remote, re.M
+    )
+    assert re.search(r"^reconcile: case=T-1150 op=\S+ state=Committed effects=1 delivery=Unknown ", remote, re.M)
+    assert re.search(
+        r"^repaired: case=T-1150 op=\S+ state=Committed effects=1 delivery=Delivered reference=HD-\d+ ", remote, re.M
+    )
+    assert remote.count("helpdesk: case=T-1150 replies=1 ") == 3 and "case=T-1150 replies=2" not in remote
+    assert re.search(r"^delivery: case=T-1151 op=\S+ state=Delivered tries=2 .*last=send:delivered", remote, re.M)
+    assert "helpdesk: case=T-1151 replies=2 " in remote
     assert "UNEXPECTED" not in out and out.rstrip().endswith("demo: every step behaved as expected")

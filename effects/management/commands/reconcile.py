@@ -3,13 +3,33 @@ from collections import Counter
 from itertools import islice
 from json.encoder import encode_basestring
 
+from django.utils import timezone
+
 from cases.models import Case
 from decisionflow.core.commandline import Exit, WorkflowCommand
 from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
 from decisionflow.core.observability import reconcile_observed
 from decisionflow.core.progress import CommandProgress, bar_wanted
 from decisionflow.core.text import shown
-from effects.services import NO_LOCAL_EFFECT, effects_repair, operation_reconcile, operations_reconcile
+from effects.models import DeliveryState
+from effects.services import (
+    NO_LOCAL_EFFECT,
+    DeliveryAlert,
+    deliveries_repair,
+    delivery_alert,
+    effects_repair,
+    operation_reconcile,
+    operations_reconcile,
+)
+
+# Exit bits (docs/COMMANDS.md): each finding its own, so that cron can tell them apart; 1 is
+# the code NoLocalEffectRecorded always had (it is also the usage error's).
+EXIT_NO_LOCAL_EFFECT = 1
+EXIT_DELIVERY_UNKNOWN = 16
+EXIT_DELIVERY_REJECTED = 32
+EXIT_DELIVERY_QUEUED = 64
+# What --repair settles in this process: Unknown, and Sending (the sweep may find its lease over).
+UNSETTLED = (DeliveryState.UNKNOWN.label, DeliveryState.SENDING.label)
 
 
 class Command(WorkflowCommand):
@@ -24,7 +44,10 @@ class Command(WorkflowCommand):
         "is NoLocalEffectRecorded (approved, but no effect); --repair writes those effects (idempotent) and "
         "prints each repaired operation again with its new state. Only one reconcile runs at a time: a "
         "second run exits 1 at once with a message instead of waiting. Exit codes: 0 ok; 1 usage error, "
-        "lock held, unknown case, or NoLocalEffectRecorded found without --repair. "
+        "lock held, unknown case, or NoLocalEffectRecorded found without --repair; with a helpdesk configured, "
+        "these bits are added: 16 a delivery Unknown past DECISIONFLOW_DELIVERY_UNKNOWN_ALERT, 32 a delivery "
+        "Rejected, 64 a delivery Queued or Sending past DECISIONFLOW_DELIVERY_QUEUED_ALERT. --repair also "
+        "looks up each Unknown delivery and resends it with the same key (docs/COMMANDS.md). "
         "With --all on a terminal it shows a progress bar (cases done, rate, time left); otherwise "
         "(cron, a pipe, --json) it ends the listing with one summary line: "
         "`reconcile: summary: <n> operation(s) of <m> case(s) in <s> s (<rate>): <state> <count>, ...` "
@@ -38,7 +61,10 @@ class Command(WorkflowCommand):
             "--json", dest="as_json", action="store_true", help="One JSON object per line instead of text."
         )
         parser.add_argument(
-            "--repair", action="store_true", help="Write the missing effect of NoLocalEffectRecorded operations."
+            "--repair",
+            action="store_true",
+            help="Write the missing effect of NoLocalEffectRecorded operations; look up (and resend with the same "
+            "key) each Unknown delivery; run the delivery sweep.",
         )
 
     def handle(self, *args, case_ids, all_cases, as_json, repair, **options):
@@ -53,6 +79,10 @@ class Command(WorkflowCommand):
         # Runs by result and operations by state, for /metrics (docs/DEPLOY.md).
         with reconcile_observed(scope="cases" if case_ids else "all", exit_error=Exit) as run, reconcile_lock():
             unrepaired = []
+            now = timezone.now()
+            alerts = DeliveryAlert(0, 0, 0)
+            to_settle: list[str] = []
+            deliveries: Counter[str] = Counter()
             rows = operations_reconcile(case_ids=case_ids or None)
             bar = bool(all_cases) and bar_wanted(self.stdout, as_json=as_json)
             # The bar's total: cases with a current proposal (each has at least one operation).
@@ -65,6 +95,14 @@ class Command(WorkflowCommand):
                 while chunk := list(islice(rows, 2000)):
                     progress.write("\n".join(map(self.line, chunk)))
                     unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
+                    delivered = [row for row in chunk if row.delivery is not None]
+                    if delivered:
+                        deliveries.update(str(row.delivery) for row in delivered)
+                        if repair:
+                            # Counted after the repair, from their new state.
+                            to_settle += [row.operation_id for row in delivered if row.delivery in UNSETTLED]
+                            delivered = [row for row in delivered if row.delivery not in UNSETTLED]
+                        alerts = _add(alerts, delivery_alert(delivered, now=now))
                     run.states.update(row.state for row in chunk)
                     states.update(row.state for row in chunk)
                     # Rows come ordered by case: count each case once.
@@ -72,32 +110,49 @@ class Command(WorkflowCommand):
                     last_case = chunk[-1].case_id
                     progress.advance(new_cases)
             if all_cases:
-                self.summary(progress, states)
+                self.summary(progress, states, deliveries)
             run.listed = True
-            if not unrepaired:
-                return
-            if not repair:
-                self.fail(
-                    1,
+            code, messages = 0, []
+            if unrepaired and not repair:
+                code |= EXIT_NO_LOCAL_EFFECT
+                messages.append(
                     f"reconcile: {len(unrepaired)} operation(s) approved with no local effect recorded "
-                    "(NoLocalEffectRecorded); run with --repair to write them",
+                    "(NoLocalEffectRecorded); run with --repair to write them"
                 )
-            for row in unrepaired:
+            for row in unrepaired if repair else []:
                 # The repair writes; take the same per-case lock as begin/resume/edit.
                 # A bulk repair keeps its own, longer wait: it is not a person waiting on a page.
                 with case_lock(row.case_id, timeout=DEFAULT_TIMEOUT):
                     effects_repair(rows=[row], dry_run=False)
                 run.repaired += 1
                 self.report(operation_reconcile(row.operation_id), repaired=True)
+            if repair and deliveries:
+                # The sweep, then each Unknown delivery tried here and now (lookup, then a
+                # resend with the same key). No case lock: a delivery's claim is its own.
+                tried = dict(deliveries_repair(operation_ids=to_settle))
+                fresh = [found for op in to_settle if (found := operation_reconcile(op)) is not None]
+                for settled in fresh:
+                    if settled.operation_id in tried:
+                        run.repaired += 1
+                        self.report(settled, repaired=True)
+                alerts = _add(alerts, delivery_alert(fresh, now=now))
+            code, messages = _delivery_findings(alerts, code, messages, repair)
+            if code:
+                self.fail(code, *messages)
 
-    def summary(self, progress: CommandProgress, states: Counter[str]) -> None:
+    def summary(self, progress: CommandProgress, states: Counter[str], deliveries: Counter[str]) -> None:
         """One line after the listing of --all (cron's log, a pipe): how much, how fast."""
         operations, seconds = sum(states.values()), round(progress.elapsed, 3)
         if self.as_json:
             fields = {"operations": operations, "cases": progress.done, "seconds": seconds}
-            line = json.dumps({"summary": "reconcile", **fields, "states": dict(sorted(states.items()))})
+            summary = {"summary": "reconcile", **fields, "states": dict(sorted(states.items()))}
+            if deliveries:
+                summary["deliveries"] = dict(sorted(deliveries.items()))
+            line = json.dumps(summary)
         else:
             counts = ", ".join(f"{state} {n}" for state, n in sorted(states.items())) or "nothing to report"
+            if deliveries:
+                counts += "; deliveries: " + ", ".join(f"{state} {n}" for state, n in sorted(deliveries.items()))
             line = (
                 f"reconcile: summary: {operations} operation(s) of {progress.done} case(s) in {seconds:.2f} s "
                 f"({progress.rate()}): {counts}"
@@ -111,12 +166,54 @@ class Command(WorkflowCommand):
             return (
                 f'{{"case":{encode_basestring(row.case_id)},"operation_id":{encode_basestring(row.operation_id)},'
                 f'"state":"{row.state}","effects":{row.effects},"decline_reason":'
-                f"{'null' if row.decline_reason is None else encode_basestring(row.decline_reason)}}}"
+                f"{'null' if row.decline_reason is None else encode_basestring(row.decline_reason)}"
+                f"{_json_delivery(row)}}}"
             )
         verb = "repaired" if repaired else "reconcile"
         # Values are quoted when they are not plain tokens: a case id stored before ids had a
         # pattern (or any value) cannot end this line and forge another one.
-        return f"{verb}: case={shown(row.case_id)} op={shown(row.operation_id)} state={row.state} effects={row.effects}"
+        line = f"{verb}: case={shown(row.case_id)} op={shown(row.operation_id)} state={row.state} effects={row.effects}"
+        if row.delivery is not None:
+            line += f" delivery={row.delivery}"
+            if row.delivery_reference:
+                line += f" reference={shown(row.delivery_reference)}"
+        return line
 
     def report(self, row, repaired=False):
         self.stdout.write(self.line(row, repaired))
+
+
+def _json_delivery(row) -> str:
+    # Only an operation with a delivery has these keys: without a helpdesk, lines are as before.
+    if row.delivery is None:
+        return ""
+    reference = encode_basestring(row.delivery_reference) if row.delivery_reference else "null"
+    return f',"delivery":"{row.delivery}","delivery_reference":{reference}'
+
+
+def _add(a: DeliveryAlert, b: DeliveryAlert) -> DeliveryAlert:
+    return DeliveryAlert(*(x + y for x, y in zip(a, b, strict=True)))
+
+
+def _delivery_findings(alerts: DeliveryAlert, code: int, messages: list[str], repair: bool) -> tuple[int, list[str]]:
+    """The exit bits and stderr lines for the deliveries someone should look at."""
+    if alerts.unknown:
+        code |= EXIT_DELIVERY_UNKNOWN
+        messages.append(
+            f"reconcile: {alerts.unknown} delivery(ies) Unknown past DECISIONFLOW_DELIVERY_UNKNOWN_ALERT: the helpdesk "
+            "may or may not hold the reply; "
+            + ("the lookup and the resend could not settle them (see their tries)" if repair else "run with --repair")
+        )
+    if alerts.rejected:
+        code |= EXIT_DELIVERY_REJECTED
+        messages.append(
+            f"reconcile: {alerts.rejected} delivery(ies) Rejected by the helpdesk: the customer did not get the reply "
+            "(the reason is on each delivery)"
+        )
+    if alerts.queued:
+        code |= EXIT_DELIVERY_QUEUED
+        messages.append(
+            f"reconcile: {alerts.queued} delivery(ies) still Queued or Sending past DECISIONFLOW_DELIVERY_QUEUED_ALERT: "
+            "is a worker running (manage.py db_worker), and does the helpdesk answer?"
+        )
+    return code, messages

@@ -1,0 +1,50 @@
+"""The delivery task for Django's task framework (django-tasks; docs/DELIVERY.md).
+
+``deliver`` is enqueued once the commit that wrote the delivery is durable, again after a
+failed try (deferred by the backoff, where the backend can defer), and by the sweep for a
+delivery whose enqueue was lost or whose worker died. Enqueueing twice is harmless: the
+claim lets one worker through.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.utils import timezone
+from django_tasks import task, task_backends
+
+from . import delivery
+
+log = logging.getLogger(__name__)
+
+
+@task()
+def deliver(operation_id: str) -> str:
+    """One try of one delivery; returns what it did (the task result keeps it)."""
+    done, delay = delivery.delivery_attempt(operation_id=operation_id)
+    if delay is not None:
+        delivery_enqueue(operation_id, delay=delay)
+    return done
+
+
+def delivery_enqueue(operation_id: str, *, delay: timedelta | None = None) -> None:
+    """Enqueue one try. Never raises: a lost enqueue only delays the delivery (the sweep
+    finds it), and the commit that called it has already succeeded."""
+    try:
+        if delay is None:
+            deliver.enqueue(operation_id)
+        elif task_backends[deliver.backend].supports_defer:
+            deliver.using(run_after=timezone.now() + delay).enqueue(operation_id)
+        # A backend that cannot defer (the immediate one): the sweep enqueues it when due.
+    except Exception:
+        log.exception("could not enqueue the delivery of %s; the sweep will", operation_id)
+
+
+def delivery_sweep_and_enqueue() -> dict[str, int]:
+    """The sweep (delivery.delivery_sweep), and an enqueue for each delivery it hands back.
+    Run by every task worker (``manage.py db_worker``) and by ``reconcile --repair``."""
+    unknown, due = delivery.delivery_sweep()
+    for operation_id in due:
+        delivery_enqueue(operation_id)
+    return {"unknown": unknown, "enqueued": len(due)}
