@@ -73,14 +73,15 @@ def worker(helpdesk, *args, crash_at=None, **extra) -> subprocess.CompletedProce
     )
 
 
-def start_worker(helpdesk, **extra) -> subprocess.Popen:
+def start_worker(helpdesk, log, *args, **extra) -> subprocess.Popen:
+    """A worker process in the background; its output goes to ``log`` (a pipe nobody reads
+    would fill up and stop it)."""
     return subprocess.Popen(
-        [sys.executable, "manage.py", "db_worker", "--no-startup-delay", "--no-reload", "--interval", "0.1"],
+        [sys.executable, "manage.py", "db_worker", "--no-startup-delay", "--no-reload", "-v0", *args],
         cwd=ROOT,
         env=child_env(**worker_env(helpdesk, **extra)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -160,12 +161,16 @@ def test_a_worker_killed_at_each_delivery_crash_point_leaves_one_reply(helpdesk,
     )
 
 
-def test_the_helpdesk_down_for_a_while_delays_and_never_duplicates(helpdesk, reviewer):
+def test_the_helpdesk_down_for_a_while_delays_and_never_duplicates(helpdesk, reviewer, tmp_path):
     # 30 s in make reliability; a couple of seconds in make test.
     outage = 30.0 if iterations() > 1 else 2.0
     started = time.monotonic()
+    log = (tmp_path / "worker.log").open("wb")
     running = start_worker(
         helpdesk,
+        log,
+        "--interval",
+        "0.1",
         DECISIONFLOW_DELIVERY_BACKOFF="1",
         DECISIONFLOW_DELIVERY_BACKOFF_MAX="3",
         DECISIONFLOW_DELIVERY_SWEEP_INTERVAL="1",
@@ -187,6 +192,7 @@ def test_the_helpdesk_down_for_a_while_delays_and_never_duplicates(helpdesk, rev
     finally:
         running.send_signal(signal.SIGTERM)
         running.wait(30)
+        log.close()
     figures = check(helpdesk, approved)
     record(
         "delivery",
@@ -221,24 +227,25 @@ def test_a_lagging_lookup_is_settled_by_a_resend_with_the_same_key(helpdesk, rev
 
 
 @pytest.mark.postgres
-def test_two_workers_drain_the_queue_with_no_duplicates(helpdesk, reviewer, settings):
+def test_two_workers_drain_the_queue_with_no_duplicates(helpdesk, reviewer, settings, tmp_path):
     n = 1000 if iterations() > 1 else 20
     settings.DECISIONFLOW_DELIVERY_URL = helpdesk.url
     approved = [approve(reviewer, f"q{i}") for i in range(n)]
     started = time.monotonic()
+    logs = [(tmp_path / f"host-{h}.log").open("wb") for h in "ab"]
     hosts = [
-        subprocess.Popen(
-            [sys.executable, "manage.py", "db_worker", "--batch", "--no-startup-delay", "--worker-id", f"host-{h}"],
-            cwd=ROOT,
-            env=child_env(**worker_env(helpdesk)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for h in "ab"
+        start_worker(helpdesk, log, "--batch", "--worker-id", f"host-{h}") for h, log in zip("ab", logs, strict=True)
     ]
-    for host in hosts:
-        assert host.wait(600) == 0, host.stderr.read() if host.stderr else ""
+    try:
+        codes = [host.wait(900) for host in hosts]
+    finally:
+        for host in hosts:
+            if host.poll() is None:
+                host.kill()
+                host.wait()
+        for log in logs:
+            log.close()
+    assert codes == [0, 0], [(tmp_path / f"host-{h}.log").read_text()[-2000:] for h in "ab"]
     seconds = time.monotonic() - started
     stats = helpdesk.stats()
     # One POST per delivery: no delivery was sent twice, by one worker or by both.
