@@ -139,7 +139,7 @@ def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client,
     from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
     from reviews.models import WorkflowCheckpoint
 
-    def disk_full(self, checkpoint):
+    def disk_full(self, checkpoint, payload=None):
         raise DatabaseError("could not extend file: No space left on device")
 
     monkeypatch.setattr(DatabaseCheckpointStorage, "write", disk_full)

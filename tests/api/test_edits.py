@@ -63,7 +63,7 @@ def _checkpoint_insert_fails(monkeypatch):
 
     from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
 
-    def disk_full(self, checkpoint):
+    def disk_full(self, checkpoint, payload=None):
         raise DatabaseError("could not extend file: No space left on device")
 
     monkeypatch.setattr(DatabaseCheckpointStorage, "write", disk_full)
