@@ -679,8 +679,13 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
     case = proposal.case
     call.case_pk = case.pk
     if case.current_proposal_id != proposal.pk:
-        # A statement of its own (SQLite's one write lock keeps it consistent with the read above).
-        current = Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+        # A statement of its own (SQLite's one write lock keeps it consistent with the read
+        # above); no current proposal at all: nothing to look up.
+        current = (
+            Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            if case.current_proposal_id is not None
+            else None
+        )
         raise _stale(operation_id, case.case_id, current)
     crash_point("commit-before-decision")
     new_decision = _insert_once(
