@@ -517,15 +517,7 @@ def render(info: dict, results: list[dict]) -> str:
         lines += [text, ""]
 
     lines += ["## Findings and what remains", ""]
-    for key in ORDER:
-        r = by_key.get(key)
-        if key in FINDINGS and r and r.get("ratios"):
-            s = summary(r["ratios"])
-            ratios = {k: f"{summary(v['ratios'])['median']:.2f}×" for k, v in by_key.items() if v.get("ratios")}
-            text = FINDINGS[key]
-            for name in ("orm_postgresql", "reconcile_service"):
-                text = text.replace("{" + name + "}", ratios.get(name, "(not measured)"))
-            lines.append(f"- **{r['title']}** ({_met(r, s['median']).strip('*')}, {s['median']:.2f}×). {text}")
+    lines += findings(by_key)
     lines += [
         "",
         "## How to read and re-run",
@@ -554,6 +546,21 @@ def render(info: dict, results: list[dict]) -> str:
 
 
 # --- 9. the admin's pages at two sizes ---------------------------------------------------
+
+
+def findings(by_key: dict) -> list[str]:
+    """One bullet per measured result that has a finding, in the report's order."""
+    lines = []
+    ratios = {k: f"{summary(v['ratios'])['median']:.2f}×" for k, v in by_key.items() if v.get("ratios")}
+    for key in ORDER:
+        r = by_key.get(key)
+        if key in FINDINGS and r and r.get("ratios"):
+            s = summary(r["ratios"])
+            text = FINDINGS[key]
+            for name in ("orm_postgresql", "reconcile_service"):
+                text = text.replace("{" + name + "}", ratios.get(name, "(not measured)"))
+            lines.append(f"- **{r['title']}** ({_met(r, s['median']).strip('*')}, {s['median']:.2f}×). {text}")
+    return lines
 
 
 def section_markers(name: str) -> tuple[str, str]:
@@ -650,9 +657,20 @@ def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
     retention = _retention_text(results)
     if retention:
         out["retention"] = retention
-    # A measure's row of the summary table (e.g. "14." for cron_start), replaced where it stands.
+    # A measure's row of the summary table (e.g. "14." for cron_start, "2 (context)." for the
+    # ORM floor), replaced where it stands.
     for r in results:
-        number = re.match(r"(\d+)\.", r.get("title", ""))
+        number = re.match(r"(\d+(?: \(context\))?)\.", r.get("title", ""))
         if r.get("kind") in ("speed", "cost") and r.get("ratios") and number:
             out[f"row:{number.group(1)}"] = _summary_row(r)
+    # The goal rows and the findings of the measures this run made (by their leading text).
+    measured = {k for k, r in by_key.items() if r.get("ratios")}
+    for line in goals_table(by_key)[4:]:
+        label = line.split(" | ", 1)[0]
+        if line.startswith("| ") and "not measured" not in line and "measured" not in label:
+            out[f"line:{label} | "] = line
+    for line in findings(by_key):
+        title = line.split("** (", 1)[0]
+        if any(by_key[k].get("title") and title == f"- **{by_key[k]['title']}" for k in measured):
+            out[f"line:{title}** ("] = line
     return out
