@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
@@ -364,6 +366,8 @@ def _commit_sql() -> str:
     decided). Its last column turns ``synchronous_commit`` off for this transaction only when
     the outcome wrote nothing but its audit row (a replay or a conflict that completed no
     pending review): see docs/PERFORMANCE.md. A fresh decision or effect is always flushed.
+    A new CTE that can write on a replay or a conflict must join that condition; a new
+    parameter goes into _PARAMETER_TYPES.
     """
     user = get_user_model()
     username = next(f.column for f in user._meta.concrete_fields if f.name == user.USERNAME_FIELD)
@@ -484,6 +488,9 @@ class _Prepared:
         # Named after its text: a changed statement is a new statement.
         self.name = f"decisionflow_{hashlib.sha256(sql.encode()).hexdigest()[:16]}"
         self.parameters = [name for name in _PARAMETER_TYPES if f"%({name})s" in sql]
+        unknown = set(re.findall(r"%\((\w+)\)s", sql)) - set(self.parameters)
+        if unknown:
+            raise ImproperlyConfigured(f"commit statement parameters without a type in _PARAMETER_TYPES: {unknown}")
 
     def prepare_sql(self) -> str:
         sql = self.sql
