@@ -387,6 +387,9 @@ def _commit_sql() -> str:
         SELECT %(operation_id)s, cur.id, %(approved)s, %(reviewer)s, %(now)s,
                %(decline_reason)s, %(decline_note)s, %(system_actor)s
         FROM current cur
+        -- A replay skips the insert's conflict machinery when its snapshot already holds the
+        -- decision; ON CONFLICT stays the atomic step for any decision the snapshot lacks.
+        WHERE NOT EXISTS (SELECT FROM {ReviewDecision._meta.db_table} WHERE operation_id = %(operation_id)s)
         ON CONFLICT (operation_id) DO NOTHING
         RETURNING id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
     ), standing AS (
@@ -409,6 +412,8 @@ def _commit_sql() -> str:
                p.policy_id, p.policy_snapshot, s.reviewer_id, %(now)s
         FROM standing s CROSS JOIN current p
         WHERE s.approved AND %(approved)s
+          -- Likewise: a replay neither builds the row nor tries it when the effect is there.
+          AND (s.is_new OR NOT EXISTS (SELECT FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s))
         ON CONFLICT (operation_id) DO NOTHING
         RETURNING id
     ), outcome AS (
