@@ -550,6 +550,10 @@ def _write_sections(path: Path, sections: dict[str, str]) -> None:
     markers, or else the old section with the same heading number) and keep all the rest."""
     generated, sep, hand = path.read_text().partition(HAND_WRITTEN)
     for name, text in sections.items():
+        if name.startswith("line:"):  # a goal row or a finding, by its leading text
+            line = re.compile(rf"^{re.escape(name[5:])}.*$", re.M)
+            generated = line.sub(lambda _m, text=text: text, generated, count=1)
+            continue
         if name.startswith("row:"):  # a row of the summary table, by its number
             row = re.compile(rf"^\| {re.escape(name[4:])}\. .*$", re.M)
             if row.search(generated):

@@ -4,21 +4,27 @@ The unique constraints on ``operation_id`` are the atomic step of commit: every 
 attempted, and a conflict is read back as a replay or a conflict. Nothing checks first and
 writes later.
 
-On PostgreSQL a commit is four round trips, as many as two bare inserts: BEGIN; ``SET LOCAL
-lock_timeout`` with the statement that locks the case row and reads the proposal; one
-data-modifying statement (decision, effect, attempt row, pending review); COMMIT. SQLite runs the same steps through
+On PostgreSQL a commit is two round trips, half as many as two bare inserts: one query
+string with BEGIN, ``SET LOCAL lock_timeout``, the statement that locks the case row and
+the one data-modifying statement (proposal lookup, decision, effect, attempt row, pending
+review), both prepared once per session; then COMMIT. SQLite runs the same steps through
 the ORM in one IMMEDIATE transaction.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, NamedTuple
 
+import psycopg
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
@@ -300,14 +306,7 @@ def _result(outcome: str, *, approved: bool, effect_count: int, operation_id: st
     return CommitResult(status, outcome == CommitAttempt.Outcome.REPLAY, effect_count, operation_id, decision)
 
 
-def _stale(operation_id: str, case_label: str, current_proposal_id: int | None) -> StaleProposal:
-    # A statement of its own, after the lock: a proposal made by the edit we waited for is
-    # not in the locking statement's snapshot. (No current proposal at all: nothing to look up.)
-    current = (
-        Proposal.objects.filter(pk=current_proposal_id).values_list("operation_id", flat=True).first()
-        if current_proposal_id is not None
-        else None
-    )
+def _stale(operation_id: str, case_label: str, current: str | None) -> StaleProposal:
     return StaleProposal(
         f"stale: {identity.short(operation_id)} is not the current proposal of case "
         f"{case_label}; the current one is {identity.short(current or '')}",
@@ -337,36 +336,62 @@ def _is_lock_timeout(exc: BaseException) -> bool:
 # FOR NO KEY UPDATE, not FOR UPDATE: every attempt row's foreign key takes FOR KEY SHARE on
 # the case row, which FOR UPDATE would block (a refusal's audit row waiting behind a commit)
 # and FOR NO KEY UPDATE does not. Commits and edits (which update the row) still exclude
-# each other.
+# each other. It returns the case row's id only to say that the lock was granted; what the
+# commit needs of the case and the proposal, the commit statement reads after it.
 _LOCK_SQL = f"""
-    SELECT c.id, c.case_id, c.current_proposal_id, p.id
+    SELECT c.id
     FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
-    WHERE p.operation_id = %s
+    WHERE p.operation_id = %(operation_id)s
     FOR NO KEY UPDATE OF c
 """
+
+# Outcomes that write nothing but their attempt row (see _commit_sql's last column).
+_NOTHING_NEW = (CommitAttempt.Outcome.REPLAY.value, CommitAttempt.Outcome.CONFLICT.value)
 
 
 @cache
 def _commit_sql() -> str:
     """The decision, its effect, the attempt row and the pending review, in one statement.
 
-    new_decision is the atomic step; standing is the decision that holds (just inserted, or
-    the one already there); new_effect is written only for an approval whose standing
-    decision is an approval; the attempt's outcome is computed from both; and the pending
-    review is completed for every outcome that reaches this statement.
+    It runs right after the case row lock, in the same round trip, so the checks the lock
+    protects are made here, in SQL: target is the proposal named by the operation, with its
+    case; current is target only while it is still the case's current proposal (empty when
+    the operation is unknown or stale, and then nothing below writes). new_decision is the
+    atomic step; standing is the decision that holds (just inserted, or the one already
+    there); new_effect is written only for an approval whose standing decision is an
+    approval; the attempt's outcome is computed from both; and the pending review is
+    completed for every outcome that reaches a decision. One write-once CTE per row; a new
+    row of the commit joins as one more CTE.
+
+    The statement always returns one row: the target (NULLs when unknown), the current
+    proposal's operation for a stale answer, then the outcome (NULL when nothing was
+    decided). Its last column turns ``synchronous_commit`` off for this transaction only when
+    the outcome wrote nothing but its audit row (a replay or a conflict that completed no
+    pending review): see docs/PERFORMANCE.md. A fresh decision or effect is always flushed.
+    A new CTE that can write on a replay or a conflict must join that condition; a new
+    parameter goes into _PARAMETER_TYPES.
     """
     user = get_user_model()
     username = next(f.column for f in user._meta.concrete_fields if f.name == user.USERNAME_FIELD)
     outcome = CommitAttempt.Outcome
-    return f"""
-    WITH new_decision AS (
+    return _compact(f"""
+    WITH target AS (
+        SELECT p.id, p.case_id, p.action, p.body, p.evidence_id, p.passages, p.policy_id, p.policy_snapshot,
+               c.case_id AS case_label, c.current_proposal_id
+        FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
+        WHERE p.operation_id = %(operation_id)s
+    ), current AS (
+        SELECT * FROM target WHERE current_proposal_id = id
+    ), new_decision AS (
         INSERT INTO {ReviewDecision._meta.db_table} (
             operation_id, proposal_id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
         )
-        VALUES (
-            %(operation_id)s, %(proposal)s, %(approved)s, %(reviewer)s, %(now)s,
-            %(decline_reason)s, %(decline_note)s, %(system_actor)s
-        )
+        SELECT %(operation_id)s, cur.id, %(approved)s, %(reviewer)s, %(now)s,
+               %(decline_reason)s, %(decline_note)s, %(system_actor)s
+        FROM current cur
+        -- A replay skips the insert's conflict machinery when its snapshot already holds the
+        -- decision; ON CONFLICT stays the atomic step for any decision the snapshot lacks.
+        WHERE NOT EXISTS (SELECT FROM {ReviewDecision._meta.db_table} WHERE operation_id = %(operation_id)s)
         ON CONFLICT (operation_id) DO NOTHING
         RETURNING id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
     ), standing AS (
@@ -375,20 +400,22 @@ def _commit_sql() -> str:
         UNION ALL
         SELECT id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor, FALSE
         FROM {ReviewDecision._meta.db_table}
-        WHERE operation_id = %(operation_id)s AND NOT EXISTS (SELECT FROM new_decision)
+        WHERE operation_id = %(operation_id)s AND EXISTS (SELECT FROM current) AND NOT EXISTS (SELECT FROM new_decision)
     ), new_effect AS (
         INSERT INTO {EffectRecord._meta.db_table} (
             operation_id, decision_id, case_id, proposal_id, action, body, evidence_id,
             source_versions, policy_id, policy_snapshot, reviewer_id, recorded_at
         )
-        SELECT p.operation_id, s.id, p.case_id, p.id, p.action, p.body, p.evidence_id,
+        SELECT %(operation_id)s, s.id, p.case_id, p.id, p.action, p.body, p.evidence_id,
                COALESCE(
                    (SELECT jsonb_object_agg(x ->> 'source_id', x -> 'version') FROM jsonb_array_elements(p.passages) x),
                    '{{}}'::jsonb
                ),
                p.policy_id, p.policy_snapshot, s.reviewer_id, %(now)s
-        FROM standing s JOIN {Proposal._meta.db_table} p ON p.id = %(proposal)s
+        FROM standing s CROSS JOIN current p
         WHERE s.approved AND %(approved)s
+          -- Likewise: a replay neither builds the row nor tries it when the effect is there.
+          AND (s.is_new OR NOT EXISTS (SELECT FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s))
         ON CONFLICT (operation_id) DO NOTHING
         RETURNING id
     ), new_delivery AS (
@@ -398,9 +425,9 @@ def _commit_sql() -> str:
             operation_id, case_id, decision_id, effect_id, state, tries, next_try_at,
             lease_owner, reference, reason, created_at, updated_at
         )
-        SELECT %(operation_id)s, %(case)s, s.id, e.id, '{DeliveryState.QUEUED.value}', 0, %(now)s,
+        SELECT %(operation_id)s, cur.case_id, s.id, e.id, '{DeliveryState.QUEUED.value}', 0, %(now)s,
                '', '', '', %(now)s, %(now)s
-        FROM new_effect e CROSS JOIN standing s
+        FROM new_effect e CROSS JOIN standing s CROSS JOIN current cur
         WHERE %(deliver)s
         ON CONFLICT (operation_id) DO NOTHING
     ), outcome AS (
@@ -416,7 +443,7 @@ def _commit_sql() -> str:
         INSERT INTO {CommitAttempt._meta.db_table}
             (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at,
              decline_reason, decline_note)
-        SELECT %(operation_id)s, %(case)s, %(approved)s, %(reviewer)s, o.outcome, %(channel)s,
+        SELECT %(operation_id)s, (SELECT case_id FROM current), %(approved)s, %(reviewer)s, o.outcome, %(channel)s,
                CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
                     THEN 'already ' || CASE WHEN o.approved THEN 'approved' ELSE 'declined' END || ' by '
                          || (SELECT u.{username} FROM {user._meta.db_table} u WHERE u.id = o.reviewer_id)
@@ -426,75 +453,171 @@ def _commit_sql() -> str:
     ), completed AS (
         UPDATE {PendingReview._meta.db_table} SET status = '{PendingReview.Status.COMPLETED.value}', updated_at = %(now)s
         WHERE operation_id = %(operation_id)s AND status = '{PendingReview.Status.PENDING.value}'
+          AND EXISTS (SELECT FROM standing)
+        RETURNING 1
     )
-    SELECT o.outcome, o.id, o.approved, o.reviewer_id, o.decided_at, o.decline_reason, o.decline_note, o.system_actor,
+    SELECT t.case_id, t.case_label, t.current_proposal_id, t.id,
+           CASE WHEN t.current_proposal_id IS DISTINCT FROM t.id
+                THEN (SELECT operation_id FROM {Proposal._meta.db_table} WHERE id = t.current_proposal_id) END,
+           o.outcome, o.id, o.approved, o.reviewer_id, o.decided_at, o.decline_reason, o.decline_note, o.system_actor,
            CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
                 THEN (SELECT count(*) FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s)
-                WHEN o.approved THEN 1 ELSE 0 END
-    FROM outcome o
+                WHEN o.approved THEN 1 ELSE 0 END,
+           CASE WHEN o.outcome IN ('{_NOTHING_NEW[0]}', '{_NOTHING_NEW[1]}') AND NOT EXISTS (SELECT FROM completed)
+                THEN set_config('synchronous_commit', 'off', true) END
+    FROM (SELECT) one LEFT JOIN target t ON TRUE LEFT JOIN outcome o ON TRUE
+    """)
+
+
+def _compact(sql: str) -> str:
+    """The statement without its indentation, as PREPARE sends it and the query log shows it."""
+    return "\n".join(line.strip() for line in sql.splitlines() if line.strip())
+
+
+# The parameters of the commit's statements, in the order PREPARE declares them, with their
+# types (each %(name)s of a statement becomes its $n).
+_PARAMETER_TYPES = {
+    "operation_id": "text",
+    "approved": "boolean",
+    "reviewer": "bigint",
+    "channel": "text",
+    "now": "timestamptz",
+    "decline_reason": "text",
+    "decline_note": "text",
+    "system_actor": "text",
+    "deliver": "boolean",
+}
+
+# Per psycopg connection: the names of the statements prepared on its server session.
+_prepared_on: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+class _Prepared:
+    """One statement of the commit, prepared once per database session with SQL PREPARE.
+
+    Django's cursors bind parameters client-side and prepare nothing, so the commit statement
+    would be parsed and planned on every commit (0.5 ms of server time, more than running
+    it). A statement prepared by name can still travel in one query string with BEGIN and
+    the lock (``EXECUTE name(...)``), which psycopg's protocol-level prepared statements
+    cannot. PREPARE is not transactional: a statement prepared on a session stays there,
+    whether the transaction around it commits or not, until the session ends.
     """
+
+    def __init__(self, sql: str):
+        self.sql = sql
+        # Named after its text: a changed statement is a new statement.
+        self.name = f"decisionflow_{hashlib.sha256(sql.encode()).hexdigest()[:16]}"
+        self.parameters = [name for name in _PARAMETER_TYPES if f"%({name})s" in sql]
+        unknown = set(re.findall(r"%\((\w+)\)s", sql)) - set(self.parameters)
+        if unknown:
+            raise ImproperlyConfigured(f"commit statement parameters without a type in _PARAMETER_TYPES: {unknown}")
+
+    def prepare_sql(self) -> str:
+        sql = self.sql
+        for n, name in enumerate(self.parameters, 1):
+            sql = sql.replace(f"%({name})s", f"${n}")
+        types = ", ".join(_PARAMETER_TYPES[name] for name in self.parameters)
+        return f"PREPARE {self.name} ({types}) AS {sql}"
+
+    def call_sql(self, cursor) -> str:
+        """What to send: ``EXECUTE name(...)``, once the statement is prepared on this
+        session (preparing it first, in a statement of its own, the first time); the
+        statement itself when psycopg's own prepared statements are turned on, because
+        psycopg then deallocates every prepared statement at each rollback."""
+        pg = connection.connection
+        if pg.prepare_threshold is not None:
+            return self.sql
+        prepared = _prepared_on.setdefault(pg, set())
+        if self.name not in prepared:
+            cursor.execute(self.prepare_sql())
+            prepared.add(self.name)
+        return f"EXECUTE {self.name} ({', '.join(f'%({name})s' for name in self.parameters)})"
+
+
+_LOCK = _Prepared(_compact(_LOCK_SQL))
+
+
+@cache
+def _commit_statement() -> _Prepared:
+    return _Prepared(_commit_sql())
 
 
 def _commit_postgresql(call: _Call) -> CommitResult:
     operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
+    params = {
+        "operation_id": operation_id,
+        "approved": approved,
+        "reviewer": reviewer.pk,
+        "channel": call.channel,
+        "now": timezone.now(),
+        "decline_reason": call.decline_reason,
+        "decline_note": call.decline_note,
+        "system_actor": call.system_actor,
+        "deliver": delivery_configured(),
+    }
     try:
         with transaction.atomic(durable=True), connection.cursor() as cursor:
-            # The lock timeout bounds every lock wait of this transaction: on the case row that
-            # is CaseBusy; in the commit statement or at COMMIT it is a failure like any other.
-            # It travels with the lock statement, in one round trip (Django's psycopg cursor
-            # binds parameters client-side, so two statements may share one query string).
+            pg = connection.connection
+            # psycopg sends the BEGIN that Django's atomic() asks for just before the first
+            # statement, as a round trip of its own. So when nothing has been sent yet,
+            # psycopg is told autocommit (it then sends no BEGIN) and our own BEGIN leads the
+            # query string below. psycopg's commit() and rollback() go by the server's
+            # transaction status, so atomic() still ends this transaction as usual, and then
+            # turns autocommit on, which is where psycopg's flag already is. (Inside an outer
+            # transaction, a test's, atomic() made a savepoint and there is no BEGIN to send.)
+            begin = pg.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            if begin:
+                pg.autocommit = True
+            lock_sql, commit_sql = _LOCK.call_sql(cursor), _commit_statement().call_sql(cursor)
+            crash_point("commit-before-decision")
+            # One query string, one round trip: BEGIN, the lock timeout, the case row lock,
+            # and the commit statement (Django's psycopg cursor binds parameters client-side,
+            # so several statements may share one query). The server runs them in order, and
+            # under READ COMMITTED each statement takes its own snapshot when it starts: the
+            # commit statement's is taken once the lock was granted, so every decision
+            # committed before then is in it. The lock timeout bounds every lock wait of this
+            # transaction. Any wait in this query string is on a row of this case (the case
+            # row, or the decision, effect or pending review of this very operation, held by
+            # a transaction still running): CaseBusy, and the transaction rolled back. At
+            # COMMIT (the deferred foreign-key checks) it is a failure like any other.
+            query = f"SET LOCAL lock_timeout = '{_lock_timeout_ms()}ms'; {lock_sql}; {commit_sql}"
             try:
-                cursor.execute(f"SET LOCAL lock_timeout = '{_lock_timeout_ms()}ms'; {_LOCK_SQL}", [operation_id])
+                cursor.execute(f"BEGIN; {query}" if begin else query, params)
             except OperationalError as exc:
                 if _is_lock_timeout(exc):
                     raise _CaseLockTimeout from exc
                 raise
-            cursor.nextset()  # past SET's empty result, to the lock statement's row
-            row = cursor.fetchone()
+            while cursor.nextset():
+                pass  # past BEGIN, SET and the lock statement, to the commit statement's row
+            returned = cursor.fetchone()
             call.case_known = True
-            if row is None:
+            case_pk, case_label, current_proposal_id, proposal_pk, current_operation_id, *decided = returned
+            if case_pk is None:
                 raise _not_found(operation_id)
-            case_pk, case_label, current_proposal_id, proposal_pk = row
             call.case_pk = case_pk
             # The case row lock orders this commit against a concurrent edit of the same case,
-            # so "is this still the current proposal?" cannot change before we write.
+            # so "is this still the current proposal?" could not change before the statement.
             if current_proposal_id != proposal_pk:
-                raise _stale(operation_id, case_label, current_proposal_id)
-            crash_point("commit-before-decision")
-            params = {
-                "operation_id": operation_id,
-                "proposal": proposal_pk,
-                "approved": approved,
-                "reviewer": reviewer.pk,
-                "case": case_pk,
-                "channel": call.channel,
-                "now": timezone.now(),
-                "decline_reason": call.decline_reason,
-                "decline_note": call.decline_note,
-                "system_actor": call.system_actor,
-                "deliver": delivery_configured(),
-            }
+                raise _stale(operation_id, case_label, current_operation_id)
             # Every CTE of the statement reads one snapshot, taken when it starts. When the
             # decision insert loses ON CONFLICT to a transaction that committed after that
             # snapshot, the read of the standing decision cannot see the winner, so the
-            # statement could not tell a replay from a conflict. The case row lock above is
-            # what prevents that: every commit of this operation holds it, so any decision
+            # statement could not tell a replay from a conflict. The case row lock is what
+            # prevents that: every commit of this operation holds it, so any decision
             # committed before we got the lock is in this statement's snapshot. Only a writer
-            # that skips the lock can still win in between; the statement then returns no row
-            # and writes nothing but the pending review's completion (which stands either
-            # way), and running it again, with a new snapshot, is exact.
-            for _ in range(2):
-                cursor.execute(_commit_sql(), params)
-                returned = cursor.fetchone()
-                if returned is not None:
-                    break
-            else:
-                raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
+            # that skips the lock can still win in between; the statement then decides
+            # nothing (outcome NULL) and writes nothing, and running it again, with a new
+            # snapshot, is exact.
+            if decided[0] is None:
+                cursor.execute(commit_sql, params)
+                decided = cursor.fetchone()[5:]
+                if decided[0] is None:
+                    raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
             crash_point("commit-after-decision")
             call.commit_sent = True
     except _CaseLockTimeout as timeout:
         raise _busy(call) from timeout.__cause__
-    outcome, decision_pk, decision_approved, reviewer_pk, decided_at, *declined, effect_count = returned
+    outcome, decision_pk, decision_approved, reviewer_pk, decided_at, *declined, effect_count, _ = decided
     decision = ReviewDecision.from_db(
         connection.alias,
         [
@@ -584,7 +707,14 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
     case = proposal.case
     call.case_pk = case.pk
     if case.current_proposal_id != proposal.pk:
-        raise _stale(operation_id, case.case_id, case.current_proposal_id)
+        # A statement of its own (SQLite's one write lock keeps it consistent with the read
+        # above); no current proposal at all: nothing to look up.
+        current = (
+            Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
+            if case.current_proposal_id is not None
+            else None
+        )
+        raise _stale(operation_id, case.case_id, current)
     crash_point("commit-before-decision")
     new_decision = _insert_once(
         ReviewDecision,

@@ -54,13 +54,16 @@ POINTS = {
     ),
     "commit-before-decision": (
         "`resume`",
-        "before the decision insert",
+        "before the decision insert (PostgreSQL: before the one query string that begins the "
+        "transaction, locks the case row and runs the commit statement; SQLite: after the lock and "
+        "the stale check)",
         "effects/services.py `_commit_postgresql` / `_commit_orm_writes`",
         "Pending",
     ),
     "commit-after-decision": (
         "`resume`",
-        "inside the commit transaction, after the decision, before the effect",
+        "inside the commit transaction, after the decision (PostgreSQL: after the commit statement, "
+        "which wrote the decision, effect, attempt and pending review together), before COMMIT",
         "effects/services.py `_commit_postgresql` / `_commit_orm`",
         "Pending (the transaction rolled back)",
     ),
@@ -100,6 +103,21 @@ SECURITY = {
     "but does not hold SECRET_KEY (digest a bare SHA-256, or an HMAC under a guessed secret): `resume` refuses "
     "it (exit 5) before anything runs, nothing written",
 }
+
+# What a crash of the database server may lose (effects/services.py `_commit_sql`).
+DURABILITY = (
+    "What is flushed to disk before an answer: every commit that writes a decision, an effect or a "
+    "pending review's completion waits for its WAL flush (PostgreSQL's `synchronous_commit`, on by "
+    "default). A replay or a conflict writes nothing but its own attempt row (the audit of that click), "
+    "so its transaction turns `synchronous_commit` off for itself: its answer does not wait for the "
+    "flush. The trade: if the PostgreSQL server itself crashes (not our process: the server, or the "
+    "machine) within about three times `wal_writer_delay` (200 ms by default) of such an answer, that "
+    "attempt row can be lost. The decision and the effect it reported were committed and flushed by the "
+    "earlier commit, and are never at risk; nor is any database left inconsistent (PostgreSQL recovers to"
+    " a consistent point). Tested by tests/effects/test_commit_postgres.py (`SHOW synchronous_commit` "
+    "inside the commit transaction: `on` for a fresh decision and for a replay that completes a pending "
+    "review, `off` for a plain replay or conflict). docs/PERFORMANCE.md has what it buys."
+)
 
 
 def run(step: str, argv: list[str], env: dict, log: Path) -> dict:
@@ -224,6 +242,8 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "",
         "The promise: nothing is duplicated, nothing approved is lost, and no one approves without permission. "
         "Each family below tries to break it and counts.",
+        "",
+        DURABILITY,
         "",
         "## Steps",
         "",

@@ -103,3 +103,57 @@ def test_pages_report_and_partial_write(tmp_path):
     assert after.count("## 9. Admin pages") == 1 and "Run: `only pages`, later" in after
     assert "1.32×" in after and "kept by hand" in after and after.count("| 9. admin pages") == 1
     assert after.split("## 9.")[0].replace("**no**", "**yes**").count("| 9.") == 1
+
+
+def test_a_partial_run_replaces_the_goal_rows_context_rows_and_findings_it_measured(tmp_path):
+    """``--only postgres`` rewrites the commit goal, the ORM floor's "(context)" row and the
+    commit's finding with the new figures, and leaves the measures it did not make alone."""
+    from bench import run
+    from bench.measures import add_pair, result
+
+    def commit(ratio):
+        r = result(
+            "commit_postgresql",
+            "2. commit: fresh approvals/s, one connection, PostgreSQL",
+            subject="s",
+            baseline="b",
+            kind="speed",
+            unit="ops/s",
+            goal=("≥", 0.5),
+        )
+        add_pair(r, 100 * ratio, 100)
+        return r
+
+    def orm(ratio):
+        r = result(
+            "orm_postgresql",
+            "2 (context). the Django ORM floor, PostgreSQL",
+            subject="o",
+            baseline="b",
+            kind="speed",
+            unit="ops/s",
+        )
+        add_pair(r, 100 * ratio, 100)
+        return r
+
+    doc = tmp_path / "PERFORMANCE.md"
+    run._write_report(
+        doc,
+        report.render({"command": "make bench", "date": "today"}, [commit(0.3), orm(0.4)])
+        + "\n"
+        + run.HAND_WRITTEN
+        + "\nkept by hand\n",
+    )
+    before = doc.read_text()
+    assert "| commit, 1 connection, ÷ raw psycopg (approvals/s) | **0.30×**" in before
+    assert "(no, 0.30×)" in before and "| 2 (context). the Django ORM floor" in before
+    run._write_sections(doc, report.render_sections({}, [commit(0.7), orm(0.6)]))
+    after = doc.read_text()
+    assert "| commit, 1 connection, ÷ raw psycopg (approvals/s) | **0.70×**" in after and "**0.30×**" not in after
+    assert "(yes, 0.70×)" in after and "(no, 0.30×)" not in after and "reaches 0.60× of raw" in after
+    assert after.count("| 2 (context). the Django ORM floor") == 1 and "**0.60×** of the baseline" in after
+    # What this run did not measure is left as it was, and so is the hand-written part.
+    assert "| replay ÷ raw conflicting inserts (replays/s) | not measured" in after or (
+        before.split("| replay ÷")[1].split("\n")[0] == after.split("| replay ÷")[1].split("\n")[0]
+    )
+    assert after.endswith("kept by hand\n")

@@ -17,6 +17,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from decisionflow.core.errors import CaseBusy, StaleProposal
+from effects import services
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import attempt_record, effect_commit, reviewer_check
 from reviews.models import PendingReview, ReviewDecision
@@ -25,11 +26,13 @@ from tests.conftest import database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-# What Django's query log shows of one commit that reaches the data-modifying statement.
-# Django logs "BEGIN" when atomic() turns autocommit off; psycopg sends the real BEGIN just
-# before the first statement. round_trips() below reads the wire and sees exactly these.
-# The lock timeout and the lock statement share one query string (one round trip).
-COMMIT_SHAPE = ["BEGIN", "SET LOCAL lock_timeout", "WITH new_decision AS (", "COMMIT"]
+# What Django's query log shows of one commit on a session that has prepared its statements.
+# Django logs "BEGIN" when atomic() turns autocommit off, but nothing goes on the wire then:
+# the real BEGIN leads the one query string that also sets the lock timeout, locks the case
+# row and executes the prepared commit statement. round_trips() below reads the wire and
+# sees exactly two: that query string, and COMMIT.
+COMMIT_QUERY = "BEGIN; SET LOCAL lock_timeout"
+COMMIT_SHAPE = ["BEGIN", COMMIT_QUERY, "COMMIT"]
 
 
 def shape(captured) -> list[str]:
@@ -37,7 +40,7 @@ def shape(captured) -> list[str]:
     out = []
     for query in captured.captured_queries:
         sql = " ".join(query["sql"].split())
-        for prefix in COMMIT_SHAPE + ["SELECT", "ROLLBACK", "INSERT INTO"]:
+        for prefix in [COMMIT_QUERY, "BEGIN", "COMMIT", "PREPARE", "EXECUTE", "SELECT", "ROLLBACK", "INSERT INTO"]:
             if sql.startswith(prefix):
                 out.append(prefix)
                 break
@@ -67,7 +70,7 @@ def round_trips():
         log.seek(0)
         lines = log.read().decode().splitlines()
     fields = [line.split("\t", 3) for line in lines]
-    sent += [f[3].strip()[:60] for f in fields if f[0] == "F" and f[2] in ("Query", "Parse")]
+    sent += [f[3].strip()[:200] for f in fields if f[0] == "F" and f[2] in ("Query", "Parse")]
     assert sum(f[0] == "B" and f[2] == "ReadyForQuery" for f in fields) == len(sent)
 
 
@@ -82,23 +85,67 @@ def measured(call):
 
 @pytest.fixture
 def warm(reviewer, make_user):
-    """The reviewers with their permission caches filled, as a channel leaves them."""
+    """The reviewers with their permission caches filled, as a channel leaves them, and the
+    commit's statements prepared on the session, as the first commit of a session leaves it."""
     other = make_user("other")
     for user in (reviewer, other):
         reviewer_check(user)
+    with connection.cursor() as cursor:
+        services._LOCK.call_sql(cursor)
+        services._commit_statement().call_sql(cursor)
     return reviewer, other
 
 
-def test_a_first_approval_is_four_round_trips(proposal, warm):
+def test_a_first_approval_is_two_round_trips(proposal, warm):
     reviewer, _ = warm
     result, logged, sent = measured(
         lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     )
     assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
     assert logged == COMMIT_SHAPE
-    assert len(sent) == 4 and sent[0] == '"BEGIN"' and sent[-1] == '"COMMIT"'
-    # The lock timeout and the lock statement went out as one query.
-    assert "lock_timeout = '3000ms'" in sent[1]
+    assert len(sent) == 2 and sent[-1] == '"COMMIT"'
+    # BEGIN, the lock timeout, the case row lock and the commit statement went out as one query.
+    statements = [s.strip() for s in sent[0].strip('"').split(";")]
+    assert statements[:2] == ["BEGIN", "SET LOCAL lock_timeout = '3000ms'"]
+    assert statements[2].startswith(f"EXECUTE {services._LOCK.name} (")
+    assert statements[3].startswith(f"EXECUTE {services._commit_statement().name} (")
+    assert len(statements) == 4
+
+
+def test_the_first_commit_of_a_session_prepares_its_statements_once(proposal, reviewer, make_user):
+    reviewer_check(reviewer)
+    connections.close_all()  # a new session: nothing prepared on it
+    result, logged, sent = measured(
+        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    )
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    # Each PREPARE is a statement of its own, outside the transaction (PREPARE is not
+    # transactional: a rollback would not undo it either).
+    assert logged == ["BEGIN", "PREPARE", "PREPARE", COMMIT_QUERY, "COMMIT"] and len(sent) == 4
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY name")
+        names = [row[0] for row in cursor.fetchall()]
+    assert names == sorted([services._LOCK.name, services._commit_statement().name])
+    result, logged, sent = measured(
+        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    )
+    assert result.replay and logged == COMMIT_SHAPE and len(sent) == 2
+
+
+def test_with_psycopg_prepared_statements_on_the_statement_is_sent_whole(proposal, warm):
+    """psycopg, when its own prepared statements are turned on, deallocates every prepared
+    statement at each rollback; the commit then prepares nothing of its own."""
+    reviewer, _ = warm
+    connection.connection.prepare_threshold = 5
+    try:
+        with CaptureQueriesContext(connection) as captured:
+            result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    finally:
+        connections.close_all()
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    assert shape(captured) == COMMIT_SHAPE
+    query = captured.captured_queries[1]["sql"]
+    assert "EXECUTE" not in query and "WITH target AS (" in query
 
 
 @pytest.mark.parametrize(
@@ -110,45 +157,102 @@ def test_a_first_approval_is_four_round_trips(proposal, warm):
         (False, True, {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 0}),
     ],
 )
-def test_a_replay_and_a_conflict_are_four_round_trips_too(proposal, warm, first, then, receipt):
+def test_a_replay_and_a_conflict_are_two_round_trips_too(proposal, warm, first, then, receipt):
     reviewer, other = warm
     effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
     result, logged, sent = measured(
         lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
     )
     assert result.receipt() == receipt
-    assert logged == COMMIT_SHAPE and len(sent) == 4
+    assert logged == COMMIT_SHAPE and len(sent) == 2
 
 
-def test_a_first_decline_is_four_round_trips(proposal, warm):
+def test_a_first_decline_is_two_round_trips(proposal, warm):
     reviewer, _ = warm
     result, logged, sent = measured(
         lambda: effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
     )
     assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
-    assert logged == COMMIT_SHAPE and len(sent) == 4
+    assert logged == COMMIT_SHAPE and len(sent) == 2
 
 
 def test_the_lock_statement_takes_no_key_update_on_the_case_only(proposal, warm):
     reviewer, _ = warm
-    with CaptureQueriesContext(connection) as captured:
-        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    lock = " ".join(captured.captured_queries[1]["sql"].split())
+    lock = " ".join(services._LOCK.prepare_sql().split())
     assert lock.endswith("FOR NO KEY UPDATE OF c") and "FOR UPDATE" not in lock
+    assert lock.startswith(f"PREPARE {services._LOCK.name} (text) AS SELECT c.id ")
 
 
-def test_a_stale_refusal_costs_one_statement_more_and_rolls_back(proposal, warm):
+def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal, warm):
     reviewer, _ = warm
-    proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer)
+    edited = proposal_revise(
+        case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer
+    )
     result, logged, sent = measured(
         lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     )
     assert isinstance(result, StaleProposal) and result.details["case_id"] == "T-1042"
-    # The current proposal's identity is read by a statement of its own, then the attempt
-    # row is appended after the rollback.
-    assert logged == ["BEGIN", "SET LOCAL lock_timeout", "SELECT", "ROLLBACK", "INSERT INTO"]
-    assert len(sent) == 5
+    # The commit statement found the proposal no longer current, wrote nothing and returned
+    # the current one's identity; the transaction rolled back, then the attempt row was
+    # appended.
+    assert result.details["current_operation_id"] == edited.proposal.operation_id
+    assert logged == ["BEGIN", COMMIT_QUERY, "ROLLBACK", "INSERT INTO"]
+    assert len(sent) == 3
     assert list(CommitAttempt.objects.values_list("outcome", "case_id")) == [("stale", proposal.case_id)]
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+
+
+def _synchronous_commit_at_commit(monkeypatch) -> list[str]:
+    """What synchronous_commit is when COMMIT goes out: read inside the commit transaction,
+    at its last crash point (after the commit statement, before COMMIT)."""
+    seen: list[str] = []
+
+    def crash_point(name):
+        if name == "commit-after-decision":
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                seen.append(cursor.fetchone()[0])
+
+    monkeypatch.setattr(services, "crash_point", crash_point)
+    return seen
+
+
+def test_only_a_commit_that_wrote_nothing_but_its_attempt_skips_the_wal_flush(proposal, warm, monkeypatch):
+    """A fresh decision or effect is flushed before COMMIT returns; a replay or a conflict,
+    whose only write is its own attempt row, does not wait for the flush."""
+    reviewer, other = warm
+    seen = _synchronous_commit_at_commit(monkeypatch)
+    op = proposal.operation_id
+    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is False
+    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is True
+    assert effect_commit(operation_id=op, approved=False, reviewer=other).status == "ConflictingDecision"
+    assert seen == ["on", "off", "off"]
+    # And the setting is the transaction's own: the session is back to the server's default.
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flushed(
+    proposal, warm, monkeypatch, approved
+):
+    reviewer, _ = warm
+    seen = _synchronous_commit_at_commit(monkeypatch)
+    effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
+    # A pending review left pending by another path: the replay completes it, a state change.
+    pending = PendingReview.objects.create(
+        case=proposal.case,
+        proposal=proposal,
+        operation_id=proposal.operation_id,
+        workflow_session_id="s",
+        checkpoint_id="c",
+        workflow_version="test",
+    )
+    assert effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer).replay
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.COMPLETED
+    assert seen == ["on", "on"]
 
 
 @contextmanager
@@ -242,7 +346,7 @@ def test_attempt_record_never_waits_for_the_case_row(proposal, reviewer):
 def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(proposal, reviewer, make_user):
     """A writer that skips the case lock commits the decision while our insert waits on it.
 
-    The commit statement's snapshot predates that decision, so it finds none and writes
+    The commit statement's snapshot predates that decision, so it finds none and decides
     nothing; the commit runs the statement again and answers from the decision that stands.
     """
     other = make_user("other")
@@ -270,7 +374,7 @@ def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(prop
         while time.monotonic() < deadline:
             waiting = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                ["%WITH new_decision AS%"],
+                [f"%EXECUTE {services._commit_statement().name}%"],
             ).fetchone()
             if waiting and waiting[0]:
                 break
@@ -286,3 +390,26 @@ def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(prop
     assert EffectRecord.objects.count() == 0
     attempt = CommitAttempt.objects.get()
     assert (attempt.outcome, attempt.detail) == ("conflict", "already declined by other")
+
+
+def test_a_lock_wait_inside_the_commit_statement_is_case_busy_too(proposal, reviewer, make_user, settings):
+    """The lock and the commit statement share one query string, so a timeout is not told
+    apart by statement; every row the statement can wait for belongs to this case (here: the
+    decision of this very operation, inserted and not yet committed by a writer that skipped
+    the case lock), so "another action on this case is in progress" is what happened."""
+    settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.5
+    other = make_user("other")
+    with psycopg.connect(database_url()) as writer:
+        writer.execute(
+            "INSERT INTO reviews_reviewdecision (operation_id, proposal_id, approved, reviewer_id, decided_at) "
+            "VALUES (%s, %s, false, %s, now())",
+            [proposal.operation_id, proposal.pk, other.pk],
+        )
+        with pytest.raises(CaseBusy):
+            effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+        writer.rollback()
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    attempt = CommitAttempt.objects.get()
+    assert (attempt.outcome, attempt.reason) == ("refused", "busy")
+    result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
