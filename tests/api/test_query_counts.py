@@ -119,9 +119,11 @@ def count(api, method, path, body=None) -> tuple[int, int]:
 # (what, ceiling) per backend: PostgreSQL commits in one statement (effects/services.py);
 # SQLite keeps the ORM path. Counted as Django logs them (SAVEPOINTs, and on PostgreSQL BEGIN
 # and COMMIT, included), inside the test transaction. Before this file: 2 more per request.
+# A begun case's GET reads its delivery twice since issue 15 (the reconcile row and the
+# decision's panel): 7 -> 9.
 CEILINGS = {
-    "postgresql": {"get_unbegun": 5, "get_begun": 7, "approve_begins": 25, "replay": 7, "edit": 35, "stale": 10},
-    "sqlite": {"get_unbegun": 5, "get_begun": 7, "approve_begins": 29, "replay": 14, "edit": 33, "stale": 13},
+    "postgresql": {"get_unbegun": 5, "get_begun": 9, "approve_begins": 25, "replay": 7, "edit": 35, "stale": 10},
+    "sqlite": {"get_unbegun": 5, "get_begun": 9, "approve_begins": 29, "replay": 14, "edit": 33, "stale": 13},
 }
 
 
