@@ -7,18 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.conf import settings
 from django.utils import timezone
 
+from .delivery import delivery_configured
 from .models import Delivery, DeliveryState, DeliveryTry
 
 # The pages show this many tries, newest first; the rest are on the delivery's own page.
 PANEL_TRIES = 10
-
-
-def helpdesk_configured() -> bool:
-    """Whether approvals are delivered to a helpdesk (``DECISIONFLOW_DELIVERY_URL`` set)."""
-    return bool(getattr(settings, "DECISIONFLOW_DELIVERY_URL", ""))
 
 
 def delivery_for(operation_id: str) -> Delivery | None:
@@ -111,7 +106,7 @@ def delivery_panel(*, operation_id: str, approved: bool | None) -> DeliveryPanel
     delivery = delivery_for(operation_id)
     if delivery is not None:
         return _panel_for(delivery)
-    if not helpdesk_configured():
+    if not delivery_configured():
         return None
     if approved is False:
         return DeliveryPanel(None, note="Declined: nothing is sent for a decline.")
@@ -128,7 +123,7 @@ def case_delivery_panels(*, case_pk: int, decisions: dict[str, bool]) -> list[De
     a note for each decided operation without one (a decline, or an approval made while no
     helpdesk was configured). ``decisions``: operation identity -> approved."""
     panels = [_panel_for(d) for d in Delivery.objects.filter(case_id=case_pk).order_by("-created_at", "-id")]
-    if not helpdesk_configured():
+    if not delivery_configured():
         return panels
     delivered = {p.delivery.operation_id for p in panels if p.delivery is not None}
     for operation_id, approved in decisions.items():
