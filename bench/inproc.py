@@ -145,11 +145,14 @@ def main(argv=None) -> int:
     scale = dict(SCALES[args.scale])
     if args.requests:
         scale["admin_requests"] = args.requests
-    results = run_suite(
-        scale=scale,
-        only=set(filter(None, args.only.split(","))) or None,
-        log=lambda m: print(m, file=sys.stderr, flush=True),
-    )
+    from decisionflow.core.observability import events_off_stderr
+
+    with events_off_stderr():  # the decision events go to DECISIONFLOW_EVENT_LOG_FILE (bench/run.py)
+        results = run_suite(
+            scale=scale,
+            only=set(filter(None, args.only.split(","))) or None,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=1)
     return 0

@@ -573,6 +573,8 @@ def render(info: dict, results: list[dict]) -> str:
         "- The side-by-side run needs the peer's virtual environment, `.venv-peer`, which `make bench` builds "
         "(`make .venv-peer/.installed`: requirements/peer.txt, with hashes). Without it the peer is reported "
         "as not measured and the rest still runs.",
+        "- Every decision a benchmark makes logs its JSON event line, as in production (the cost is in the "
+        "figures), into `var/bench/events.jsonl` (this run's only) rather than onto the terminal.",
         "- Speed ratios are the measure's rate divided by the baseline's; cost ratios are the measure's "
         'time divided by the baseline\'s. "runs: min–max" is the range of the per-run ratios.',
         "",

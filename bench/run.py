@@ -33,6 +33,7 @@ from . import report
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+EVENT_LOG = ROOT / "var" / "bench" / "events.jsonl"
 
 # The parts of a run, for --skip and --only.
 PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery")
@@ -78,6 +79,9 @@ def env_for(database_url: str) -> dict:
         SECRET_KEY=f"bench-only-{os.urandom(16).hex()}",
         SECURE_SSL_REDIRECT="0",
         ALLOWED_HOSTS="localhost,127.0.0.1",
+        # Every decision still logs its JSON event line (part of what is measured), into a
+        # file instead of the report's stderr, where hundreds of them hid the progress lines.
+        DECISIONFLOW_EVENT_LOG_FILE=str(EVENT_LOG),
     )
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -617,6 +621,8 @@ def main(argv=None) -> int:
     if only:
         skip |= set(PARTS) - only
     sizes = SIZES[args.scale]
+    EVENT_LOG.parent.mkdir(parents=True, exist_ok=True)
+    EVENT_LOG.write_text("")  # this run's events only
     started = time.perf_counter()
     info = machine(args.postgres)
     results: list[dict] = []

@@ -537,14 +537,17 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    from decisionflow.core.observability import events_off_stderr
+
     try:
-        results = bench_side_by_side(
-            **scale,
-            peer_python=Path(args.peer_python),
-            peer_url=args.peer_url,
-            peer_db=args.peer_db,
-            log=log,
-        )
+        with events_off_stderr():  # the decision events go to DECISIONFLOW_EVENT_LOG_FILE (bench/run.py)
+            results = bench_side_by_side(
+                **scale,
+                peer_python=Path(args.peer_python),
+                peer_url=args.peer_url,
+                peer_db=args.peer_db,
+                log=log,
+            )
     except Exception:
         log(f"side by side: FAILED\n{traceback.format_exc(limit=8)}")
         results = [
