@@ -195,7 +195,7 @@ OperationIdPath = Path(
 )
 def case_detail(request, case_id: str = CaseId):
     """The case's current proposal, its pending review, and its reconcile state."""
-    return selectors.case_data(selectors.case_get(case_id, detail=True))
+    return selectors.case_data(selectors.case_get(case_id))
 
 
 @api.post(

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import connection
 from django.db.models import QuerySet
 
 from cases.models import Case
@@ -10,7 +15,7 @@ from decisionflow.core import text
 from decisionflow.core.errors import NotFound
 from decisionflow.workflow.selectors import decidable_operation_id
 from effects.selectors import delivery_data
-from effects.services import operation_reconcile
+from effects.services import operation_state
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
 
@@ -22,16 +27,91 @@ def tokens_of(user) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
-def case_get(case_id: str, *, detail: bool = False) -> Case:
-    """The case with its current proposal (and, with ``detail``, what ``case_data`` shows of it)."""
-    related = ("current_proposal__parent", "current_proposal__author") if detail else ("current_proposal",)
-    case = Case.objects.select_related(*related).filter(case_id=case_id).first()
-    if case is None:
+def _only(queryset):
+    """The one row a filter on a unique key finds, or None: ``first()`` without its ORDER BY.
+
+    ``first()`` orders by the model's default ordering, which a unique key makes pointless,
+    and compiling that ordering was up to half of such a read's CPU time on every request.
+    """
+    found = list(queryset.order_by()[:1])
+    return found[0] if found else None
+
+
+class _Columns:
+    """Some concrete fields of a model as raw SQL columns, and the rows read back as model
+    instances: the backend's and each field's converters applied, as the ORM applies them
+    (JSON from text; on SQLite, dates from text). Fields left out are deferred."""
+
+    def __init__(self, model, alias: str, names: tuple[str, ...] | None = None):
+        self.model = model
+        self.fields = [f for f in model._meta.concrete_fields if names is None or f.attname in names]
+        self.names = [f.attname for f in self.fields]
+        self.sql = ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in self.fields)
+        self.converters = []
+        for i, f in enumerate(self.fields):
+            col = f.get_col(alias)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            if found:
+                self.converters.append((i, found))
+        self.pk = self.names.index(model._meta.pk.attname)
+
+    def build(self, values):
+        """The instance, or None when the row's primary key is NULL (a LEFT JOIN found none)."""
+        if values[self.pk] is None:
+            return None
+        values = list(values)
+        for i, converters in self.converters:
+            for convert in converters:
+                values[i] = convert(values[i], None, connection)
+        return self.model.from_db(connection.alias, self.names, values)
+
+
+@functools.cache
+def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
+    # Raw SQL on every request: compiling the same four-table select_related took the ORM
+    # about five times as long as the statement takes to run (docs/PERFORMANCE.md, "load").
+    user = get_user_model()
+    parts = (
+        _Columns(Case, "c"),
+        _Columns(Proposal, "p"),
+        _Columns(Proposal, "pp", ("id", "operation_id")),
+        _Columns(user, "u", (user._meta.pk.attname, user._meta.get_field(user.USERNAME_FIELD).attname)),
+    )
+    q = connection.ops.quote_name
+    sql = (
+        f"SELECT {', '.join(part.sql for part in parts)} FROM {q(Case._meta.db_table)} c "
+        f"LEFT JOIN {q(Proposal._meta.db_table)} p ON p.id = c.current_proposal_id "
+        f"LEFT JOIN {q(Proposal._meta.db_table)} pp ON pp.id = p.parent_id "
+        f"LEFT JOIN {q(user._meta.db_table)} u ON u.{q(user._meta.pk.column)} = p.author_id "
+        "WHERE c.case_id = %s"
+    )
+    return sql, parts
+
+
+def case_get(case_id: str) -> Case:
+    """The case with its current proposal, and what ``case_data`` shows of the proposal's
+    parent (its operation) and author (the username), in one statement."""
+    sql, parts = _case_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [case_id])
+        row = cursor.fetchone()
+    if row is None:
         raise NotFound(f"case {case_id[:100]} does not exist")
+    values, start = [], 0
+    for part in parts:
+        values.append(part.build(row[start : start + len(part.fields)]))
+        start += len(part.fields)
+    case, proposal, parent, author = values
+    if proposal is not None:
+        Proposal.parent.field.set_cached_value(proposal, parent)
+        Proposal.author.field.set_cached_value(proposal, author)
+    Case.current_proposal.field.set_cached_value(case, proposal)
     return case
 
 
-def proposal_data(proposal: Proposal) -> dict:
+def proposal_data(proposal: Proposal, *, warnings: list[dict] | None = None) -> dict:
+    """The proposal as the API shows it; ``warnings``: its text markers, when the caller
+    found them already."""
     return {
         "operation_id": proposal.operation_id,
         "action": proposal.action,
@@ -47,12 +127,12 @@ def proposal_data(proposal: Proposal) -> dict:
         "findings": proposal.findings,
         "policy": proposal.policy_snapshot,
         "unchecked_sentences": proposal.unchecked_sentences,
-        "warnings": text.warnings(proposal_text_fields(proposal)),
+        "warnings": text.warnings(proposal_text_fields(proposal)) if warnings is None else warnings,
     }
 
 
 def pending_data(operation_id: str) -> dict | None:
-    pending = PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id).first()
+    pending = _only(PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id))
     if pending is None:
         return None
     return {
@@ -64,23 +144,38 @@ def pending_data(operation_id: str) -> dict | None:
     }
 
 
-def operation_data(operation_id: str, *, current: bool | None = None) -> dict:
-    """What happened to one operation, read from the decision and effect tables (never guessed).
+def _decision_read(operation_id: str) -> ReviewDecision | None:
+    """The operation's decision with its reviewer, its effect and its delivery, in one query.
 
-    ``current``: whether it is its case's current operation, when the caller already knows
-    (``case_data`` reads the current proposal itself); otherwise it is read.
+    The effect and the delivery are the decision's own rows (each has a one-to-one link to
+    it, written by the same commit statement): an undecided operation has neither. Read
+    together, they are one snapshot, where reading them one by one (as ``operation_reconcile``
+    does, four queries and the delivery again for its panel) could straddle a commit.
     """
-    row = operation_reconcile(operation_id)
-    if row is None:
-        raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
-    decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=operation_id).first()
-    if current is None:
-        current = Case.objects.filter(case_id=row.case_id, current_proposal__operation_id=operation_id).exists()
+    return _only(
+        ReviewDecision.objects.select_related("reviewer", "effect", "delivery").filter(operation_id=operation_id)
+    )
+
+
+def _one_to_one(decision: ReviewDecision | None, name: str):
+    """A reverse one-to-one that ``select_related`` read: the row, or None when there is none."""
+    if decision is None:
+        return None
+    try:
+        return getattr(decision, name)
+    except ObjectDoesNotExist:
+        return None
+
+
+def _operation_view(*, case_id: str, operation_id: str, current: bool) -> dict:
+    decision = _decision_read(operation_id)
+    effect = _one_to_one(decision, "effect")
     return {
-        "operation_id": row.operation_id,
-        "case_id": row.case_id,
-        "state": row.state,
-        "effect_count": row.effects,
+        "operation_id": operation_id,
+        "case_id": case_id,
+        # reconcile's own classification (effects/services.py), from the rows just read.
+        "state": operation_state(decision.approved if decision is not None else None, effect is not None),
+        "effect_count": 0 if effect is None else 1,  # at most one: effect_unique_operation
         "current": current,
         "decision": None
         if decision is None
@@ -92,22 +187,49 @@ def operation_data(operation_id: str, *, current: bool | None = None) -> dict:
             "decline_note": decision.decline_note,
             "system_actor": decision.system_actor,
         },
-        "delivery": delivery_data(operation_id),
+        "delivery": delivery_data(_one_to_one(decision, "delivery")),
     }
 
 
+def operation_data(operation_id: str) -> dict:
+    """What happened to one operation, read from the decision and effect tables (never guessed).
+
+    Two queries (three once its delivery has a try): the proposal with its case (whether it
+    is still current comes with it), then the decision with its effect and delivery.
+    """
+    row = _only(
+        Proposal.objects.filter(operation_id=operation_id).values_list(
+            "pk", "case__case_id", "case__current_proposal_id"
+        )
+    )
+    if row is None:
+        raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
+    pk, case_id, current_pk = row
+    return _operation_view(case_id=case_id, operation_id=operation_id, current=current_pk == pk)
+
+
+def _prefixed(warnings: list[dict], prefix: str) -> list[dict]:
+    """``text.warnings`` of the same texts named with ``prefix``: its message starts with the
+    field's name, so the markers need not be found twice."""
+    return [{**w, "field": prefix + w["field"], "message": prefix + w["message"]} for w in warnings]
+
+
 def case_data(case: Case) -> dict:
-    """What GET /api/cases/{id} shows; ``case`` from ``case_get(..., detail=True)`` reads its
+    """What GET /api/cases/{id} shows; ``case`` from ``case_get`` reads its
     proposal with it (any other case reads it here)."""
     proposal = None
     if case.current_proposal_id:
         proposal = case.current_proposal if Case.current_proposal.is_cached(case) else None
         if proposal is None or not (Proposal.parent.is_cached(proposal) and Proposal.author.is_cached(proposal)):
             proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
-    fields = [(name, value) for name, value in case_text_fields(case) if name == "subject"]
+    warnings = text.warnings([(name, value) for name, value in case_text_fields(case) if name == "subject"])
+    shown = None
+    reconcile = None
     if proposal is not None:
-        fields += [(f"proposal.{name}", value) for name, value in proposal_text_fields(proposal)]
-    reconcile = proposal and operation_data(proposal.operation_id, current=True)
+        proposal_warnings = text.warnings(proposal_text_fields(proposal))
+        warnings += _prefixed(proposal_warnings, "proposal.")
+        shown = proposal_data(proposal, warnings=proposal_warnings)
+        reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True)
     decision = reconcile["decision"] if reconcile else None
     return {
         "case_id": case.case_id,
@@ -116,9 +238,9 @@ def case_data(case: Case) -> dict:
         "status": reconcile["state"] if reconcile else "NotStarted",
         "decidable": decision is None,
         "decision": decision,
-        "warnings": text.warnings(fields),
+        "warnings": warnings,
         "operation_id": decidable_operation_id(case),
-        "proposal": proposal and proposal_data(proposal),
+        "proposal": shown,
         "pending": proposal and pending_data(proposal.operation_id),
         "reconcile": reconcile,
     }
