@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ObjectDoesNotExist
 from django.db import connection
 from django.db.models import QuerySet
 
@@ -14,6 +14,7 @@ from cases.selectors import case_text_fields
 from decisionflow.core import text
 from decisionflow.core.errors import NotFound
 from decisionflow.workflow.selectors import decidable_operation_id
+from effects.models import Delivery, EffectRecord
 from effects.selectors import delivery_data
 from effects.services import operation_state
 from reviews.models import PendingReview, Proposal, ReviewDecision
@@ -66,6 +67,15 @@ class _Columns:
         return self.model.from_db(connection.alias, self.names, values)
 
 
+def _split(row, parts: tuple[_Columns, ...]) -> list:
+    """One joined row as the instances of its parts (None for a part the join did not find)."""
+    found, start = [], 0
+    for part in parts:
+        found.append(part.build(row[start : start + len(part.fields)]))
+        start += len(part.fields)
+    return found
+
+
 @functools.cache
 def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
     # Raw SQL on every request: compiling the same four-table select_related took the ORM
@@ -97,11 +107,7 @@ def case_get(case_id: str) -> Case:
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"case {case_id[:100]} does not exist")
-    values, start = [], 0
-    for part in parts:
-        values.append(part.build(row[start : start + len(part.fields)]))
-        start += len(part.fields)
-    case, proposal, parent, author = values
+    case, proposal, parent, author = _split(row, parts)
     if proposal is not None:
         Proposal.parent.field.set_cached_value(proposal, parent)
         Proposal.author.field.set_cached_value(proposal, author)
@@ -132,7 +138,10 @@ def proposal_data(proposal: Proposal, *, warnings: list[dict] | None = None) -> 
 
 
 def pending_data(operation_id: str) -> dict | None:
-    pending = _only(PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id))
+    return _pending_view(_only(PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id)))
+
+
+def _pending_view(pending: PendingReview | None) -> dict | None:
     if pending is None:
         return None
     return {
@@ -144,38 +153,68 @@ def pending_data(operation_id: str) -> dict | None:
     }
 
 
-def _decision_read(operation_id: str) -> ReviewDecision | None:
-    """The operation's decision with its reviewer, its effect and its delivery, in one query.
+class _Operation(NamedTuple):
+    decision: ReviewDecision | None
+    has_effect: bool
+    delivery: Delivery | None
+    pending: PendingReview | None
 
-    The effect and the delivery are the decision's own rows (each has a one-to-one link to
-    it, written by the same commit statement): an undecided operation has neither. Read
-    together, they are one snapshot, where reading them one by one (as ``operation_reconcile``
-    does, four queries and the delivery again for its panel) could straddle a commit.
-    """
-    return _only(
-        ReviewDecision.objects.select_related("reviewer", "effect", "delivery").filter(operation_id=operation_id)
+
+@functools.cache
+def _operation_sql() -> tuple[str, tuple[_Columns, ...]]:
+    # Each table is joined on the operation's key, as reconcile's own set-based query joins
+    # them (effects/services.py); every key is unique, so a row or none from each.
+    user = get_user_model()
+    who = (user._meta.pk.attname, user._meta.get_field(user.USERNAME_FIELD).attname)
+    parts = (
+        _Columns(ReviewDecision, "d"),
+        _Columns(user, "r", who),
+        _Columns(EffectRecord, "e", ("id",)),
+        _Columns(Delivery, "dl"),
+        _Columns(PendingReview, "pr"),
+        _Columns(user, "b", who),
     )
+    q = connection.ops.quote_name
+    user_pk = q(user._meta.pk.column)
+    sql = (
+        f"SELECT {', '.join(part.sql for part in parts)} FROM (SELECT %s AS operation_id) k "
+        f"LEFT JOIN {q(ReviewDecision._meta.db_table)} d ON d.operation_id = k.operation_id "
+        f"LEFT JOIN {q(user._meta.db_table)} r ON r.{user_pk} = d.reviewer_id "
+        f"LEFT JOIN {q(EffectRecord._meta.db_table)} e ON e.operation_id = k.operation_id "
+        f"LEFT JOIN {q(Delivery._meta.db_table)} dl ON dl.operation_id = k.operation_id "
+        f"LEFT JOIN {q(PendingReview._meta.db_table)} pr ON pr.operation_id = k.operation_id "
+        f"LEFT JOIN {q(user._meta.db_table)} b ON b.{user_pk} = pr.begun_by_id"
+    )
+    return sql, parts
 
 
-def _one_to_one(decision: ReviewDecision | None, name: str):
-    """A reverse one-to-one that ``select_related`` read: the row, or None when there is none."""
-    if decision is None:
-        return None
-    try:
-        return getattr(decision, name)
-    except ObjectDoesNotExist:
-        return None
+def _operation_read(operation_id: str) -> _Operation:
+    """The operation's decision (with its reviewer), whether its effect exists, its delivery
+    and its pending review (with who began it): one statement, one snapshot.
+
+    Read one by one (``operation_reconcile``, then the decision, the delivery again for its
+    panel, the pending review), they were six queries that could straddle a commit.
+    """
+    sql, parts = _operation_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [operation_id])
+        row = cursor.fetchone()
+    decision, reviewer, effect, delivery, pending, begun_by = _split(row, parts)
+    if decision is not None:
+        ReviewDecision.reviewer.field.set_cached_value(decision, reviewer)
+    if pending is not None:
+        PendingReview.begun_by.field.set_cached_value(pending, begun_by)
+    return _Operation(decision, effect is not None, delivery, pending)
 
 
-def _operation_view(*, case_id: str, operation_id: str, current: bool) -> dict:
-    decision = _decision_read(operation_id)
-    effect = _one_to_one(decision, "effect")
+def _operation_view(*, case_id: str, operation_id: str, current: bool, found: _Operation) -> dict:
+    decision = found.decision
     return {
         "operation_id": operation_id,
         "case_id": case_id,
         # reconcile's own classification (effects/services.py), from the rows just read.
-        "state": operation_state(decision.approved if decision is not None else None, effect is not None),
-        "effect_count": 0 if effect is None else 1,  # at most one: effect_unique_operation
+        "state": operation_state(decision.approved if decision is not None else None, found.has_effect),
+        "effect_count": 1 if found.has_effect else 0,  # at most one: effect_unique_operation
         "current": current,
         "decision": None
         if decision is None
@@ -187,7 +226,7 @@ def _operation_view(*, case_id: str, operation_id: str, current: bool) -> dict:
             "decline_note": decision.decline_note,
             "system_actor": decision.system_actor,
         },
-        "delivery": delivery_data(_one_to_one(decision, "delivery")),
+        "delivery": delivery_data(found.delivery),
     }
 
 
@@ -205,7 +244,8 @@ def operation_data(operation_id: str) -> dict:
     if row is None:
         raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
     pk, case_id, current_pk = row
-    return _operation_view(case_id=case_id, operation_id=operation_id, current=current_pk == pk)
+    found = _operation_read(operation_id)
+    return _operation_view(case_id=case_id, operation_id=operation_id, current=current_pk == pk, found=found)
 
 
 def _prefixed(warnings: list[dict], prefix: str) -> list[dict]:
@@ -223,13 +263,14 @@ def case_data(case: Case) -> dict:
         if proposal is None or not (Proposal.parent.is_cached(proposal) and Proposal.author.is_cached(proposal)):
             proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
     warnings = text.warnings([(name, value) for name, value in case_text_fields(case) if name == "subject"])
-    shown = None
-    reconcile = None
+    shown = reconcile = pending = None
     if proposal is not None:
         proposal_warnings = text.warnings(proposal_text_fields(proposal))
         warnings += _prefixed(proposal_warnings, "proposal.")
         shown = proposal_data(proposal, warnings=proposal_warnings)
-        reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True)
+        found = _operation_read(proposal.operation_id)
+        reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True, found=found)
+        pending = _pending_view(found.pending)
     decision = reconcile["decision"] if reconcile else None
     return {
         "case_id": case.case_id,
@@ -241,6 +282,6 @@ def case_data(case: Case) -> dict:
         "warnings": warnings,
         "operation_id": decidable_operation_id(case),
         "proposal": shown,
-        "pending": proposal and pending_data(proposal.operation_id),
+        "pending": pending,
         "reconcile": reconcile,
     }
