@@ -141,6 +141,16 @@ def pending_data(operation_id: str) -> dict | None:
     return _pending_view(_only(PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id)))
 
 
+def edit_pending_data(operation_id: str, pending: PendingReview | None, editor) -> dict | None:
+    """``pending_data`` after an edit: the pending review its begin returned (``pending``),
+    without reading it again when it is this operation's and was begun by the editor (or
+    by no one); otherwise read."""
+    if pending is None or pending.operation_id != operation_id or pending.begun_by_id not in (None, editor.pk):
+        return pending_data(operation_id)
+    PendingReview.begun_by.field.set_cached_value(pending, editor if pending.begun_by_id is not None else None)
+    return _pending_view(pending)
+
+
 def _pending_view(pending: PendingReview | None) -> dict | None:
     if pending is None:
         return None

@@ -120,10 +120,13 @@ def count(api, method, path, body=None) -> tuple[int, int]:
 # SQLite keeps the ORM path. Counted as Django logs them (SAVEPOINTs, and on PostgreSQL BEGIN
 # and COMMIT, included), inside the test transaction. Before this file: 2 more per request.
 # A begun case's GET reads its delivery twice since issue 15 (the reconcile row and the
-# decision's panel): 7 -> 9.
+# decision's panel): 7 -> 9. Then (the load's third pass) the case with its proposal, parent
+# and author in one statement, and the decision, effect, delivery and pending review in
+# another: 9 -> 3; an edit answers with the pending review its begin returned: one fewer.
+# The ceilings are now the counts themselves: one more query anywhere fails.
 CEILINGS = {
-    "postgresql": {"get_unbegun": 5, "get_begun": 9, "approve_begins": 25, "replay": 7, "edit": 35, "stale": 10},
-    "sqlite": {"get_unbegun": 5, "get_begun": 9, "approve_begins": 29, "replay": 14, "edit": 33, "stale": 13},
+    "postgresql": {"get_unbegun": 4, "get_begun": 3, "approve_begins": 22, "replay": 6, "edit": 33, "stale": 9},
+    "sqlite": {"get_unbegun": 4, "get_begun": 3, "approve_begins": 25, "replay": 14, "edit": 31, "stale": 13},
 }
 
 
