@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import QuerySet
 
-from cases.models import Case
+from cases.models import Case, Policy
 from cases.selectors import case_text_fields
 from decisionflow.core import text
 from decisionflow.core.errors import NotFound
@@ -86,6 +86,9 @@ def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
         _Columns(Proposal, "p"),
         _Columns(Proposal, "pp", ("id", "operation_id")),
         _Columns(user, "u", (user._meta.pk.attname, user._meta.get_field(user.USERNAME_FIELD).attname)),
+        # The case's policy version: what a case never begun computes its decidable
+        # operation from (and what begin, if this request begins it, prepares with).
+        _Columns(Policy, "po"),
     )
     q = connection.ops.quote_name
     sql = (
@@ -93,21 +96,23 @@ def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
         f"LEFT JOIN {q(Proposal._meta.db_table)} p ON p.id = c.current_proposal_id "
         f"LEFT JOIN {q(Proposal._meta.db_table)} pp ON pp.id = p.parent_id "
         f"LEFT JOIN {q(user._meta.db_table)} u ON u.{q(user._meta.pk.column)} = p.author_id "
+        f"JOIN {q(Policy._meta.db_table)} po ON po.id = c.policy_id "
         "WHERE c.case_id = %s"
     )
     return sql, parts
 
 
 def case_get(case_id: str) -> Case:
-    """The case with its current proposal, and what ``case_data`` shows of the proposal's
-    parent (its operation) and author (the username), in one statement."""
+    """The case with its policy version and its current proposal, and what ``case_data``
+    shows of the proposal's parent (its operation) and author (the username): one statement."""
     sql, parts = _case_sql()
     with connection.cursor() as cursor:
         cursor.execute(sql, [case_id])
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"case {case_id[:100]} does not exist")
-    case, proposal, parent, author = _split(row, parts)
+    case, proposal, parent, author, policy = _split(row, parts)
+    Case.policy.field.set_cached_value(case, policy)
     if proposal is not None:
         Proposal.parent.field.set_cached_value(proposal, parent)
         Proposal.author.field.set_cached_value(proposal, author)

@@ -33,6 +33,8 @@ def test_the_case_is_read_as_the_orm_reads_it(api, proposal):
     assert current.parent.operation_id == expected.parent.operation_id == DEMO_OP
     assert current.author.get_username() == expected.author.get_username() == "reviewer"
     assert isinstance(current.passages, list) and current.created_at.tzinfo is not None  # converted, not text
+    assert Case.policy.is_cached(raw) and raw.policy.parameters == orm.policy.parameters
+    assert raw.policy.name == orm.policy.name and raw.policy.pk == orm.policy_id
 
 
 def test_a_case_without_a_proposal_reads_none(case):
