@@ -257,7 +257,9 @@ def case_edit(request, payload: EditIn, case_id: str = CaseId):
         "changed": revision.changed,
         "proposal": selectors.proposal_data(revision.proposal),
         "pending": selectors.edit_pending_data(
-            revision.proposal.operation_id, edited.begun and edited.begun.pending_review, request.auth
+            revision.proposal.operation_id,
+            edited.begun.pending_review if edited.begun is not None else None,
+            request.auth,
         ),
         # The edit is saved either way; a review that could not be begun is begun by the
         # first decision on the new proposal (or `manage.py begin`).

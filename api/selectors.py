@@ -67,6 +67,13 @@ class _Columns:
         return self.model.from_db(connection.alias, self.names, values)
 
 
+def _who() -> tuple[str, str]:
+    """What the API shows of a user: the key, and the username (a plain field, whose name
+    is its attribute's)."""
+    user = get_user_model()
+    return user._meta.pk.attname, user.USERNAME_FIELD
+
+
 def _split(row, parts: tuple[_Columns, ...]) -> list:
     """One joined row as the instances of its parts (None for a part the join did not find)."""
     found, start = [], 0
@@ -85,7 +92,7 @@ def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
         _Columns(Case, "c"),
         _Columns(Proposal, "p"),
         _Columns(Proposal, "pp", ("id", "operation_id")),
-        _Columns(user, "u", (user._meta.pk.attname, user._meta.get_field(user.USERNAME_FIELD).attname)),
+        _Columns(user, "u", _who()),
         # The case's policy version: what a case never begun computes its decidable
         # operation from (and what begin, if this request begins it, prepares with).
         _Columns(Policy, "po"),
@@ -95,7 +102,7 @@ def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
         f"SELECT {', '.join(part.sql for part in parts)} FROM {q(Case._meta.db_table)} c "
         f"LEFT JOIN {q(Proposal._meta.db_table)} p ON p.id = c.current_proposal_id "
         f"LEFT JOIN {q(Proposal._meta.db_table)} pp ON pp.id = p.parent_id "
-        f"LEFT JOIN {q(user._meta.db_table)} u ON u.{q(user._meta.pk.column)} = p.author_id "
+        f"LEFT JOIN {q(user._meta.db_table)} u ON u.{q(str(user._meta.pk.column))} = p.author_id "
         f"JOIN {q(Policy._meta.db_table)} po ON po.id = c.policy_id "
         "WHERE c.case_id = %s"
     )
@@ -180,7 +187,7 @@ def _operation_sql() -> tuple[str, tuple[_Columns, ...]]:
     # Each table is joined on the operation's key, as reconcile's own set-based query joins
     # them (effects/services.py); every key is unique, so a row or none from each.
     user = get_user_model()
-    who = (user._meta.pk.attname, user._meta.get_field(user.USERNAME_FIELD).attname)
+    who = _who()
     parts = (
         _Columns(ReviewDecision, "d"),
         _Columns(user, "r", who),
@@ -190,7 +197,7 @@ def _operation_sql() -> tuple[str, tuple[_Columns, ...]]:
         _Columns(user, "b", who),
     )
     q = connection.ops.quote_name
-    user_pk = q(user._meta.pk.column)
+    user_pk = q(str(user._meta.pk.column))
     sql = (
         f"SELECT {', '.join(part.sql for part in parts)} FROM (SELECT %s AS operation_id) k "
         f"LEFT JOIN {q(ReviewDecision._meta.db_table)} d ON d.operation_id = k.operation_id "
