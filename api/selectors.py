@@ -85,8 +85,8 @@ def _split(row, parts: tuple[_Columns, ...]) -> list:
 
 @functools.cache
 def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
-    # Raw SQL on every request: compiling the same four-table select_related took the ORM
-    # about five times as long as the statement takes to run (docs/PERFORMANCE.md, "load").
+    # Raw SQL on every request: the ORM spent 7-14 times as much CPU compiling the same
+    # select_related as the statement costs on a cursor (docs/PERFORMANCE.md, "third pass").
     user = get_user_model()
     parts = (
         _Columns(Case, "c"),
