@@ -195,7 +195,7 @@ OperationIdPath = Path(
 )
 def case_detail(request, case_id: str = CaseId):
     """The case's current proposal, its pending review, and its reconcile state."""
-    return selectors.case_data(selectors.case_get(case_id, detail=True))
+    return selectors.case_data(selectors.case_get(case_id))
 
 
 @api.post(
@@ -256,7 +256,11 @@ def case_edit(request, payload: EditIn, case_id: str = CaseId):
     data = {
         "changed": revision.changed,
         "proposal": selectors.proposal_data(revision.proposal),
-        "pending": selectors.pending_data(revision.proposal.operation_id),
+        "pending": selectors.edit_pending_data(
+            revision.proposal.operation_id,
+            edited.begun.pending_review if edited.begun is not None else None,
+            request.auth,
+        ),
         # The edit is saved either way; a review that could not be begun is begun by the
         # first decision on the new proposal (or `manage.py begin`).
         "review_begun": edited.begun is not None,

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
+from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import QuerySet
 
-from cases.models import Case
+from cases.models import Case, Policy
 from cases.selectors import case_text_fields
 from decisionflow.core import text
 from decisionflow.core.errors import NotFound
 from decisionflow.workflow.selectors import decidable_operation_id
+from effects.models import Delivery, EffectRecord
 from effects.selectors import delivery_data
-from effects.services import operation_reconcile
+from effects.services import operation_state
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
 
@@ -22,16 +28,108 @@ def tokens_of(user) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user=user).order_by("-created_at", "-id")
 
 
-def case_get(case_id: str, *, detail: bool = False) -> Case:
-    """The case with its current proposal (and, with ``detail``, what ``case_data`` shows of it)."""
-    related = ("current_proposal__parent", "current_proposal__author") if detail else ("current_proposal",)
-    case = Case.objects.select_related(*related).filter(case_id=case_id).first()
-    if case is None:
+def _only(queryset):
+    """The one row a filter on a unique key finds, or None: ``first()`` without its ORDER BY.
+
+    ``first()`` orders by the model's default ordering, which a unique key makes pointless,
+    and compiling that ordering was up to half of such a read's CPU time on every request.
+    """
+    found = list(queryset.order_by()[:1])
+    return found[0] if found else None
+
+
+class _Columns:
+    """Some concrete fields of a model as raw SQL columns, and the rows read back as model
+    instances: the backend's and each field's converters applied, as the ORM applies them
+    (JSON from text; on SQLite, dates from text). Fields left out are deferred."""
+
+    def __init__(self, model, alias: str, names: tuple[str, ...] | None = None):
+        self.model = model
+        self.fields = [f for f in model._meta.concrete_fields if names is None or f.attname in names]
+        self.names = [f.attname for f in self.fields]
+        self.sql = ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in self.fields)
+        self.converters = []
+        for i, f in enumerate(self.fields):
+            col = f.get_col(alias)
+            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            if found:
+                self.converters.append((i, found))
+        self.pk = self.names.index(model._meta.pk.attname)
+
+    def build(self, values):
+        """The instance, or None when the row's primary key is NULL (a LEFT JOIN found none)."""
+        if values[self.pk] is None:
+            return None
+        values = list(values)
+        for i, converters in self.converters:
+            for convert in converters:
+                values[i] = convert(values[i], None, connection)
+        return self.model.from_db(connection.alias, self.names, values)
+
+
+def _who() -> tuple[str, str]:
+    """What the API shows of a user: the key, and the username (a plain field, whose name
+    is its attribute's)."""
+    user = get_user_model()
+    return user._meta.pk.attname, user.USERNAME_FIELD
+
+
+def _split(row, parts: tuple[_Columns, ...]) -> list:
+    """One joined row as the instances of its parts (None for a part the join did not find)."""
+    found, start = [], 0
+    for part in parts:
+        found.append(part.build(row[start : start + len(part.fields)]))
+        start += len(part.fields)
+    return found
+
+
+@functools.cache
+def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
+    # Raw SQL on every request: the ORM spent 7-14 times as much CPU compiling the same
+    # select_related as the statement costs on a cursor (docs/PERFORMANCE.md, "third pass").
+    user = get_user_model()
+    parts = (
+        _Columns(Case, "c"),
+        _Columns(Proposal, "p"),
+        _Columns(Proposal, "pp", ("id", "operation_id")),
+        _Columns(user, "u", _who()),
+        # The case's policy version: what a case never begun computes its decidable
+        # operation from (and what begin, if this request begins it, prepares with).
+        _Columns(Policy, "po"),
+    )
+    q = connection.ops.quote_name
+    sql = (
+        f"SELECT {', '.join(part.sql for part in parts)} FROM {q(Case._meta.db_table)} c "
+        f"LEFT JOIN {q(Proposal._meta.db_table)} p ON p.id = c.current_proposal_id "
+        f"LEFT JOIN {q(Proposal._meta.db_table)} pp ON pp.id = p.parent_id "
+        f"LEFT JOIN {q(user._meta.db_table)} u ON u.{q(str(user._meta.pk.column))} = p.author_id "
+        f"JOIN {q(Policy._meta.db_table)} po ON po.id = c.policy_id "
+        "WHERE c.case_id = %s"
+    )
+    return sql, parts
+
+
+def case_get(case_id: str) -> Case:
+    """The case with its policy version and its current proposal, and what ``case_data``
+    shows of the proposal's parent (its operation) and author (the username): one statement."""
+    sql, parts = _case_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [case_id])
+        row = cursor.fetchone()
+    if row is None:
         raise NotFound(f"case {case_id[:100]} does not exist")
+    case, proposal, parent, author, policy = _split(row, parts)
+    Case.policy.field.set_cached_value(case, policy)
+    if proposal is not None:
+        Proposal.parent.field.set_cached_value(proposal, parent)
+        Proposal.author.field.set_cached_value(proposal, author)
+    Case.current_proposal.field.set_cached_value(case, proposal)
     return case
 
 
-def proposal_data(proposal: Proposal) -> dict:
+def proposal_data(proposal: Proposal, *, warnings: list[dict] | None = None) -> dict:
+    """The proposal as the API shows it; ``warnings``: its text markers, when the caller
+    found them already."""
     return {
         "operation_id": proposal.operation_id,
         "action": proposal.action,
@@ -47,12 +145,25 @@ def proposal_data(proposal: Proposal) -> dict:
         "findings": proposal.findings,
         "policy": proposal.policy_snapshot,
         "unchecked_sentences": proposal.unchecked_sentences,
-        "warnings": text.warnings(proposal_text_fields(proposal)),
+        "warnings": text.warnings(proposal_text_fields(proposal)) if warnings is None else warnings,
     }
 
 
 def pending_data(operation_id: str) -> dict | None:
-    pending = PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id).first()
+    return _pending_view(_only(PendingReview.objects.select_related("begun_by").filter(operation_id=operation_id)))
+
+
+def edit_pending_data(operation_id: str, pending: PendingReview | None, editor) -> dict | None:
+    """``pending_data`` after an edit: the pending review its begin returned (``pending``),
+    without reading it again when it is this operation's and was begun by the editor (or
+    by no one); otherwise read."""
+    if pending is None or pending.operation_id != operation_id or pending.begun_by_id not in (None, editor.pk):
+        return pending_data(operation_id)
+    PendingReview.begun_by.field.set_cached_value(pending, editor if pending.begun_by_id is not None else None)
+    return _pending_view(pending)
+
+
+def _pending_view(pending: PendingReview | None) -> dict | None:
     if pending is None:
         return None
     return {
@@ -64,23 +175,68 @@ def pending_data(operation_id: str) -> dict | None:
     }
 
 
-def operation_data(operation_id: str, *, current: bool | None = None) -> dict:
-    """What happened to one operation, read from the decision and effect tables (never guessed).
+class _Operation(NamedTuple):
+    decision: ReviewDecision | None
+    has_effect: bool
+    delivery: Delivery | None
+    pending: PendingReview | None
 
-    ``current``: whether it is its case's current operation, when the caller already knows
-    (``case_data`` reads the current proposal itself); otherwise it is read.
+
+@functools.cache
+def _operation_sql() -> tuple[str, tuple[_Columns, ...]]:
+    # Each table is joined on the operation's key, as reconcile's own set-based query joins
+    # them (effects/services.py); every key is unique, so a row or none from each.
+    user = get_user_model()
+    who = _who()
+    parts = (
+        _Columns(ReviewDecision, "d"),
+        _Columns(user, "r", who),
+        _Columns(EffectRecord, "e", ("id",)),
+        _Columns(Delivery, "dl"),
+        _Columns(PendingReview, "pr"),
+        _Columns(user, "b", who),
+    )
+    q = connection.ops.quote_name
+    user_pk = q(str(user._meta.pk.column))
+    sql = (
+        f"SELECT {', '.join(part.sql for part in parts)} FROM (SELECT %s AS operation_id) k "
+        f"LEFT JOIN {q(ReviewDecision._meta.db_table)} d ON d.operation_id = k.operation_id "
+        f"LEFT JOIN {q(user._meta.db_table)} r ON r.{user_pk} = d.reviewer_id "
+        f"LEFT JOIN {q(EffectRecord._meta.db_table)} e ON e.operation_id = k.operation_id "
+        f"LEFT JOIN {q(Delivery._meta.db_table)} dl ON dl.operation_id = k.operation_id "
+        f"LEFT JOIN {q(PendingReview._meta.db_table)} pr ON pr.operation_id = k.operation_id "
+        f"LEFT JOIN {q(user._meta.db_table)} b ON b.{user_pk} = pr.begun_by_id"
+    )
+    return sql, parts
+
+
+def _operation_read(operation_id: str) -> _Operation:
+    """The operation's decision (with its reviewer), whether its effect exists, its delivery
+    and its pending review (with who began it): one statement, one snapshot.
+
+    Read one by one (``operation_reconcile``, then the decision, the delivery again for its
+    panel, the pending review), they were six queries that could straddle a commit.
     """
-    row = operation_reconcile(operation_id)
-    if row is None:
-        raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
-    decision = ReviewDecision.objects.select_related("reviewer").filter(operation_id=operation_id).first()
-    if current is None:
-        current = Case.objects.filter(case_id=row.case_id, current_proposal__operation_id=operation_id).exists()
+    sql, parts = _operation_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [operation_id])
+        row = cursor.fetchone()
+    decision, reviewer, effect, delivery, pending, begun_by = _split(row, parts)
+    if decision is not None:
+        ReviewDecision.reviewer.field.set_cached_value(decision, reviewer)
+    if pending is not None:
+        PendingReview.begun_by.field.set_cached_value(pending, begun_by)
+    return _Operation(decision, effect is not None, delivery, pending)
+
+
+def _operation_view(*, case_id: str, operation_id: str, current: bool, found: _Operation) -> dict:
+    decision = found.decision
     return {
-        "operation_id": row.operation_id,
-        "case_id": row.case_id,
-        "state": row.state,
-        "effect_count": row.effects,
+        "operation_id": operation_id,
+        "case_id": case_id,
+        # reconcile's own classification (effects/services.py), from the rows just read.
+        "state": operation_state(decision.approved if decision is not None else None, found.has_effect),
+        "effect_count": 1 if found.has_effect else 0,  # at most one: effect_unique_operation
         "current": current,
         "decision": None
         if decision is None
@@ -92,22 +248,51 @@ def operation_data(operation_id: str, *, current: bool | None = None) -> dict:
             "decline_note": decision.decline_note,
             "system_actor": decision.system_actor,
         },
-        "delivery": delivery_data(operation_id),
+        "delivery": delivery_data(found.delivery),
     }
 
 
+def operation_data(operation_id: str) -> dict:
+    """What happened to one operation, read from the decision and effect tables (never guessed).
+
+    Two queries (three once its delivery has a try): the proposal with its case (whether it
+    is still current comes with it), then the decision with its effect and delivery.
+    """
+    row = _only(
+        Proposal.objects.filter(operation_id=operation_id).values_list(
+            "pk", "case__case_id", "case__current_proposal_id"
+        )
+    )
+    if row is None:
+        raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
+    pk, case_id, current_pk = row
+    found = _operation_read(operation_id)
+    return _operation_view(case_id=case_id, operation_id=operation_id, current=current_pk == pk, found=found)
+
+
+def _prefixed(warnings: list[dict], prefix: str) -> list[dict]:
+    """``text.warnings`` of the same texts named with ``prefix``: its message starts with the
+    field's name, so the markers need not be found twice."""
+    return [{**w, "field": prefix + w["field"], "message": prefix + w["message"]} for w in warnings]
+
+
 def case_data(case: Case) -> dict:
-    """What GET /api/cases/{id} shows; ``case`` from ``case_get(..., detail=True)`` reads its
+    """What GET /api/cases/{id} shows; ``case`` from ``case_get`` reads its
     proposal with it (any other case reads it here)."""
     proposal = None
     if case.current_proposal_id:
         proposal = case.current_proposal if Case.current_proposal.is_cached(case) else None
         if proposal is None or not (Proposal.parent.is_cached(proposal) and Proposal.author.is_cached(proposal)):
             proposal = Proposal.objects.select_related("parent", "author").get(pk=case.current_proposal_id)
-    fields = [(name, value) for name, value in case_text_fields(case) if name == "subject"]
+    warnings = text.warnings([(name, value) for name, value in case_text_fields(case) if name == "subject"])
+    shown = reconcile = pending = None
     if proposal is not None:
-        fields += [(f"proposal.{name}", value) for name, value in proposal_text_fields(proposal)]
-    reconcile = proposal and operation_data(proposal.operation_id, current=True)
+        proposal_warnings = text.warnings(proposal_text_fields(proposal))
+        warnings += _prefixed(proposal_warnings, "proposal.")
+        shown = proposal_data(proposal, warnings=proposal_warnings)
+        found = _operation_read(proposal.operation_id)
+        reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True, found=found)
+        pending = _pending_view(found.pending)
     decision = reconcile["decision"] if reconcile else None
     return {
         "case_id": case.case_id,
@@ -116,9 +301,9 @@ def case_data(case: Case) -> dict:
         "status": reconcile["state"] if reconcile else "NotStarted",
         "decidable": decision is None,
         "decision": decision,
-        "warnings": text.warnings(fields),
+        "warnings": warnings,
         "operation_id": decidable_operation_id(case),
-        "proposal": proposal and proposal_data(proposal),
-        "pending": proposal and pending_data(proposal.operation_id),
+        "proposal": shown,
+        "pending": pending,
         "reconcile": reconcile,
     }

@@ -147,6 +147,20 @@ def _token_sql() -> str:
     """
 
 
+@functools.cache
+def _user_columns() -> tuple[list[str], list[tuple[int, list]]]:
+    """The user's field names in ``_token_sql``'s column order, and each column's converters
+    (the backend's and the field's, as the ORM applies them: SQLite returns text for a date)."""
+    fields = get_user_model()._meta.concrete_fields
+    converters = []
+    for i, f in enumerate(fields):
+        col = f.get_col(f.model._meta.db_table)
+        found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        if found:
+            converters.append((i, found))
+    return [f.attname for f in fields], converters
+
+
 def token_authenticate(plaintext: str):
     """The active user holding this unrevoked token, or None: one query (two when the
     advisory last-used stamp is due).
@@ -162,27 +176,35 @@ def token_authenticate(plaintext: str):
     now = timezone.now()
     stale = now - LAST_USED_RESOLUTION
     params = [connection.ops.adapt_datetimefield_value(stale), token_hash(plaintext)]
-    rows = list(get_user_model().objects.raw(_token_sql(), params))
+    # A plain cursor, not ``objects.raw()``: on every API request, RawQuerySet's per-query
+    # set-up (column mapping, converters, model init order) cost more than the statement.
+    names, converters = _user_columns()
+    with connection.cursor() as cursor:
+        cursor.execute(_token_sql(), params)
+        rows = cursor.fetchall()
     if not rows:
         return None
-    user = rows[0]
-    # The statement's own columns (not the user's fields) land in each row's __dict__.
-    extra = [vars(r) for r in rows]
+    width = len(names)
+    values = list(rows[0][:width])
+    for i, field_converters in converters:
+        for convert in field_converters:
+            values[i] = convert(values[i], None, connection)
+    user_model = get_user_model()
+    user = user_model.from_db(connection.alias, names, values)
+    # The statement's own columns after the user's: token, stamp, then one permission a row.
+    token_pk, stamp_stale = rows[0][width], rows[0][width + 1]
     if settings.AUTHENTICATION_BACKENDS == [MODEL_BACKEND] and not user.is_superuser:
-        own = {f"{e['perm_app']}.{e['perm_codename']}" for e in extra if e["perm_source"] == "user"}
-        groups = {f"{e['perm_app']}.{e['perm_codename']}" for e in extra if e["perm_source"] == "group"}
+        own = {f"{app}.{codename}" for *_, app, codename, source in rows if source == "user"}
+        groups = {f"{app}.{codename}" for *_, app, codename, source in rows if source == "group"}
         # ModelBackend's own cache attributes: its has_perm reads these before any query.
         vars(user).update(_user_perm_cache=own, _group_perm_cache=groups, _perm_cache=own | groups)
     # Only a stale stamp is written: an UPDATE, even one that matches nothing, takes SQLite's
     # write lock and would make every request wait behind any writer. The filter repeats the
     # check so that concurrent requests still write it once.
-    token_pk, stamp_stale = extra[0]["token_pk"], extra[0]["stamp_stale"]
     if stamp_stale:
         ApiToken.objects.filter(Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=token_pk).update(
             last_used_at=now
         )
-    for name in ("token_pk", "stamp_stale", "perm_app", "perm_codename", "perm_source"):
-        extra[0].pop(name, None)
     return user
 
 

@@ -135,9 +135,10 @@ def case_delivery_panels(*, case_pk: int, decisions: dict[str, bool]) -> list[De
     return panels
 
 
-def delivery_data(operation_id: str) -> dict | None:
-    """The API's ``delivery`` of one operation: None when it has none (docs/API.md)."""
-    delivery = delivery_for(operation_id)
+def delivery_data(delivery: Delivery | None) -> dict | None:
+    """The API's ``delivery`` of one operation (docs/API.md), from its delivery row as the
+    caller read it (the API reads it with the decision): None when it has none. One query,
+    for the newest try, and none without a delivery."""
     if delivery is None:
         return None
     last = DeliveryTry.objects.filter(delivery=delivery).order_by("-started_at", "-id").first()

@@ -872,7 +872,9 @@ class ReconcileRow(NamedTuple):
         return found
 
 
-def _state(approved, has_effect) -> str:
+def operation_state(approved: bool | None, has_effect: bool) -> str:
+    """An operation's reconcile state from its decision (None: undecided) and whether its
+    effect exists. The one classification: ``_STATE_SQL`` says the same in SQL."""
     if approved is None:
         return PENDING
     if not approved:
@@ -880,7 +882,7 @@ def _state(approved, has_effect) -> str:
     return COMMITTED if has_effect else NO_LOCAL_EFFECT
 
 
-# The same classification as _state, in SQL, so the set-based query returns finished rows.
+# The same classification as operation_state, in SQL, so the set-based query returns finished rows.
 _STATE_SQL = f"""
     CASE WHEN d.id IS NULL THEN '{PENDING}'
          WHEN NOT d.approved THEN '{DECLINED}'
@@ -1007,7 +1009,7 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
     effects = EffectRecord.objects.filter(operation_id=operation_id).count()
     found = Delivery.objects.filter(operation_id=operation_id).values_list("state", "reference", "created_at").first()
     delivery = (DeliveryState(found[0]).label, found[1], found[2]) if found else (None, None, None)
-    return ReconcileRow(row[0], row[1], _state(approved, effects > 0), effects, reason, *delivery)
+    return ReconcileRow(row[0], row[1], operation_state(approved, effects > 0), effects, reason, *delivery)
 
 
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:

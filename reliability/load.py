@@ -633,7 +633,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--rounds-per-client",
         type=int,
-        help="Rounds whose cases are imported before the clock starts (default: 2 per second of the run, + 5).",
+        help="Rounds whose cases are imported before the clock starts (default: 4 per second of the run, + 5).",
     )
     parser.add_argument(
         "--code",
@@ -649,7 +649,10 @@ def main(argv=None) -> int:
         parser.error("--clients must be 1..64 and --seconds 0..900")
     rounds_per_client = args.rounds_per_client
     if rounds_per_client is None:
-        rounds_per_client = math.ceil(args.seconds * 2) + 5
+        # A client that runs out imports in this process during the run, on the cores the
+        # hosts use: at ~75 requests per second (docs/PERFORMANCE.md, "third pass") a client
+        # needed ~2 rounds per second, the old default.
+        rounds_per_client = math.ceil(args.seconds * 4) + 5
     if not 0 <= rounds_per_client <= 10_000:
         parser.error("--rounds-per-client must be 0..10000")
     global CODE
