@@ -79,6 +79,8 @@ for s in "${suites[@]}"; do
   fi
   if ((code[$s] != 0)); then status=1; fi
 done
-echo "total: ${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
+echo "make test: both suites took $((SECONDS / 60)) min $((SECONDS % 60)) s (wall), load average now $(cut -d' ' -f1-3 /proc/loadavg)"
 if ((status != 0)); then echo "make test: FAILED (see the suite above whose exit is not 0)"; fi
+# Last, in the plain form CI reads ("N passed, N failed, N skipped").
+echo "total: ${total_passed} passed, ${total_failed} failed, ${total_skipped} skipped"
 exit "$status"
