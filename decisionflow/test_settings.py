@@ -19,7 +19,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
 
 from .settings import *  # noqa: E402, F403
-from .settings import BASE_DIR, DATABASES, env  # noqa: E402
+from .settings import DATABASES, env  # noqa: E402
 
 if DATABASES["default"]["ENGINE"].endswith(".sqlite3"):
     # Tests that start manage.py subprocesses need a file the children can open; the pid
@@ -29,16 +29,11 @@ if DATABASES["default"]["ENGINE"].endswith(".sqlite3"):
     }
 else:
     # pytest-django drops and recreates the test database when it finds one of its name, so a
-    # name shared by two checkouts (a developer's and a CI clone, two worktrees) on one server
-    # lets one run destroy the other's. The checkout's path keeps them apart; a run killed
-    # midway leaves its database for the next run of the same checkout to replace.
-    import hashlib
-
-    _checkout = hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]
+    # name shared by two runs on one server (a developer's and a CI clone, two worktrees, two
+    # terminals) lets one destroy the other's mid-run. The pid keeps them apart, as for SQLite;
+    # a run killed outright (SIGKILL) leaves its test_*_<pid> database behind.
     DATABASES["default"]["TEST"] = {
-        "NAME": env.str(
-            "DECISIONFLOW_POSTGRES_TEST_NAME", default=f"test_{DATABASES['default']['NAME']}_{_checkout}"
-        )
+        "NAME": env.str("DECISIONFLOW_POSTGRES_TEST_NAME", default=f"test_{DATABASES['default']['NAME']}_{os.getpid()}")
     }
 
 # Real hashers cost about a second per user on these machines; tests need no strength.
