@@ -20,9 +20,13 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/decisionflow-test.XXXXXX")
 suites=(sqlite postgres)
 declare -A title=([sqlite]=SQLite [postgres]=PostgreSQL) pid=() code=()
 
+# Job control: each suite in its own process group, so an interrupt can stop it with every
+# child it started. It also keeps SIGINT as it is for the suites: without it, bash starts
+# background jobs with SIGINT ignored, and the children inherit that (the test that stops
+# `make run` with Ctrl-C then fails).
+set -m
 for s in "${suites[@]}"; do
-  # Its own process group, so an interrupt can stop the suite with every child it started.
-  setsid "$MAKE_CMD" --no-print-directory "test-$s" >"$logs/$s.log" 2>&1 </dev/null &
+  "$MAKE_CMD" --no-print-directory "test-$s" >"$logs/$s.log" 2>&1 </dev/null &
   pid[$s]=$!
 done
 echo "== make test: SQLite and PostgreSQL suites running at once; each is shown when it ends =="
@@ -30,7 +34,9 @@ echo "   follow them live: tail -f $logs/sqlite.log $logs/postgres.log"
 
 # Stop both suites (make, pytest and their children) if we are interrupted.
 stop() {
-  for s in "${suites[@]}"; do kill -- "-${pid[$s]}" 2>/dev/null; done
+  # SIGINT, as Ctrl-C would: pytest still drops its test database on the way out.
+  for s in "${suites[@]}"; do kill -INT -- "-${pid[$s]}" 2>/dev/null; done
+  wait
   exit 130
 }
 trap stop INT TERM
