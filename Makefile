@@ -91,8 +91,9 @@ helpdesk: | $(PY)
 	HELPDESK_TOKEN="$(HELPDESK_TOKEN)" $(PY) -m helpdesk --port 8025 --db var/helpdesk.sqlite3 --faults
 
 # Both suites at once, each to its own log, printed when it ends, then a summary; the exit
-# status fails when either fails (tests/run_both.sh). ~8-10 minutes on 2 cores, against ~16
-# one after the other. `make test-sqlite` or `make test-postgres` runs one, streaming.
+# status fails when either fails (tests/run_both.sh). Together they take about as long as the
+# slower one alone (figures in CONTRIBUTING.md). `make test-sqlite` or `make test-postgres`
+# runs one, streaming its output.
 test: $(VENV)/.test browser graphviz
 	@MAKE="$(MAKE)" tests/run_both.sh
 
