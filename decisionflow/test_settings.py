@@ -27,6 +27,14 @@ if DATABASES["default"]["ENGINE"].endswith(".sqlite3"):
     DATABASES["default"]["TEST"] = {
         "NAME": env.str("DECISIONFLOW_SQLITE_TEST_NAME", default=f"/tmp/decisionflow-test-{os.getpid()}.sqlite3")
     }
+else:
+    # pytest-django drops and recreates the test database when it finds one of its name, so a
+    # name shared by two runs on one server (a developer's and a CI clone, two worktrees, two
+    # terminals) lets one destroy the other's mid-run. The pid keeps them apart, as for SQLite;
+    # a run killed outright (SIGKILL) leaves its test_*_<pid> database behind.
+    DATABASES["default"]["TEST"] = {
+        "NAME": env.str("DECISIONFLOW_POSTGRES_TEST_NAME", default=f"test_{DATABASES['default']['NAME']}_{os.getpid()}")
+    }
 
 # Real hashers cost about a second per user on these machines; tests need no strength.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
