@@ -58,7 +58,9 @@ class CommitAttempt(AppendOnlyModel):
         REFUSED = "refused", "Refused"
         FAILED = "failed", "Failed"
 
-    operation_id = models.CharField(max_length=200, db_index=True)
+    # Indexed in Meta, not with db_index: that would add a varchar_pattern_ops twin on
+    # PostgreSQL, for LIKE searches nothing makes (migration 0008).
+    operation_id = models.CharField(max_length=200)
     case = models.ForeignKey(
         "cases.Case", on_delete=models.PROTECT, null=True, blank=True, related_name="commit_attempts"
     )
@@ -85,6 +87,10 @@ class CommitAttempt(AppendOnlyModel):
 
     class Meta:
         ordering = ["-attempted_at", "-id"]
+        indexes = [
+            # Equality only: reconcile, the case list's last attempt, the admin's =operation_id.
+            models.Index(fields=["operation_id"], name="attempt_operation"),
+        ]
 
     def __str__(self):
         return f"{self.outcome} {short(self.operation_id)}"
