@@ -61,13 +61,27 @@ class CommitAttempt(AppendOnlyModel):
     # Indexed in Meta, not with db_index: that would add a varchar_pattern_ops twin on
     # PostgreSQL, for LIKE searches nothing makes (migration 0008).
     operation_id = models.CharField(max_length=200)
+    # The case and the reviewer are references the database does not check (db_constraint
+    # False, migration 0009): a checked one locks the referenced row FOR KEY SHARE on every
+    # click, and made a refusal's row wait behind the lock it reports. Every writer takes them
+    # from rows it has just read; PROTECT still refuses to delete a case or user with attempts.
     case = models.ForeignKey(
-        "cases.Case", on_delete=models.PROTECT, null=True, blank=True, related_name="commit_attempts"
+        "cases.Case",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="commit_attempts",
+        db_constraint=False,
     )
     # None when the request did not carry a real boolean: an omitted decision is not consent.
     approved = models.BooleanField(null=True)
     reviewer = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
     )
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     channel = models.CharField(max_length=20, default="service")

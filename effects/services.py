@@ -154,17 +154,14 @@ def attempt_record(
 ) -> None:
     """Append one ``CommitAttempt`` for a call that ended before a commit could record it.
 
-    It never waits for the case row. The row's foreign key takes ``FOR KEY SHARE`` on the
-    case, which waits behind a ``FOR UPDATE`` holder, and that holder is often the very
-    reason the call was refused (``CaseBusy``). So on PostgreSQL the case is taken with
-    ``SKIP LOCKED``: when its row is locked against us, the attempt is recorded without the
-    case and names it in ``detail`` instead. One statement, in the caller's transaction if
-    there is one (autocommit otherwise).
+    It never waits for the case row, which is often the very reason the call was refused
+    (``CaseBusy``): the row's references are not checked by the database (migration 0009),
+    so no lock is taken on the case or the user. One statement, in the caller's transaction
+    if there is one (autocommit otherwise).
     """
     _attempt_without_waiting(
         operation_id=operation_id,
         case_pk=case.pk if case is not None else None,
-        case_label=case.case_id if case is not None else "",
         approved=approved,
         reviewer=reviewer,
         channel=channel,
@@ -174,38 +171,13 @@ def attempt_record(
     )
 
 
-def _attempt_without_waiting(
-    *, operation_id, case_pk, case_label, approved, reviewer, channel, outcome, detail, reason=None
-):
-    fields = _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail, reason)
-    if case_pk is None or connection.vendor != "postgresql":
-        # No case row to lock; or SQLite, which has no row locks (only its database lock,
-        # which every write waits for alike).
-        _insert_row(CommitAttempt, fields)
-        return
-    # Holding FOR KEY SHARE from the CTE on, the deferred foreign-key check at the end of the
-    # transaction asks again for a lock this transaction already has: no wait there either.
-    sql = f"""
-        WITH c AS (SELECT id FROM {Case._meta.db_table} WHERE id = %(case)s FOR KEY SHARE SKIP LOCKED)
-        INSERT INTO {CommitAttempt._meta.db_table}
-            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, reason, attempted_at)
-        SELECT %(operation_id)s, (SELECT id FROM c), %(approved)s, %(reviewer)s, %(outcome)s, %(channel)s,
-               CASE WHEN EXISTS (SELECT FROM c) THEN %(detail)s ELSE %(detail_named)s END, %(reason)s, %(now)s
-    """
-    params = {
-        "case": case_pk,
-        "operation_id": fields["operation_id"],
-        "approved": fields["approved"],
-        "reviewer": getattr(fields["reviewer"], "pk", None),
-        "outcome": outcome,
-        "channel": channel,
-        "detail": fields["detail"],
-        "detail_named": f"{fields['detail']} (case {case_label}: its row was locked, so it is named here)"[:2000],
-        "reason": fields["reason"],
-        "now": timezone.now(),
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+def _attempt_without_waiting(*, operation_id, case_pk, approved, reviewer, channel, outcome, detail, reason=None):
+    # A plain insert: with no foreign-key check there is no FOR KEY SHARE to wait for, on
+    # PostgreSQL behind a FOR UPDATE holder of the case row; on SQLite, the write waits for
+    # the database lock like every write.
+    _insert_row(
+        CommitAttempt, _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail, reason)
+    )
 
 
 def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
@@ -333,10 +305,9 @@ def _is_lock_timeout(exc: BaseException) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
-# FOR NO KEY UPDATE, not FOR UPDATE: every attempt row's foreign key takes FOR KEY SHARE on
-# the case row, which FOR UPDATE would block (a refusal's audit row waiting behind a commit)
-# and FOR NO KEY UPDATE does not. Commits and edits (which update the row) still exclude
-# each other. It returns the case row's id only to say that the lock was granted; what the
+# FOR NO KEY UPDATE, not FOR UPDATE: it does not block the FOR KEY SHARE that the foreign
+# keys of the commit's own rows (decision, effect, delivery) and of other tables take on the
+# case row. Commits and edits (which update the row) still exclude each other. It returns the case row's id only to say that the lock was granted; what the
 # commit needs of the case and the proposal, the commit statement reads after it.
 _LOCK_SQL = f"""
     SELECT c.id
@@ -708,7 +679,6 @@ def _busy(call: _Call) -> CaseBusy:
         _attempt_without_waiting(
             operation_id=call.operation_id,
             case_pk=case_pk,
-            case_label=case_label,
             approved=call.approved,
             reviewer=call.reviewer,
             channel=call.channel,
