@@ -307,8 +307,9 @@ def _is_lock_timeout(exc: BaseException) -> bool:
 
 # FOR NO KEY UPDATE, not FOR UPDATE: it does not block the FOR KEY SHARE that the foreign
 # keys of the commit's own rows (decision, effect, delivery) and of other tables take on the
-# case row. Commits and edits (which update the row) still exclude each other. It returns the case row's id only to say that the lock was granted; what the
-# commit needs of the case and the proposal, the commit statement reads after it.
+# case row. Commits and edits (which update the row) still exclude each other. It returns
+# the case row's id only to say that the lock was granted; what the commit needs of the
+# case and the proposal, the commit statement reads after it.
 _LOCK_SQL = f"""
     SELECT c.id
     FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
@@ -533,10 +534,16 @@ def _commit_postgresql(call: _Call) -> CommitResult:
     try:
         db.ensure_connection()
         if db.in_atomic_block or not db.autocommit:
-            # Inside an outer transaction (a test's): atomic() makes a savepoint, and there is
-            # no BEGIN or COMMIT to send.
+            # Inside an outer transaction (a test's): atomic() makes a savepoint. Should psycopg
+            # have sent nothing yet, it would send the BEGIN atomic() asks for as a round trip
+            # of its own; it is told autocommit then, and our BEGIN leads the query string
+            # (its commit() and rollback() go by the server's transaction status).
             with transaction.atomic(durable=True), db.cursor() as cursor:
-                proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=False)
+                pg = db.connection
+                begin = pg.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                if begin:
+                    pg.autocommit = True
+                proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=begin)
                 call.commit_sent = True
         else:
             proposal_pk, decided = _commit_own_transaction(db, call, params)
