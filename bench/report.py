@@ -53,7 +53,7 @@ FINDINGS = {
         "query string): planning the commit statement took 0.55 ms, more than running it (0.35-0.45 ms, "
         "`EXPLAIN ANALYZE`). What it still costs beyond the raw floor is the database work the guarantees "
         "need: the case row lock, the lock timeout and the append-only attempt row (every click is "
-        'history; five indexes, two foreign keys checked at COMMIT). The "ORM floor" row (the same two '
+        'history; four indexes, its case and reviewer unchecked references). The "ORM floor" row (the same two '
         "inserts through `objects.create`) reaches {orm_postgresql} of raw, for comparison."
     ),
     "commit_concurrent": (

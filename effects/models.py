@@ -58,14 +58,30 @@ class CommitAttempt(AppendOnlyModel):
         REFUSED = "refused", "Refused"
         FAILED = "failed", "Failed"
 
-    operation_id = models.CharField(max_length=200, db_index=True)
+    # Indexed in Meta, not with db_index: that would add a varchar_pattern_ops twin on
+    # PostgreSQL, for LIKE searches nothing makes (migration 0008).
+    operation_id = models.CharField(max_length=200)
+    # The case and the reviewer are references the database does not check (db_constraint
+    # False, migration 0009): a checked one locks the referenced row FOR KEY SHARE on every
+    # click, and made a refusal's row wait behind the lock it reports. Every writer takes them
+    # from rows it has just read; PROTECT still refuses to delete a case or user with attempts.
     case = models.ForeignKey(
-        "cases.Case", on_delete=models.PROTECT, null=True, blank=True, related_name="commit_attempts"
+        "cases.Case",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="commit_attempts",
+        db_constraint=False,
     )
     # None when the request did not carry a real boolean: an omitted decision is not consent.
     approved = models.BooleanField(null=True)
     reviewer = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_constraint=False,
     )
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     channel = models.CharField(max_length=20, default="service")
@@ -85,6 +101,10 @@ class CommitAttempt(AppendOnlyModel):
 
     class Meta:
         ordering = ["-attempted_at", "-id"]
+        indexes = [
+            # Equality only: reconcile, the case list's last attempt, the admin's =operation_id.
+            models.Index(fields=["operation_id"], name="attempt_operation"),
+        ]
 
     def __str__(self):
         return f"{self.outcome} {short(self.operation_id)}"

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import psycopg
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
-from django.db import OperationalError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, Error, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from cases.models import Case
@@ -154,17 +154,14 @@ def attempt_record(
 ) -> None:
     """Append one ``CommitAttempt`` for a call that ended before a commit could record it.
 
-    It never waits for the case row. The row's foreign key takes ``FOR KEY SHARE`` on the
-    case, which waits behind a ``FOR UPDATE`` holder, and that holder is often the very
-    reason the call was refused (``CaseBusy``). So on PostgreSQL the case is taken with
-    ``SKIP LOCKED``: when its row is locked against us, the attempt is recorded without the
-    case and names it in ``detail`` instead. One statement, in the caller's transaction if
-    there is one (autocommit otherwise).
+    It never waits for the case row, which is often the very reason the call was refused
+    (``CaseBusy``): the row's references are not checked by the database (migration 0009),
+    so no lock is taken on the case or the user. One statement, in the caller's transaction
+    if there is one (autocommit otherwise).
     """
     _attempt_without_waiting(
         operation_id=operation_id,
         case_pk=case.pk if case is not None else None,
-        case_label=case.case_id if case is not None else "",
         approved=approved,
         reviewer=reviewer,
         channel=channel,
@@ -174,38 +171,13 @@ def attempt_record(
     )
 
 
-def _attempt_without_waiting(
-    *, operation_id, case_pk, case_label, approved, reviewer, channel, outcome, detail, reason=None
-):
-    fields = _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail, reason)
-    if case_pk is None or connection.vendor != "postgresql":
-        # No case row to lock; or SQLite, which has no row locks (only its database lock,
-        # which every write waits for alike).
-        _insert_row(CommitAttempt, fields)
-        return
-    # Holding FOR KEY SHARE from the CTE on, the deferred foreign-key check at the end of the
-    # transaction asks again for a lock this transaction already has: no wait there either.
-    sql = f"""
-        WITH c AS (SELECT id FROM {Case._meta.db_table} WHERE id = %(case)s FOR KEY SHARE SKIP LOCKED)
-        INSERT INTO {CommitAttempt._meta.db_table}
-            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, reason, attempted_at)
-        SELECT %(operation_id)s, (SELECT id FROM c), %(approved)s, %(reviewer)s, %(outcome)s, %(channel)s,
-               CASE WHEN EXISTS (SELECT FROM c) THEN %(detail)s ELSE %(detail_named)s END, %(reason)s, %(now)s
-    """
-    params = {
-        "case": case_pk,
-        "operation_id": fields["operation_id"],
-        "approved": fields["approved"],
-        "reviewer": getattr(fields["reviewer"], "pk", None),
-        "outcome": outcome,
-        "channel": channel,
-        "detail": fields["detail"],
-        "detail_named": f"{fields['detail']} (case {case_label}: its row was locked, so it is named here)"[:2000],
-        "reason": fields["reason"],
-        "now": timezone.now(),
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+def _attempt_without_waiting(*, operation_id, case_pk, approved, reviewer, channel, outcome, detail, reason=None):
+    # A plain insert: with no foreign-key check there is no FOR KEY SHARE to wait for, on
+    # PostgreSQL behind a FOR UPDATE holder of the case row; on SQLite, the write waits for
+    # the database lock like every write.
+    _insert_row(
+        CommitAttempt, _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail, reason)
+    )
 
 
 def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
@@ -333,11 +305,11 @@ def _is_lock_timeout(exc: BaseException) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
-# FOR NO KEY UPDATE, not FOR UPDATE: every attempt row's foreign key takes FOR KEY SHARE on
-# the case row, which FOR UPDATE would block (a refusal's audit row waiting behind a commit)
-# and FOR NO KEY UPDATE does not. Commits and edits (which update the row) still exclude
-# each other. It returns the case row's id only to say that the lock was granted; what the
-# commit needs of the case and the proposal, the commit statement reads after it.
+# FOR NO KEY UPDATE, not FOR UPDATE: it does not block the FOR KEY SHARE that the foreign
+# keys of the commit's own rows (decision, effect, delivery) and of other tables take on the
+# case row. Commits and edits (which update the row) still exclude each other. It returns
+# the case row's id only to say that the lock was granted; what the commit needs of the
+# case and the proposal, the commit statement reads after it.
 _LOCK_SQL = f"""
     SELECT c.id
     FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
@@ -511,6 +483,7 @@ class _Prepared:
         unknown = set(re.findall(r"%\((\w+)\)s", sql)) - set(self.parameters)
         if unknown:
             raise ImproperlyConfigured(f"commit statement parameters without a type in _PARAMETER_TYPES: {unknown}")
+        self.execute_sql = f"EXECUTE {self.name} ({', '.join(f'%({name})s' for name in self.parameters)})"
 
     def prepare_sql(self) -> str:
         sql = self.sql
@@ -519,19 +492,21 @@ class _Prepared:
         types = ", ".join(_PARAMETER_TYPES[name] for name in self.parameters)
         return f"PREPARE {self.name} ({types}) AS {sql}"
 
-    def call_sql(self, cursor) -> str:
+    def call_sql(self, cursor, pg=None) -> str:
         """What to send: ``EXECUTE name(...)``, once the statement is prepared on this
         session (preparing it first, in a statement of its own, the first time); the
         statement itself when psycopg's own prepared statements are turned on, because
-        psycopg then deallocates every prepared statement at each rollback."""
-        pg = connection.connection
+        psycopg then deallocates every prepared statement at each rollback. ``pg`` is the
+        psycopg connection under ``cursor`` (the default connection's when not given)."""
+        if pg is None:
+            pg = connection.connection
         if pg.prepare_threshold is not None:
             return self.sql
         prepared = _prepared_on.setdefault(pg, set())
         if self.name not in prepared:
             cursor.execute(self.prepare_sql())
             prepared.add(self.name)
-        return f"EXECUTE {self.name} ({', '.join(f'%({name})s' for name in self.parameters)})"
+        return self.execute_sql
 
 
 _LOCK = _Prepared(_compact(_LOCK_SQL))
@@ -543,6 +518,7 @@ def _commit_statement() -> _Prepared:
 
 
 def _commit_postgresql(call: _Call) -> CommitResult:
+    db = connections[DEFAULT_DB_ALIAS]
     operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
     params = {
         "operation_id": operation_id,
@@ -556,70 +532,26 @@ def _commit_postgresql(call: _Call) -> CommitResult:
         "deliver": delivery_configured(),
     }
     try:
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
-            pg = connection.connection
-            # psycopg sends the BEGIN that Django's atomic() asks for just before the first
-            # statement, as a round trip of its own. So when nothing has been sent yet,
-            # psycopg is told autocommit (it then sends no BEGIN) and our own BEGIN leads the
-            # query string below. psycopg's commit() and rollback() go by the server's
-            # transaction status, so atomic() still ends this transaction as usual, and then
-            # turns autocommit on, which is where psycopg's flag already is. (Inside an outer
-            # transaction, a test's, atomic() made a savepoint and there is no BEGIN to send.)
-            begin = pg.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
-            if begin:
-                pg.autocommit = True
-            lock_sql, commit_sql = _LOCK.call_sql(cursor), _commit_statement().call_sql(cursor)
-            crash_point("commit-before-decision")
-            # One query string, one round trip: BEGIN, the lock timeout, the case row lock,
-            # and the commit statement (Django's psycopg cursor binds parameters client-side,
-            # so several statements may share one query). The server runs them in order, and
-            # under READ COMMITTED each statement takes its own snapshot when it starts: the
-            # commit statement's is taken once the lock was granted, so every decision
-            # committed before then is in it. The lock timeout bounds every lock wait of this
-            # transaction. Any wait in this query string is on a row of this case (the case
-            # row, or the decision, effect or pending review of this very operation, held by
-            # a transaction still running): CaseBusy, and the transaction rolled back. At
-            # COMMIT (the deferred foreign-key checks) it is a failure like any other.
-            query = f"SET LOCAL lock_timeout = '{_lock_timeout_ms()}ms'; {lock_sql}; {commit_sql}"
-            try:
-                cursor.execute(f"BEGIN; {query}" if begin else query, params)
-            except OperationalError as exc:
-                if _is_lock_timeout(exc):
-                    raise _CaseLockTimeout from exc
-                raise
-            while cursor.nextset():
-                pass  # past BEGIN, SET and the lock statement, to the commit statement's row
-            returned = cursor.fetchone()
-            call.case_known = True
-            case_pk, case_label, current_proposal_id, proposal_pk, current_operation_id, *decided = returned
-            if case_pk is None:
-                raise _not_found(operation_id)
-            call.case_pk = case_pk
-            # The case row lock orders this commit against a concurrent edit of the same case,
-            # so "is this still the current proposal?" could not change before the statement.
-            if current_proposal_id != proposal_pk:
-                raise _stale(operation_id, case_label, current_operation_id)
-            # Every CTE of the statement reads one snapshot, taken when it starts. When the
-            # decision insert loses ON CONFLICT to a transaction that committed after that
-            # snapshot, the read of the standing decision cannot see the winner, so the
-            # statement could not tell a replay from a conflict. The case row lock is what
-            # prevents that: every commit of this operation holds it, so any decision
-            # committed before we got the lock is in this statement's snapshot. Only a writer
-            # that skips the lock can still win in between; the statement then decides
-            # nothing (outcome NULL) and writes nothing, and running it again, with a new
-            # snapshot, is exact.
-            if decided[0] is None:
-                cursor.execute(commit_sql, params)
-                decided = cursor.fetchone()[5:]
-                if decided[0] is None:
-                    raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
-            crash_point("commit-after-decision")
-            call.commit_sent = True
+        db.ensure_connection()
+        if db.in_atomic_block or not db.autocommit:
+            # Inside an outer transaction (a test's): atomic() makes a savepoint. Should psycopg
+            # have sent nothing yet, it would send the BEGIN atomic() asks for as a round trip
+            # of its own; it is told autocommit then, and our BEGIN leads the query string
+            # (its commit() and rollback() go by the server's transaction status).
+            with transaction.atomic(durable=True), db.cursor() as cursor:
+                pg = db.connection
+                begin = pg.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                if begin:
+                    pg.autocommit = True
+                proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=begin)
+                call.commit_sent = True
+        else:
+            proposal_pk, decided = _commit_own_transaction(db, call, params)
     except _CaseLockTimeout as timeout:
         raise _busy(call) from timeout.__cause__
     outcome, decision_pk, decision_approved, reviewer_pk, decided_at, *declined, effect_count, _ = decided
     decision = ReviewDecision.from_db(
-        connection.alias,
+        db.alias,
         [
             "id",
             "operation_id",
@@ -636,6 +568,102 @@ def _commit_postgresql(call: _Call) -> CommitResult:
     if reviewer_pk == reviewer.pk:
         decision.reviewer = reviewer
     return _result(outcome, approved=approved, effect_count=effect_count, operation_id=operation_id, decision=decision)
+
+
+def _commit_own_transaction(db, call: _Call, params: dict) -> tuple[int, tuple]:
+    """The usual case, Django in autocommit: the transaction is this function's own.
+
+    Our BEGIN leads the statements' query string, and COMMIT is Django's commit(), exactly
+    what ``atomic(durable=True)`` would send, without its bookkeeping on the way in and out
+    (switching Django and psycopg out of autocommit and back costs more client time than
+    the whole replay's server work; docs/PERFORMANCE.md). Django stays in autocommit
+    throughout, and no other code runs inside. Any failure before COMMIT rolls back here,
+    as atomic() would, and closes the connection when even the rollback fails.
+    """
+    pg = db.connection
+    with db.cursor() as cursor:
+        try:
+            proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=True)
+            call.commit_sent = True
+            # Django's own commit() and rollback(): psycopg's, logged as atomic() logs them.
+            # psycopg goes by the server's transaction status, not by its autocommit flag.
+            db.commit()
+        except BaseException:
+            # Still in a transaction: a statement failed, or COMMIT raised without ending it.
+            # Either way roll back, as atomic() does (and the outcome of a failed COMMIT stays
+            # unknown to the caller: call.commit_sent).
+            if pg.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                try:
+                    db.rollback()
+                except Error:
+                    db.close()
+            raise
+    return proposal_pk, decided
+
+
+def _commit_statements(db, cursor, call: _Call, params: dict, *, begin: bool) -> tuple[int, tuple]:
+    """Send the commit's one query string and read its answer; the caller commits.
+
+    Returns the proposal's id and the decided columns of the statement's row. Raises
+    NotFound and StaleProposal (the statement wrote nothing), and _CaseLockTimeout.
+    """
+    pg = db.connection
+    operation_id = call.operation_id
+    lock_sql, commit_sql = _LOCK.call_sql(cursor, pg), _commit_statement().call_sql(cursor, pg)
+    crash_point("commit-before-decision")
+    # One query string, one round trip: BEGIN, the lock timeout, the case row lock,
+    # and the commit statement (Django's psycopg cursor binds parameters client-side,
+    # so several statements may share one query). The server runs them in order, and
+    # under READ COMMITTED each statement takes its own snapshot when it starts: the
+    # commit statement's is taken once the lock was granted, so every decision
+    # committed before then is in it. The lock timeout bounds every lock wait of this
+    # transaction. Any wait in this query string is on a row of this case (the case
+    # row, or the decision, effect or pending review of this very operation, held by
+    # a transaction still running): CaseBusy, and the transaction rolled back. At
+    # COMMIT (the deferred foreign-key checks) it is a failure like any other.
+    query = _query_string(lock_sql, commit_sql, _lock_timeout_ms(), begin)
+    try:
+        cursor.execute(query, params)
+    except OperationalError as exc:
+        if _is_lock_timeout(exc):
+            raise _CaseLockTimeout from exc
+        raise
+    # Every result is in already: read them on psycopg's cursor, past Django's wrapper.
+    raw = cursor.cursor
+    while raw.nextset():
+        pass  # past BEGIN, SET and the lock statement, to the commit statement's row
+    returned = raw.fetchone()
+    call.case_known = True
+    case_pk, case_label, current_proposal_id, proposal_pk, current_operation_id, *decided = returned
+    if case_pk is None:
+        raise _not_found(operation_id)
+    call.case_pk = case_pk
+    # The case row lock orders this commit against a concurrent edit of the same case,
+    # so "is this still the current proposal?" could not change before the statement.
+    if current_proposal_id != proposal_pk:
+        raise _stale(operation_id, case_label, current_operation_id)
+    # Every CTE of the statement reads one snapshot, taken when it starts. When the
+    # decision insert loses ON CONFLICT to a transaction that committed after that
+    # snapshot, the read of the standing decision cannot see the winner, so the
+    # statement could not tell a replay from a conflict. The case row lock is what
+    # prevents that: every commit of this operation holds it, so any decision
+    # committed before we got the lock is in this statement's snapshot. Only a writer
+    # that skips the lock can still win in between; the statement then decides
+    # nothing (outcome NULL) and writes nothing, and running it again, with a new
+    # snapshot, is exact.
+    if decided[0] is None:
+        cursor.execute(commit_sql, params)
+        decided = cursor.cursor.fetchone()[5:]
+        if decided[0] is None:
+            raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
+    crash_point("commit-after-decision")
+    return proposal_pk, tuple(decided)
+
+
+@cache
+def _query_string(lock_sql: str, commit_sql: str, timeout_ms: int, begin: bool) -> str:
+    query = f"SET LOCAL lock_timeout = '{timeout_ms}ms'; {lock_sql}; {commit_sql}"
+    return f"BEGIN; {query}" if begin else query
 
 
 def _busy(call: _Call) -> CaseBusy:
@@ -658,7 +686,6 @@ def _busy(call: _Call) -> CaseBusy:
         _attempt_without_waiting(
             operation_id=call.operation_id,
             case_pk=case_pk,
-            case_label=case_label,
             approved=call.approved,
             reviewer=call.reviewer,
             channel=call.channel,

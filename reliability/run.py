@@ -57,14 +57,14 @@ POINTS = {
         "before the decision insert (PostgreSQL: before the one query string that begins the "
         "transaction, locks the case row and runs the commit statement; SQLite: after the lock and "
         "the stale check)",
-        "effects/services.py `_commit_postgresql` / `_commit_orm_writes`",
+        "effects/services.py `_commit_statements` / `_commit_orm_writes`",
         "Pending",
     ),
     "commit-after-decision": (
         "`resume`",
         "inside the commit transaction, after the decision (PostgreSQL: after the commit statement, "
         "which wrote the decision, effect, attempt and pending review together), before COMMIT",
-        "effects/services.py `_commit_postgresql` / `_commit_orm`",
+        "effects/services.py `_commit_statements` / `_commit_orm`",
         "Pending (the transaction rolled back)",
     ),
     "commit-after-transaction": (
@@ -116,7 +116,12 @@ DURABILITY = (
     "earlier commit, and are never at risk; nor is any database left inconsistent (PostgreSQL recovers to"
     " a consistent point). Tested by tests/effects/test_commit_postgres.py (`SHOW synchronous_commit` "
     "inside the commit transaction: `on` for a fresh decision and for a replay that completes a pending "
-    "review, `off` for a plain replay or conflict). docs/PERFORMANCE.md has what it buys."
+    "review, `off` for a plain replay or conflict). docs/PERFORMANCE.md has what it buys. An attempt "
+    "row's case and reviewer are references the database does not check (effects migration 0009): "
+    "recording an attempt takes no lock on them, so a refusal's row never waits behind the case lock it "
+    "reports, and keeps its case. Django's `on_delete=PROTECT` still refuses to delete a case or a user "
+    "that has attempts; only a raw SQL delete could leave an attempt naming one that is gone. Decisions "
+    "and effects keep their checked foreign keys."
 )
 
 
