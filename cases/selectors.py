@@ -25,7 +25,9 @@ def case_text_fields(case: Case) -> list[tuple[str, str]]:
 
 
 @functools.cache
-def _evidence_sql() -> str:
+def evidence_sql(placeholder: str = "%s") -> str:
+    """The read of ``case_evidence``, its case pk written as ``placeholder`` (twice); for a
+    caller that sends it in a query string of its own, then hands the rows to ``evidence_rows``."""
     # Raw SQL: every begin reads this, and the ORM's two queries (one per kind) spent more
     # time compiling than the database spent answering, and fetched each source's full text.
     passage, finding = SelectedPassage._meta.db_table, Finding._meta.db_table
@@ -33,10 +35,10 @@ def _evidence_sql() -> str:
     joins = f"JOIN {version} v ON v.id = e.source_version_id JOIN {source} s ON s.id = v.source_id"
     return (
         f"SELECT 0, e.position, e.id, s.source_id, v.version, e.quotation, CAST(NULL AS TEXT), CAST(NULL AS TEXT) "
-        f"FROM {passage} e {joins} WHERE e.case_id = %s "
+        f"FROM {passage} e {joins} WHERE e.case_id = {placeholder} "
         "UNION ALL "
         f"SELECT 1, e.position, e.id, s.source_id, v.version, CAST(NULL AS TEXT), e.finding, e.licensed_clause "
-        f"FROM {finding} e {joins} WHERE e.case_id = %s "
+        f"FROM {finding} e {joins} WHERE e.case_id = {placeholder} "
         "ORDER BY 1, 2, 3"
     )
 
@@ -44,15 +46,18 @@ def _evidence_sql() -> str:
 def case_evidence(case_pk: int) -> tuple[list[dict], list[dict]]:
     """The case's selected passages and its findings, in their positions' order, each naming
     its source and version: what a prepared proposal snapshots, in one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(evidence_sql(), [case_pk, case_pk])
+        return evidence_rows(cursor.fetchall())
+
+
+def evidence_rows(rows) -> tuple[list[dict], list[dict]]:
+    """The passages and the findings, from the rows of ``evidence_sql``."""
     passages: list[dict] = []
     findings: list[dict] = []
-    with connection.cursor() as cursor:
-        cursor.execute(_evidence_sql(), [case_pk, case_pk])
-        for kind, _position, _pk, source_id, version, quotation, finding, clause in cursor.fetchall():
-            if kind == 0:
-                passages.append({"source_id": source_id, "version": version, "quotation": quotation})
-            else:
-                findings.append(
-                    {"finding": finding, "licensed_clause": clause, "source_id": source_id, "version": version}
-                )
+    for kind, _position, _pk, source_id, version, quotation, finding, clause in rows:
+        if kind == 0:
+            passages.append({"source_id": source_id, "version": version, "quotation": quotation})
+        else:
+            findings.append({"finding": finding, "licensed_clause": clause, "source_id": source_id, "version": version})
     return passages, findings

@@ -13,10 +13,7 @@ the ORM in one IMMEDIATE transaction.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
-import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,7 +21,6 @@ from typing import Any, NamedTuple
 
 import psycopg
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, Error, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
@@ -43,6 +39,7 @@ from decisionflow.core.errors import (
 from decisionflow.core.faults import crash_point
 from decisionflow.core.locks import decision_lock_timeout
 from decisionflow.core.observability import observed_commit
+from decisionflow.core.prepared import PreparedStatement
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
 
 from .delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
@@ -460,61 +457,12 @@ _PARAMETER_TYPES = {
     "deliver": "boolean",
 }
 
-# Per psycopg connection: the names of the statements prepared on its server session.
-_prepared_on: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-
-
-class _Prepared:
-    """One statement of the commit, prepared once per database session with SQL PREPARE.
-
-    Django's cursors bind parameters client-side and prepare nothing, so the commit statement
-    would be parsed and planned on every commit (0.5 ms of server time, more than running
-    it). A statement prepared by name can still travel in one query string with BEGIN and
-    the lock (``EXECUTE name(...)``), which psycopg's protocol-level prepared statements
-    cannot. PREPARE is not transactional: a statement prepared on a session stays there,
-    whether the transaction around it commits or not, until the session ends.
-    """
-
-    def __init__(self, sql: str):
-        self.sql = sql
-        # Named after its text: a changed statement is a new statement.
-        self.name = f"decisionflow_{hashlib.sha256(sql.encode()).hexdigest()[:16]}"
-        self.parameters = [name for name in _PARAMETER_TYPES if f"%({name})s" in sql]
-        unknown = set(re.findall(r"%\((\w+)\)s", sql)) - set(self.parameters)
-        if unknown:
-            raise ImproperlyConfigured(f"commit statement parameters without a type in _PARAMETER_TYPES: {unknown}")
-        self.execute_sql = f"EXECUTE {self.name} ({', '.join(f'%({name})s' for name in self.parameters)})"
-
-    def prepare_sql(self) -> str:
-        sql = self.sql
-        for n, name in enumerate(self.parameters, 1):
-            sql = sql.replace(f"%({name})s", f"${n}")
-        types = ", ".join(_PARAMETER_TYPES[name] for name in self.parameters)
-        return f"PREPARE {self.name} ({types}) AS {sql}"
-
-    def call_sql(self, cursor, pg=None) -> str:
-        """What to send: ``EXECUTE name(...)``, once the statement is prepared on this
-        session (preparing it first, in a statement of its own, the first time); the
-        statement itself when psycopg's own prepared statements are turned on, because
-        psycopg then deallocates every prepared statement at each rollback. ``pg`` is the
-        psycopg connection under ``cursor`` (the default connection's when not given)."""
-        if pg is None:
-            pg = connection.connection
-        if pg.prepare_threshold is not None:
-            return self.sql
-        prepared = _prepared_on.setdefault(pg, set())
-        if self.name not in prepared:
-            cursor.execute(self.prepare_sql())
-            prepared.add(self.name)
-        return self.execute_sql
-
-
-_LOCK = _Prepared(_compact(_LOCK_SQL))
+_LOCK = PreparedStatement(_compact(_LOCK_SQL), _PARAMETER_TYPES)
 
 
 @cache
-def _commit_statement() -> _Prepared:
-    return _Prepared(_commit_sql())
+def _commit_statement() -> PreparedStatement:
+    return PreparedStatement(_commit_sql(), _PARAMETER_TYPES)
 
 
 def _commit_postgresql(call: _Call) -> CommitResult:

@@ -59,9 +59,15 @@ def _content(case: Case, *, body: str, passages: list[dict], findings: list[dict
     }
 
 
-def prepared_content(case: Case) -> dict:
-    passages, findings = case_evidence(case.pk)
-    policy = {"name": case.policy.name, "label": case.policy.label, "parameters": case.policy.parameters}
+def prepared_content(case: Case, *, evidence: tuple[list[dict], list[dict]] | None = None, policy=None) -> dict:
+    """What ``proposal_create`` would insert for ``case`` (identities included), unsaved.
+
+    ``evidence`` (``case_evidence``'s passages and findings) and ``policy`` (its snapshot:
+    name, label, parameters), when the caller read them already; else they are read here.
+    """
+    passages, findings = case_evidence(case.pk) if evidence is None else evidence
+    if policy is None:
+        policy = {"name": case.policy.name, "label": case.policy.label, "parameters": case.policy.parameters}
     return _content(case, body=case.draft, passages=passages, findings=findings, policy=policy)
 
 

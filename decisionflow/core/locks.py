@@ -8,6 +8,9 @@ overlap).
 
 - PostgreSQL: session-level advisory locks (``pg_try_advisory_lock``), held on the caller's
   connection and released explicitly; a crashed process releases them by disconnecting.
+  A begin on PostgreSQL takes the same lock as a transaction-level advisory lock instead
+  (``case_transaction_lock``): it travels with the transaction's first statements and ends
+  with it, so there is no unlock to send and none to lose.
 - SQLite: a file lock (the pinned ``filelock`` package) in ``DECISIONFLOW_LOCK_DIR``
   (default: ``<tmp>/decisionflow-locks``). The file name includes a hash of the database
   path, so two SQLite databases on one machine (the demo's scratch file, a test database)
@@ -144,6 +147,57 @@ def case_lock(case_id: str, *, timeout: float | None = None):
         timeout=decision_lock_timeout() if timeout is None else timeout,
         busy=CaseBusy,
     )
+
+
+# PostgreSQL's lock_not_available: a lock wait outlasted lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class CaseTransactionLock:
+    """The case lock of ``case_lock``, held by one PostgreSQL transaction (a begin).
+
+    ``sql`` goes first in the transaction's first query string (after BEGIN): it bounds every
+    lock wait of the transaction with ``SET LOCAL lock_timeout`` (the decision lock timeout)
+    and takes the case's advisory lock with ``pg_advisory_xact_lock``, the same key as
+    ``case_lock``'s session lock, so each excludes the other. The server releases it at
+    COMMIT or ROLLBACK, or when the session ends: no unlock round trip, and no unlock that a
+    dead connection could fail (issue 12, items 4 and 5). Inside an outer transaction (a
+    test's) it is held until that one ends.
+
+    Use ``waits()`` around the whole transaction: a lock wait past the timeout, for this lock
+    or for any row the transaction writes (all of them this case's), rolls it back and
+    becomes ``CaseBusy``, as ``case_lock`` answers.
+    """
+
+    def __init__(self, case_id: str, *, timeout: float | None = None):
+        self.case_id = case_id
+        seconds = decision_lock_timeout() if timeout is None else timeout
+        # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
+        self.sql = (
+            f"SET LOCAL lock_timeout = '{max(1, round(seconds * 1000))}ms'; SELECT pg_advisory_xact_lock(%(case_lock)s)"
+        )
+        self.params = {"case_lock": _advisory_key(f"case:{case_id}")}
+        self._started = 0.0
+
+    def granted(self) -> None:
+        """Call once the query string that holds ``sql`` has answered: the wait is over."""
+        lock_waited("case", time.monotonic() - self._started, had=True)
+
+    @contextmanager
+    def waits(self):
+        self._started = time.monotonic()
+        try:
+            yield self
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            lock_waited("case", time.monotonic() - self._started, had=False)
+            raise CaseBusy(f"another action on case {self.case_id} is in progress; try again") from exc
+
+
+def case_transaction_lock(case_id: str, *, timeout: float | None = None) -> CaseTransactionLock:
+    """``case_lock`` for one PostgreSQL transaction; see ``CaseTransactionLock``."""
+    return CaseTransactionLock(case_id, timeout=timeout)
 
 
 def reconcile_lock():

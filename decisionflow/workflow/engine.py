@@ -29,6 +29,7 @@ from cases.models import Case
 from decisionflow.core import identity
 from decisionflow.core.faults import LostReceipt, crash_point
 from effects.services import CommitResult, effect_commit
+from reviews.models import Proposal
 from reviews.services import proposal_create
 
 from .driver import on_caller
@@ -66,6 +67,10 @@ class Begin:
     actor: Any = None
     # The host read, under the case lock, that the case has no proposal yet (proposal_create's ``first``).
     first: bool = False
+    # PostgreSQL's first begin of a case: the prepared proposal the host built (its id drawn
+    # from the table's sequence) and writes with the pause, in one statement after the run.
+    # The prepare step then asks about it as it is, with no database work of its own.
+    proposal: Proposal | None = None
 
 
 def _prepare_sync(message: dict, begin: Begin | None) -> dict:
@@ -76,7 +81,12 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
     # The pipeline prepared it: no human author, whoever began the review (the pending
     # review records who began it, and through which channel).
     proposal = proposal_create(case=case, first=begin is not None and begin.first and begin.case is case)
-    # Issue 7: killed after the proposal is written, before anything records a pending review.
+    return _review_request(message, case, proposal)
+
+
+def _review_request(message: dict, case: Case, proposal: Proposal) -> dict:
+    # Issue 7: killed once the proposal is made (written, or on PostgreSQL's first begin
+    # built to be written with the pause), before anything records a pending review.
     crash_point("begin-after-proposal")
     return conform(
         "request",
@@ -100,7 +110,12 @@ class Prepare(Executor):
 
     @handler
     async def prepare(self, message: dict, ctx: WorkflowContext[dict]) -> None:
-        await ctx.send_message(await on_caller(_prepare_sync, message, self._begin))
+        begin = self._begin
+        if begin is not None and begin.proposal is not None and begin.case.pk == message["case_pk"]:
+            # Built by the host: nothing to read or write, so no crossing to the caller's thread.
+            await ctx.send_message(_review_request(message, begin.case, begin.proposal))
+            return
+        await ctx.send_message(await on_caller(_prepare_sync, message, begin))
 
 
 class HumanReview(Executor):

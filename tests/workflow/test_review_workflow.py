@@ -94,19 +94,30 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
     assert (counts(), WorkflowCheckpoint.objects.count()) == before
 
 
-def test_begin_rolls_back_whole_when_the_pause_cannot_be_stored(case, monkeypatch):
-    """Begin is one transaction: proposal, pause checkpoint and pending review, or none of them."""
+def _fail_the_pause_insert(execute, sql, params, many, context):
+    """The database refuses the statement that stores the pause: the ORM's checkpoint insert
+    (SQLite), or begin's one write statement (PostgreSQL's first begin)."""
+    from decisionflow.workflow import services
 
-    def full_disk(self, checkpoint, payload=None):
+    if sql.startswith('INSERT INTO "reviews_workflowcheckpoint"') or sql.startswith(
+        f"EXECUTE {services._begin_write_statement().name}"
+    ):
         raise DatabaseError("disk full")
+    return execute(sql, params, many, context)
 
-    monkeypatch.setattr(store.DatabaseCheckpointStorage, "write", full_disk)
-    with pytest.raises(WorkflowIncompatible, match="could not be stored .*disk full.*no pending review was recorded"):
+
+def test_begin_rolls_back_whole_when_the_pause_cannot_be_stored(case):
+    """Begin is one transaction: proposal, pause checkpoint and pending review, or none of them."""
+    from django.db import connection
+
+    with (
+        connection.execute_wrapper(_fail_the_pause_insert),
+        pytest.raises(WorkflowIncompatible, match="could not be stored .*disk full.*no pending review was recorded"),
+    ):
         review_begin(case=case)
     case.refresh_from_db()
     assert case.current_proposal_id is None
     assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
-    monkeypatch.undo()
     assert review_begin(case=case).checkpoints == 1  # and a rerun then works
 
 
@@ -119,6 +130,17 @@ def test_begin_reads_the_case_once_and_its_first_proposal_takes_no_savepoint(cas
     with CaptureQueriesContext(connection) as captured:
         review_begin(case=case)
     sql = [q["sql"] for q in captured.captured_queries]
+    if connection.vendor == "postgresql":
+        # One query string with the lock and both reads, then one statement that writes (the
+        # test's transaction turns begin's own into the savepoint around them); round trips
+        # and real transactions: tests/workflow/test_begin_postgres.py.
+        from decisionflow.workflow import services
+
+        assert [s.split(" ", 1)[0] for s in sql] == ["SAVEPOINT", "SET", "EXECUTE", "RELEASE"], sql
+        assert f"EXECUTE {services._begin_case_read().name} " in sql[1], sql
+        assert f"EXECUTE {services._begin_evidence_read().name} " in sql[1], sql
+        assert sql[2].startswith(f"EXECUTE {services._begin_write_statement().name} "), sql
+        return
     assert sum('"current_proposal_id" FROM "cases_case"' in s for s in sql) == 1, sql
     assert sum("cases_selectedpassage" in s or "cases_finding" in s for s in sql) == 1, sql
     insert = next(i for i, s in enumerate(sql) if s.startswith('INSERT INTO "reviews_proposal"'))
@@ -152,12 +174,12 @@ def test_begin_refuses_a_pause_that_is_not_plain_json_and_writes_nothing(case, m
     which refuses it when it is not plain JSON, before anything is written."""
     from decisionflow.workflow import engine
 
-    real = engine._prepare_sync
+    real = engine._review_request
 
-    def with_a_tuple(message, begin):
-        return {**real(message, begin), "session_id": ("not", "json")}
+    def with_a_tuple(message, case, proposal):
+        return {**real(message, case, proposal), "session_id": ("not", "json")}
 
-    monkeypatch.setattr(engine, "_prepare_sync", with_a_tuple)
+    monkeypatch.setattr(engine, "_review_request", with_a_tuple)
     with pytest.raises(WorkflowIncompatible, match="not plain JSON .*no pending review was recorded"):
         review_begin(case=case)
     assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
