@@ -71,6 +71,7 @@ def log(msg: str) -> None:
 def env_for(database_url: str) -> dict:
     """Production-like settings (DEBUG off: no query log), on the benchmark's own database.
     The secret is a throwaway: benchmark processes serve no one."""
+    EVENT_LOG.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/bench
     env = dict(
         os.environ,
         DATABASE_URL=database_url,
