@@ -39,7 +39,7 @@ from decisionflow.core.errors import (
 from decisionflow.core.faults import crash_point
 from decisionflow.core.locks import decision_lock_timeout
 from decisionflow.core.observability import observed_commit
-from decisionflow.core.prepared import PreparedStatement
+from decisionflow.core.prepared import PreparedStatement, begin_in_query_string
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
 
 from .delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
@@ -482,15 +482,10 @@ def _commit_postgresql(call: _Call) -> CommitResult:
     try:
         db.ensure_connection()
         if db.in_atomic_block or not db.autocommit:
-            # Inside an outer transaction (a test's): atomic() makes a savepoint. Should psycopg
-            # have sent nothing yet, it would send the BEGIN atomic() asks for as a round trip
-            # of its own; it is told autocommit then, and our BEGIN leads the query string
-            # (its commit() and rollback() go by the server's transaction status).
+            # Inside an outer transaction (a test's): atomic() makes a savepoint; our BEGIN
+            # leads the query string only when psycopg has sent nothing yet (core/prepared.py).
             with transaction.atomic(durable=True), db.cursor() as cursor:
-                pg = db.connection
-                begin = pg.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
-                if begin:
-                    pg.autocommit = True
+                begin = begin_in_query_string()
                 proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=begin)
                 call.commit_sent = True
         else:
