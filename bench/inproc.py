@@ -20,8 +20,11 @@ SCALES = {
         "runs": 5,
         "identity_runs": 9,
         "identity_number": 3000,
-        "commit_n": 300,
-        "concurrent_per_worker": 60,
+        # Long enough for steady state: on these VMs a loop right after an idle moment runs up
+        # to twice as fast for its first ~50 ms (docs/PERFORMANCE.md, "Short runs"), which
+        # a 300-operation raw loop fits in and ours does not.
+        "commit_n": 1000,
+        "concurrent_per_worker": 200,
         "workers": 8,
         "workflow_n": 20,
         "storage_n": 50,
