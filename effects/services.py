@@ -32,6 +32,7 @@ from decisionflow.core.errors import (
     DecisionOmitted,
     InvalidInput,
     NotFound,
+    OutcomeUncertain,
     PermissionRefused,
     RefusalReason,
     StaleProposal,
@@ -731,6 +732,16 @@ def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
     return outcome, effect_count, decision
 
 
+def _uncertain(call: _Call, exc: Exception) -> OutcomeUncertain:
+    what = identity.short(str(call.operation_id))
+    return OutcomeUncertain(
+        f"outcome uncertain: the COMMIT of {what} failed ({type(exc).__name__}) and may have been applied; "
+        f"run `manage.py reconcile` to see whether it committed",
+        operation_id=call.operation_id,
+        error=f"{type(exc).__name__}: {exc}",
+    )
+
+
 def _record_failure(call: _Call, exc: Exception) -> None:
     """The FAILED attempt row, written only when the commit is known to have rolled back.
 
@@ -773,7 +784,8 @@ def effect_commit(
     boolean, no permission, unknown or stale operation, ``CaseBusy`` when another action
     holds the case row longer than ``decision_lock_timeout()``) raise and write no decision
     or effect. Every call, refused or not, appends a ``CommitAttempt``; a failure is
-    recorded as ``failed`` only when the transaction is known to have rolled back.
+    recorded as ``failed`` only when the transaction is known to have rolled back; a
+    failure once COMMIT was sent (it may have been applied) raises ``OutcomeUncertain``.
 
     A decline may carry ``decline_reason`` (``DeclineReason``) and ``decline_note``; they are
     stored with the decision, and a replay keeps the first (its attempt row keeps its own).
@@ -804,6 +816,10 @@ def effect_commit(
         raise
     except Exception as exc:
         _record_failure(call, exc)
+        if call.commit_sent:
+            # COMMIT was sent and failed (a lost connection, most likely): it may have been
+            # applied. Every caller, not only the workflow's, reports that as uncertain.
+            raise _uncertain(call, exc) from exc
         raise
     crash_point("commit-after-transaction")
     if result.status == COMMITTED and not result.replay and delivery_configured():

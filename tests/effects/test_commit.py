@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decisionflow.core.errors import InvalidInput, NotFound, PermissionRefused, StaleProposal
+from decisionflow.core.errors import InvalidInput, NotFound, OutcomeUncertain, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, ReviewDecision
@@ -233,7 +233,7 @@ def test_a_failed_audit_row_never_masks_the_failure(proposal, reviewer, monkeypa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failure_of_commit_itself_is_not_recorded_as_failed(proposal, reviewer, monkeypatch, caplog):
+def test_a_failure_of_commit_itself_is_uncertain_and_not_recorded_as_failed(proposal, reviewer, monkeypatch, caplog):
     """COMMIT may have been applied when it raises; a "failed" row could be a lie."""
     from django.db import OperationalError, connections
 
@@ -242,8 +242,13 @@ def test_a_failure_of_commit_itself_is_not_recorded_as_failed(proposal, reviewer
 
     with monkeypatch.context() as patch:
         patch.setattr(connections["default"], "_commit", lost)
-        with pytest.raises(OperationalError, match="server closed"):
+        # Every caller of the service (the SLA expiry, a retry of a pruned pause), not only
+        # the workflow's commit step, hears "uncertain" and where to look, never the bare error.
+        with pytest.raises(OutcomeUncertain, match="may have been applied; run `manage.py reconcile`") as raised:
             effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert isinstance(raised.value.__cause__, OperationalError)
+    assert raised.value.details["error"] == "OperationalError: server closed the connection unexpectedly"
+    assert raised.value.details["operation_id"] == proposal.operation_id
     # Here the rollback that followed did undo it; the point is that no row claims to know.
     assert outcomes() == []
     assert "outcome unknown" in caplog.text

@@ -198,3 +198,34 @@ def test_sla_report_help():
     with pytest.raises(SystemExit) as exc:
         call_command("sla_report", "--help")
     assert exc.value.code == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expiry_whose_commit_fails_is_reported_uncertain(case, reviewer, settings, monkeypatch):
+    """Neither "expired" nor "not expired": the COMMIT may have been applied."""
+    from django.db import OperationalError, connections
+
+    settings.DECISIONFLOW_REVIEW_SLA = "4h"
+    settings.DECISIONFLOW_REVIEW_ON_BREACH = "decline"
+    pending = review_begin(case=case, actor=reviewer).pending_review
+    age(pending, 5)
+    queue.system_actor_user()  # its get_or_create commits too: made here, before the fault
+    db, failures = connections["default"], []
+    commit = db._commit
+
+    def lost_once(*args, **kwargs):
+        if not failures:  # the expiry's COMMIT; every later one goes through
+            failures.append(True)
+            raise OperationalError("server closed the connection unexpectedly")
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(db, "_commit", lost_once)
+    code, out, _ = run("sla_report", "--expire")
+    assert failures, "the expiry never reached COMMIT"
+    assert code == 10 and "action=uncertain (outcome_uncertain: run `manage.py reconcile`)" in out
+    assert "action=expired" not in out and "not_expired" not in out
+    # Here the rollback undid it: still pending, and the next run expires it.
+    monkeypatch.setattr(db, "_commit", commit)
+    code, out, _ = run("sla_report", "--expire")
+    assert code == 10 and "action=expired" in out
+    assert ReviewDecision.objects.get().decline_reason == "expired"

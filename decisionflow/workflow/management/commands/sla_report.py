@@ -1,7 +1,7 @@
 import json
 
 from decisionflow.core.commandline import WorkflowCommand
-from decisionflow.core.errors import DecisionflowError
+from decisionflow.core.errors import DecisionflowError, OutcomeUncertain
 from decisionflow.core.locks import cron_lock
 from decisionflow.core.observability import sla_observed
 from decisionflow.core.text import shown
@@ -67,6 +67,9 @@ class Command(WorkflowCommand):
     def _expire(self, pending) -> str:
         try:
             result = queue.review_expire(pending=pending)
+        except OutcomeUncertain:
+            # Its COMMIT failed and may have been applied: neither "expired" nor "not".
+            return "uncertain (outcome_uncertain: run `manage.py reconcile`)"
         except DecisionflowError as exc:
             # A person's decision (or an edit) got there first: it stands; say so and go on.
             return f"not_expired ({exc.code})"
