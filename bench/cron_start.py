@@ -19,8 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
+from .env import PY, ROOT, env_for
 
 BARE_SETTINGS_TAIL = """
 # Appended by bench/cron_start.py: the same database as the project's run.
@@ -100,8 +99,6 @@ def bench_cron_start(env: dict, *, runs: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from .run import env_for
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", required=True, help="an empty database, migrated first")
     parser.add_argument("--runs", type=int, default=7)

@@ -30,10 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from . import report
-
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
-EVENT_LOG = ROOT / "var" / "bench" / "events.jsonl"
+from .cron_start import bench_cron_start
+from .env import EVENT_LOG, PY, ROOT, env_for
 
 # The parts of a run, for --skip and --only.
 PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery")
@@ -66,27 +64,6 @@ SIZES = {
 
 def log(msg: str) -> None:
     print(f"[bench {datetime.now(UTC):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
-
-
-def env_for(database_url: str) -> dict:
-    """Production-like settings (DEBUG off: no query log), on the benchmark's own database.
-    The secret is a throwaway: benchmark processes serve no one."""
-    EVENT_LOG.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/bench
-    env = dict(
-        os.environ,
-        DATABASE_URL=database_url,
-        DEBUG="0",
-        PYTHONPATH=str(ROOT),
-        SECRET_KEY=f"bench-only-{os.urandom(16).hex()}",
-        SECURE_SSL_REDIRECT="0",
-        ALLOWED_HOSTS="localhost,127.0.0.1",
-        # Every decision still logs its JSON event line (part of what is measured), into a
-        # file instead of the report's stderr, where hundreds of them hid the progress lines.
-        DECISIONFLOW_EVENT_LOG_FILE=str(EVENT_LOG),
-    )
-    env.pop("DECISIONFLOW_FAULT_INJECTION", None)
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    return env
 
 
 def migrate(database_url: str) -> None:
@@ -450,7 +427,6 @@ def bench_retention_part(base: str, scale: str, *, name: str, pg: bool) -> list[
 
 
 def bench_cron_start_part(base: str | None, runs: int, *, name: str) -> list[dict]:
-    from .cron_start import bench_cron_start as measure
 
     log(f"cron start: recreating {name} (empty, migrated); a bare Django project in a temporary directory")
     url = None
@@ -461,7 +437,7 @@ def bench_cron_start_part(base: str | None, runs: int, *, name: str) -> list[dic
         url = url or f"sqlite:///{tmp}/cron.sqlite3"
         migrate(url)
         try:
-            return [measure(env_for(url), runs=runs)]
+            return [bench_cron_start(env_for(url), runs=runs)]
         except Exception:
             import traceback
 

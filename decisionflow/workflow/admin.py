@@ -43,13 +43,14 @@ from decisionflow.core.errors import (
 )
 from effects.models import EffectRecord
 from effects.selectors import case_delivery_panels, delivery_panel
-from effects.services import REVIEW_PERMISSION, operation_reconcile
+from effects.services import operation_reconcile
 from reviews.admin import PROPOSAL_BIG_FIELDS
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, policy_change, proposal_diff, proposal_text_fields
 
 from . import picture as workflow_picture
 from . import selectors
+from .admin_links import can_review, review_url
 from .forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm
 from .listing import CaseListAdminMixin, reviewers_with_decisions
 from .selectors import decidable_operation_id
@@ -93,14 +94,6 @@ def refusal_record(**kwargs) -> None:
 
 
 log = logging.getLogger(__name__)
-
-
-def can_review(user) -> bool:
-    return user.is_active and user.has_perm(REVIEW_PERMISSION)
-
-
-def review_url(proposal_pk) -> str:
-    return reverse("admin:reviews_proposal_review", args=[proposal_pk])
 
 
 def current_proposal_link(operation_id: str | None):

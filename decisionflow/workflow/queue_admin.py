@@ -29,7 +29,7 @@ from reviews.models import Origin, PendingReview, ReviewQueueItem
 from reviews.selectors import proposal_text_fields
 
 from . import queue
-from .admin import can_review, review_url
+from .admin_links import can_review, review_url
 from .listing import CaseListAdminMixin
 
 VIEW_PENDING = "reviews.view_pendingreview"

@@ -28,7 +28,7 @@ def test_retention_bench_prunes_the_finished_cases_only():
 
 def test_cron_start_bench_runs_once():
     from bench.cron_start import bench_cron_start
-    from bench.run import env_for
+    from bench.env import env_for
     from tests.conftest import database_url
 
     r = bench_cron_start(env_for(database_url()), runs=1)
