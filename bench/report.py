@@ -88,11 +88,11 @@ FINDINGS = {
         "work of its own in `prepare`."
     ),
     "process_start": (
-        "Profiled with `python -X importtime`: Django set-up runs the admin autodiscovery, which imports "
-        "`api.services` and through it `decisionflow.workflow` and agent-framework (~0.35 s of imports "
-        "on a quiet machine, agent_framework._clients and _tools the largest), even for `--help`. "
-        "Recommended (api/ and the commands, not files this benchmark owns): import the workflow inside "
-        "the functions that run it. Report only; no goal."
+        "Profiled with `python -X importtime`: `resume` runs the workflow, so its module imports "
+        "`decisionflow.workflow.services` and through it the engine and agent-framework (~0.1 s of "
+        "imports on a quiet machine), even for `--help`. Nothing else does any more: since issue 16 the "
+        "admin autodiscovery and `api.services` import no workflow, so `reconcile`, `prune_checkpoints` "
+        "and `load_case` start without agent-framework (14 below). Report only; no goal."
     ),
     "cron_start": (
         "Before issue 16 the admin autodiscovery imported decisionflow.workflow.services, and through it "
