@@ -157,24 +157,15 @@ def attempt_record(
     so no lock is taken on the case or the user. One statement, in the caller's transaction
     if there is one (autocommit otherwise).
     """
-    _attempt_without_waiting(
+    _attempt(
         operation_id=operation_id,
-        case_pk=case.pk if case is not None else None,
+        case_id=case.pk if case is not None else None,
         approved=approved,
         reviewer=reviewer,
         channel=channel,
         outcome=outcome,
         detail=detail,
         reason=reason,
-    )
-
-
-def _attempt_without_waiting(*, operation_id, case_pk, approved, reviewer, channel, outcome, detail, reason=None):
-    # A plain insert: with no foreign-key check there is no FOR KEY SHARE to wait for, on
-    # PostgreSQL behind a FOR UPDATE holder of the case row; on SQLite, the write waits for
-    # the database lock like every write.
-    _insert_row(
-        CommitAttempt, _attempt_fields(operation_id, case_pk, approved, reviewer, outcome, channel, detail, reason)
     )
 
 
@@ -613,8 +604,7 @@ def _query_string(lock_sql: str, commit_sql: str, timeout_ms: int, begin: bool) 
 def _busy(call: _Call) -> CaseBusy:
     """The answer to a case locked past the timeout, once the transaction rolled back.
 
-    PostgreSQL: the attempt row is written without waiting for that same row lock
-    (``attempt_record``). SQLite: the lock is the whole database's, so no row can be
+    PostgreSQL: the attempt row is written without waiting for that same row lock. SQLite: the lock is the whole database's, so no row can be
     written without waiting for it; the attempt is logged instead of recorded.
     """
     # A plain read: it waits for no row lock (nor, on SQLite, for another writer).
@@ -627,9 +617,11 @@ def _busy(call: _Call) -> CaseBusy:
         log.warning("busy attempt on %s not recorded (the database is locked): %s", what, message)
         return CaseBusy(message, case_id=case_label)
     try:
-        _attempt_without_waiting(
+        # The same plain insert as every attempt row: its references are not checked
+        # (migration 0009), so it takes no lock on the case row that made this call busy.
+        _attempt(
             operation_id=call.operation_id,
-            case_pk=case_pk,
+            case_id=case_pk,
             approved=call.approved,
             reviewer=call.reviewer,
             channel=call.channel,
