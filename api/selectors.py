@@ -21,6 +21,7 @@ from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
 
 from .models import ApiToken
+from .rows import Columns
 
 
 def tokens_of(user) -> QuerySet[ApiToken]:
@@ -38,35 +39,6 @@ def _only(queryset):
     return found[0] if found else None
 
 
-class _Columns:
-    """Some concrete fields of a model as raw SQL columns, and the rows read back as model
-    instances: the backend's and each field's converters applied, as the ORM applies them
-    (JSON from text; on SQLite, dates from text). Fields left out are deferred."""
-
-    def __init__(self, model, alias: str, names: tuple[str, ...] | None = None):
-        self.model = model
-        self.fields = [f for f in model._meta.concrete_fields if names is None or f.attname in names]
-        self.names = [f.attname for f in self.fields]
-        self.sql = ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}" for f in self.fields)
-        self.converters = []
-        for i, f in enumerate(self.fields):
-            col = f.get_col(alias)
-            found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-            if found:
-                self.converters.append((i, found))
-        self.pk = self.names.index(model._meta.pk.attname)
-
-    def build(self, values):
-        """The instance, or None when the row's primary key is NULL (a LEFT JOIN found none)."""
-        if values[self.pk] is None:
-            return None
-        values = list(values)
-        for i, converters in self.converters:
-            for convert in converters:
-                values[i] = convert(values[i], None, connection)
-        return self.model.from_db(connection.alias, self.names, values)
-
-
 def _who() -> tuple[str, str]:
     """What the API shows of a user: the key, and the username (a plain field, whose name
     is its attribute's)."""
@@ -74,7 +46,7 @@ def _who() -> tuple[str, str]:
     return user._meta.pk.attname, user.USERNAME_FIELD
 
 
-def _split(row, parts: tuple[_Columns, ...]) -> list:
+def _split(row, parts: tuple[Columns, ...]) -> list:
     """One joined row as the instances of its parts (None for a part the join did not find)."""
     found, start = [], 0
     for part in parts:
@@ -84,18 +56,18 @@ def _split(row, parts: tuple[_Columns, ...]) -> list:
 
 
 @functools.cache
-def _case_sql() -> tuple[str, tuple[_Columns, ...]]:
+def _case_sql() -> tuple[str, tuple[Columns, ...]]:
     # Raw SQL on every request: the ORM spent 7-14 times as much CPU compiling the same
     # select_related as the statement costs on a cursor (docs/PERFORMANCE.md, "third pass").
     user = get_user_model()
     parts = (
-        _Columns(Case, "c"),
-        _Columns(Proposal, "p"),
-        _Columns(Proposal, "pp", ("id", "operation_id")),
-        _Columns(user, "u", _who()),
+        Columns(Case, "c"),
+        Columns(Proposal, "p"),
+        Columns(Proposal, "pp", ("id", "operation_id")),
+        Columns(user, "u", _who()),
         # The case's policy version: what a case never begun computes its decidable
         # operation from (and what begin, if this request begins it, prepares with).
-        _Columns(Policy, "po"),
+        Columns(Policy, "po"),
     )
     q = connection.ops.quote_name
     sql = (
@@ -183,18 +155,18 @@ class _Operation(NamedTuple):
 
 
 @functools.cache
-def _operation_sql() -> tuple[str, tuple[_Columns, ...]]:
+def _operation_sql() -> tuple[str, tuple[Columns, ...]]:
     # Each table is joined on the operation's key, as reconcile's own set-based query joins
     # them (effects/services.py); every key is unique, so a row or none from each.
     user = get_user_model()
     who = _who()
     parts = (
-        _Columns(ReviewDecision, "d"),
-        _Columns(user, "r", who),
-        _Columns(EffectRecord, "e", ("id",)),
-        _Columns(Delivery, "dl"),
-        _Columns(PendingReview, "pr"),
-        _Columns(user, "b", who),
+        Columns(ReviewDecision, "d"),
+        Columns(user, "r", who),
+        Columns(EffectRecord, "e", ("id",)),
+        Columns(Delivery, "dl"),
+        Columns(PendingReview, "pr"),
+        Columns(user, "b", who),
     )
     q = connection.ops.quote_name
     user_pk = q(str(user._meta.pk.column))

@@ -20,6 +20,7 @@ from decisionflow.core.errors import InvalidInput, NotFound, PermissionRefused
 from effects.services import REVIEW_PERMISSION
 
 from .models import ApiToken
+from .rows import Columns
 
 TOKEN_PREFIX = "dft_"
 # last_used_at is advisory: writing it at most once a minute keeps busy clients (and the
@@ -124,7 +125,7 @@ def _token_sql() -> str:
         f"JOIN {q(ContentType._meta.db_table)} c "
         f"ON c.{q(ContentType._meta.pk.column)} = x.{q(Permission._meta.get_field('content_type').column)}"
     )
-    user_columns = ", ".join(f"u.{q(f.column)}" for f in user._meta.concrete_fields)
+    user_columns = _user_row().sql
     return f"""
         SELECT {user_columns}, t.{q(ApiToken._meta.pk.column)} AS token_pk,
                CASE WHEN t.{q("last_used_at")} IS NULL OR t.{q("last_used_at")} < %s THEN 1 ELSE 0 END
@@ -148,17 +149,9 @@ def _token_sql() -> str:
 
 
 @functools.cache
-def _user_columns() -> tuple[list[str], list[tuple[int, list]]]:
-    """The user's field names in ``_token_sql``'s column order, and each column's converters
-    (the backend's and the field's, as the ORM applies them: SQLite returns text for a date)."""
-    fields = get_user_model()._meta.concrete_fields
-    converters = []
-    for i, f in enumerate(fields):
-        col = f.get_col(f.model._meta.db_table)
-        found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        if found:
-            converters.append((i, found))
-    return [f.attname for f in fields], converters
+def _user_row() -> Columns:
+    """The user's columns in ``_token_sql``, and its rows read back as users."""
+    return Columns(get_user_model(), "u")
 
 
 def token_authenticate(plaintext: str):
@@ -178,19 +171,14 @@ def token_authenticate(plaintext: str):
     params = [connection.ops.adapt_datetimefield_value(stale), token_hash(plaintext)]
     # A plain cursor, not ``objects.raw()``: on every API request, RawQuerySet's per-query
     # set-up (column mapping, converters, model init order) cost more than the statement.
-    names, converters = _user_columns()
+    columns = _user_row()
     with connection.cursor() as cursor:
         cursor.execute(_token_sql(), params)
         rows = cursor.fetchall()
     if not rows:
         return None
-    width = len(names)
-    values = list(rows[0][:width])
-    for i, field_converters in converters:
-        for convert in field_converters:
-            values[i] = convert(values[i], None, connection)
-    user_model = get_user_model()
-    user = user_model.from_db(connection.alias, names, values)
+    width = len(columns.fields)
+    user = columns.build(rows[0][:width])
     # The statement's own columns after the user's: token, stamp, then one permission a row.
     token_pk, stamp_stale = rows[0][width], rows[0][width + 1]
     if settings.AUTHENTICATION_BACKENDS == [MODEL_BACKEND] and not user.is_superuser:
