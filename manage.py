@@ -12,7 +12,7 @@ import sys
 
 def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "decisionflow.settings")
-    from decisionflow.core.commandline import execute_from_command_line
+    from core.commandline import execute_from_command_line
 
     sys.exit(execute_from_command_line(sys.argv))
 

@@ -15,12 +15,11 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from decisionflow.core.admin_base import when
-from decisionflow.core.errors import DecisionflowError
-
-from . import selectors
-from .models import ApiToken
-from .services import can_self_serve, token_create, token_revoke, token_self_create, token_self_revoke
+from api import selectors
+from api.models import ApiToken
+from api.services import can_self_serve, token_create, token_revoke, token_self_create, token_self_revoke
+from core.errors import DecisionflowError
+from core.text import when
 
 
 @admin.register(ApiToken)

@@ -18,15 +18,10 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 from ninja.openapi.docs import _csrf_needed
 from ninja.responses import Status
 
-from decisionflow.core import errors
-from decisionflow.workflow.publishing import policy_publish as publish_service
-from decisionflow.workflow.services import decision_record, review_edit
-from reviews.models import Channel
-
-from . import selectors, services
-from .auth import AUTH
-from .parser import StrictJsonParser
-from .schemas import (
+from api import selectors, services
+from api.auth import AUTH
+from api.parser import StrictJsonParser
+from api.schemas import (
     DEMO_OPERATION_ID,
     OPERATION_ID_PATTERN,
     CaseOut,
@@ -39,6 +34,10 @@ from .schemas import (
     PolicyPublishIn,
     PolicyPublishOut,
 )
+from core import errors
+from reviews.models import Channel
+from workflow.publishing import policy_publish as publish_service
+from workflow.services import decision_record, review_edit
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ api = NinjaAPI(
 )
 
 # The error table: every application error class carries its own status and code
-# (decisionflow/core/errors.py), so the table is built from the classes themselves.
+# (core/errors.py), so the table is built from the classes themselves.
 ERROR_TABLE = {cls.code: cls.http_status for cls in errors.REFUSALS}
 # Codes for the refusals that do not come from a service.
 HTTP_CODES = {

@@ -18,15 +18,14 @@ from ninja.errors import AuthenticationError, AuthorizationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
+from api.services import token_authenticate
 from cases.models import Case
 from cases.services import can_publish
-from decisionflow.core import identity
-from decisionflow.core.errors import PermissionRefused
-from decisionflow.workflow.services import refusal_record
+from core import identity
+from core.errors import PermissionRefused
 from effects.services import REVIEW_PERMISSION
 from reviews.models import Channel
-
-from .services import token_authenticate
+from workflow.services import refusal_record
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 VIEW_PERMISSION = "cases.view_case"

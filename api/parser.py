@@ -12,7 +12,7 @@ import json
 
 from ninja.parser import Parser
 
-from decisionflow.core.errors import InvalidInput
+from core.errors import InvalidInput
 
 
 class BodyRefused(InvalidInput):

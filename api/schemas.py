@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from ninja import Schema
 from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from decisionflow.core.identity import OPERATION_ID_RE
+from core.identity import OPERATION_ID_RE
 
 OPERATION_ID_PATTERN = OPERATION_ID_RE.pattern
 DEMO_OPERATION_ID = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fbfc"

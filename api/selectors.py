@@ -9,19 +9,18 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import QuerySet
 
+from api.models import ApiToken
+from api.rows import Columns
 from cases.models import Case, Policy
 from cases.selectors import case_text_fields
-from decisionflow.core import text
-from decisionflow.core.errors import NotFound
-from decisionflow.workflow.selectors import decidable_operation_id
+from core import text
+from core.errors import NotFound
 from effects.models import Delivery, EffectRecord
 from effects.selectors import delivery_data
 from effects.services import operation_state
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
-
-from .models import ApiToken
-from .rows import Columns
+from workflow.selectors import decidable_operation_id
 
 
 def tokens_of(user) -> QuerySet[ApiToken]:

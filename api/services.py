@@ -15,12 +15,11 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from decisionflow.core import faults
-from decisionflow.core.errors import InvalidInput, NotFound, PermissionRefused
+from api.models import ApiToken
+from api.rows import Columns
+from core import faults
+from core.errors import InvalidInput, NotFound, PermissionRefused
 from effects.services import REVIEW_PERMISSION
-
-from .models import ApiToken
-from .rows import Columns
 
 TOKEN_PREFIX = "dft_"
 # last_used_at is advisory: writing it at most once a minute keeps busy clients (and the

@@ -3,7 +3,7 @@ from functools import wraps
 from django.http import JsonResponse
 from django.urls import include, path, re_path
 
-from .api import api, error_body, not_found
+from api.api import api, error_body, not_found
 
 
 def _json_method_not_allowed(view):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .stats import summary
+from bench.stats import summary
 
 
 def _client(user):
@@ -57,16 +57,15 @@ DEEP_PAGE = 1000
 def _pages_case():
     """The paused case whose review and history pages are measured: made once per database
     and kept, so that every round and both sizes measure the same kind of case."""
+    from bench.data import make_cases
+    from bench.measures import workflow_available
     from cases.models import Case
-
-    from .data import make_cases
-    from .measures import workflow_available
 
     case = Case.objects.filter(case_id__startswith=f"{PAGES_CASE_PREFIX}-").first()
     if case is None:
         (case,) = make_cases(1, prefix=PAGES_CASE_PREFIX, proposals=False)
         if workflow_available():
-            from decisionflow.workflow.services import review_begin
+            from workflow.services import review_begin
 
             review_begin(case=case)
         case.refresh_from_db()

@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     django.setup()
     from django.db import connection
 
-    from .data import bench_reviewer, make_cases, raw_connect, run_token
-    from .measures import _commit_loop, _ops, _raw_rows, raw_commit_loop
+    from bench.data import bench_reviewer, make_cases, raw_connect, run_token
+    from bench.measures import _commit_loop, _ops, _raw_rows, raw_commit_loop
 
     n, reviewer, token = args.n, bench_reviewer(), run_token()
     raw = raw_connect()

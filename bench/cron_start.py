@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .env import PY, ROOT, env_for
+from bench.env import PY, ROOT, env_for
 
 BARE_SETTINGS_TAIL = """
 # Appended by bench/cron_start.py: the same database as the project's run.

@@ -54,7 +54,7 @@ def make_cases(n: int, *, prefix: str, proposals: bool):
     from django.db import transaction
 
     from cases.models import Case, Finding, SelectedPassage
-    from decisionflow.core import identity
+    from core import identity
     from reviews.models import Origin, Proposal
     from reviews.services import prepared_content
 

@@ -52,7 +52,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     """Run every in-process measure that applies to the configured database."""
     from django.db import connection
 
-    from . import admin_pages, measures
+    from bench import admin_pages, measures
 
     vendor = connection.vendor
     pg = vendor == "postgresql"
@@ -84,7 +84,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
         plan.append(("pages", lambda: [admin_pages.bench_pages(requests=scale["admin_requests"])]))
     if only and "retention" in only:
         # Only on request: bench.run gives it a database of its own (it ages and prunes rows).
-        from .retention import bench_retention
+        from bench.retention import bench_retention
 
         plan.append(
             (
@@ -106,7 +106,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
                     "kind": "missing",
                     "bench": name,
                     "vendor": vendor,
-                    "error": "decisionflow.workflow (review_begin/decision_record) is not available yet",
+                    "error": "workflow (review_begin/decision_record) is not available yet",
                 }
             )
             log(f"bench {name} ({vendor}): skipped, the workflow is not available")
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     scale = dict(SCALES[args.scale])
     if args.requests:
         scale["admin_requests"] = args.requests
-    from decisionflow.core.observability import events_off_stderr
+    from core.observability import events_off_stderr
 
     with events_off_stderr():  # the decision events go to DECISIONFLOW_EVENT_LOG_FILE (bench/run.py)
         results = run_suite(

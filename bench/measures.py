@@ -15,7 +15,7 @@ import time
 import timeit
 from datetime import UTC, datetime
 
-from .data import bench_reviewer, make_cases, raw_connect, run_token, template_case
+from bench.data import bench_reviewer, make_cases, raw_connect, run_token, template_case
 
 # --- result shape -----------------------------------------------------------------------
 
@@ -86,7 +86,7 @@ def realistic_draft(target_bytes: int = 4096, *, polish: bool = False) -> str:
 def bench_identity(*, runs: int, number: int) -> list[dict]:
     """operation_id vs SHA-256 of the same framed bytes; also a draft with non-ASCII
     text, each against its own baseline in the same run."""
-    from decisionflow.core import identity
+    from core import identity
     from reviews.services import prepared_content
 
     case = template_case()
@@ -108,7 +108,7 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
         args = (case.case_id, case.action, body, ev, pol)
         framed = identity.encode_fields((identity.OPERATION_TAG, *args))
         if fn(*args) != identity.operation_id(*args):
-            raise AssertionError(f"{key}: the implementation disagrees with decisionflow.core.identity")
+            raise AssertionError(f"{key}: the implementation disagrees with core.identity")
         res = result(
             key,
             title,
@@ -459,7 +459,7 @@ def bench_commit_concurrent(*, runs: int, n_per_worker: int, workers: int = 8) -
 
 def workflow_available() -> bool:
     try:
-        from decisionflow.workflow import services as workflow
+        from workflow import services as workflow
     except ImportError:
         return False
     return hasattr(workflow, "review_begin") and hasattr(workflow, "decision_record")
@@ -468,8 +468,8 @@ def workflow_available() -> bool:
 def bench_begin(*, runs: int, n: int, vendor: str) -> dict:
     """``review_begin`` (prepare, pause at the human step, checkpoint, pending review) vs
     ``proposal_create`` alone, both on fresh cases."""
-    from decisionflow.workflow.services import review_begin
     from reviews.services import proposal_create
+    from workflow.services import review_begin
 
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
     token = run_token()
@@ -516,7 +516,7 @@ def _begin_result_op(begin_result, case) -> str:
 
 def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
     """``decision_record`` (approve) from the recorded checkpoint vs the bare ``effect_commit``."""
-    from decisionflow.workflow.services import decision_record, review_begin
+    from workflow.services import decision_record, review_begin
 
     reviewer = bench_reviewer()
     token = run_token()
@@ -606,8 +606,8 @@ def _table_stats() -> dict:
 
 def bench_storage(*, n: int, vendor: str) -> dict:
     """Checkpoint bytes per paused case; rows and bytes per finished case (begin + approve)."""
-    from decisionflow.workflow.services import decision_record, review_begin
     from reviews.models import WorkflowCheckpoint
+    from workflow.services import decision_record, review_begin
 
     reviewer = bench_reviewer()
     token = run_token()
@@ -703,6 +703,6 @@ def bench_reconcile_service(*, runs: int) -> dict:
 
 
 def reconcile_sql() -> str:
-    from .bigdata import RECONCILE_SQL
+    from bench.bigdata import RECONCILE_SQL
 
     return RECONCILE_SQL

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .stats import summary
+from bench.stats import summary
 
 ORDER = [
     "identity",
@@ -89,13 +89,13 @@ FINDINGS = {
     ),
     "process_start": (
         "Profiled with `python -X importtime`: `resume` runs the workflow, so its module imports "
-        "`decisionflow.workflow.services` and through it the engine and agent-framework (~0.1 s of "
+        "`workflow.services` and through it the engine and agent-framework (~0.1 s of "
         "imports on a quiet machine), even for `--help`. Nothing else does any more: since issue 16 the "
         "admin autodiscovery and `api.services` import no workflow, so `reconcile`, `prune_checkpoints` "
         "and `load_case` start without agent-framework (14 below). Report only; no goal."
     ),
     "cron_start": (
-        "Before issue 16 the admin autodiscovery imported decisionflow.workflow.services, and through it "
+        "Before issue 16 the admin autodiscovery imported workflow.services, and through it "
         "agent-framework (~0.3 s), for every command: 1.40× (median of 5, same bench). The workflow admin now "
         "imports the services inside the views that call them, so `reconcile`, `prune_checkpoints` and "
         "`load_case` import no agent-framework (tests/workflow/test_retention.py checks it with "
@@ -665,7 +665,7 @@ def pages_section(pg: dict | None, info: dict) -> str | None:
         lines.append(f"| {p['label']} ({urls}) | {q(a)} | {q(b)} | {ms(a)} | {ms(b)} | {p['ratio']:.2f}× | {met} |")
     lines += [
         "",
-        "Why it holds (issue 14; decisionflow/workflow/listing.py): the list is read in the order of an "
+        "Why it holds (issue 14; workplace/listing.py): the list is read in the order of an "
         "index that matches it (`case_list_order`: `created_at DESC, case_id, id`); a page first finds its 100 "
         "case ids on that index alone, and only those 100 cases get their statuses computed (the status "
         "subqueries of every skipped row made deep pages slow, and their estimated cost made PostgreSQL "

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-from .data import bench_reviewer, make_cases, run_token
-from .measures import _begin_result_op, _table_stats
+from bench.data import bench_reviewer, make_cases, run_token
+from bench.measures import _begin_result_op, _table_stats
 
 WINDOW = timedelta(days=30)
 
@@ -27,9 +27,9 @@ def bench_retention(*, n: int, pending: int, vendor: str) -> dict:
     from django.db import connection
     from django.utils import timezone
 
-    from decisionflow.workflow.services import decision_record, review_begin
     from reviews.models import PendingReview, WorkflowCheckpoint
     from reviews.retention import checkpoints_prune
+    from workflow.services import decision_record, review_begin
 
     reviewer = bench_reviewer()
     token = run_token()

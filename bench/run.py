@@ -29,9 +29,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import report
-from .cron_start import bench_cron_start
-from .env import EVENT_LOG, PY, ROOT, env_for
+from bench import report
+from bench.cron_start import bench_cron_start
+from bench.env import EVENT_LOG, PY, ROOT, env_for
 
 # The parts of a run, for --skip and --only.
 PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery")
@@ -149,7 +149,7 @@ def _pages_db_ready(url: str, n: int) -> bool:
     besides), with their effects, on current migrations."""
     import psycopg
 
-    from .bigdata import expected_states
+    from bench.bigdata import expected_states
 
     try:
         with psycopg.connect(url) as conn:
@@ -173,7 +173,7 @@ def bench_pages(
     sizes, so that a busy machine slows both alike; each round is one process per size."""
     import psycopg
 
-    from .bigdata import load_operations
+    from bench.bigdata import load_operations
 
     counts = sizes["page_cases"]
     urls = {}
@@ -204,7 +204,7 @@ def bench_pages(
 def pages_combine(runs: dict[int, list[dict]], *, requests: int, max_ratio: float = 1.5) -> dict:
     """Pool each page's times over the rounds, per size; the goal is the largest size's p50
     within ``max_ratio`` of the smallest's, with the same number of queries in every round."""
-    from .stats import summary
+    from bench.stats import summary
 
     small, big = min(runs), max(runs)
     rows = []
@@ -285,7 +285,7 @@ def _reconcile_db_ready(url: str, n: int) -> bool:
     """The kept database holds exactly what load_operations(n) makes, on current migrations."""
     import psycopg
 
-    from .bigdata import expected_states
+    from bench.bigdata import expected_states
 
     try:
         with psycopg.connect(url) as conn:
@@ -322,7 +322,7 @@ def _rss_run(cmd: list[str], env: dict) -> tuple[float, int, int, str]:
 def bench_reconcile(base: str, sizes: dict, *, fresh: bool, name: str, scale: str) -> list[dict]:
     import psycopg
 
-    from .bigdata import load_operations
+    from bench.bigdata import load_operations
 
     n = sizes["reconcile_ops"]
     url = pg_url(base, name)
@@ -346,7 +346,7 @@ def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
     """The command vs the raw COPY of the same join, on a database load_operations(n) filled."""
     import psycopg
 
-    from .bigdata import ANTI_JOIN_SQL, RECONCILE_SQL, expected_states
+    from bench.bigdata import ANTI_JOIN_SQL, RECONCILE_SQL, expected_states
 
     exp = expected_states(n)
     sql = RECONCILE_SQL
@@ -448,7 +448,7 @@ def bench_cron_start_part(base: str | None, runs: int, *, name: str) -> list[dic
 
 def bench_delivery_part(base: str | None, n: int, *, name: str) -> list[dict]:
     """15. deliveries/s by one worker against the reference helpdesk's raw accept rate."""
-    from .delivery import bench_delivery
+    from bench.delivery import bench_delivery
 
     url = None
     if base is not None:
@@ -629,7 +629,7 @@ def main(argv=None) -> int:
         migrate(url)
         import psycopg
 
-        from .bigdata import load_operations
+        from bench.bigdata import load_operations
 
         with psycopg.connect(url) as conn:
             load_operations(conn, sizes["admin_cases"], prefix="L")

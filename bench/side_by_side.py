@@ -70,7 +70,7 @@ DECISION_SERVICE = "decision_record"
 def decide(case, operation_id: str, reviewer):
     """Resume + approve + commit through the one decision service, as a channel calls it;
     refuses anything but a fresh commit of an operation that was already begun."""
-    from decisionflow.workflow.services import decision_record
+    from workflow.services import decision_record
 
     done = decision_record(case=case, operation_id=operation_id, approved=True, reviewer=reviewer, channel="bench")
     if done.outcome != "committed" or done.begun:
@@ -81,7 +81,7 @@ def decide(case, operation_id: str, reviewer):
 def authenticated_reviewer():
     """The bench reviewer (Reviewers group), authenticated as a channel does it: loaded once,
     ``has_perm`` asked once before anything is timed, so its permission cache is warm."""
-    from .data import bench_reviewer
+    from bench.data import bench_reviewer
 
     reviewer = bench_reviewer()
     if not reviewer.has_perm("reviews.review_proposal"):
@@ -315,9 +315,8 @@ def count_one(fn) -> tuple[dict, object]:
 def count_ours(*, n: int, reviewer, prefix: str) -> dict:
     """Statements, commits, durable commits and checkpoint rows per begin and per resume,
     over ``n`` fresh cases (call after a warm-up: one-time lookups are not counted)."""
-    from decisionflow.workflow.services import review_begin
-
-    from .data import make_cases
+    from bench.data import make_cases
+    from workflow.services import review_begin
 
     per = {"begin": [], "resume": []}
     for case in make_cases(n, prefix=prefix, proposals=False):
@@ -341,7 +340,7 @@ def count_ours(*, n: int, reviewer, prefix: str) -> dict:
 
 def our_round(cases, reviewer) -> dict:
     """Begin every case, then resume + approve + commit every case; per-call ms."""
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     begin_ms, resume_ms, ops = [], [], []
     for case in cases:
@@ -372,7 +371,7 @@ def _server_url() -> str:
 
 
 def _timing_result(key: str, title: str, subject: str, baseline: str, n: int) -> dict:
-    from .measures import result
+    from bench.measures import result
 
     return result(
         key,
@@ -403,9 +402,8 @@ def bench_side_by_side(
 ) -> list[dict]:
     from django.db import connection
 
-    from decisionflow.workflow.services import review_begin
-
-    from .data import make_cases, run_token
+    from bench.data import make_cases, run_token
+    from workflow.services import review_begin
 
     if connection.vendor != "postgresql":
         raise RuntimeError("the side-by-side benchmark runs on PostgreSQL only (the peer's checkpointer is)")
@@ -537,7 +535,7 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    from decisionflow.core.observability import events_off_stderr
+    from core.observability import events_off_stderr
 
     try:
         with events_off_stderr():  # the decision events go to DECISIONFLOW_EVENT_LOG_FILE (bench/run.py)

@@ -12,7 +12,7 @@ class Policy(models.Model):
     ``policy_id`` covers name and parameters, not the label. The versions of a policy are
     its rows with the same ``name``; the current one is the last published (a row that came
     with an imported case and was never published has no ``published_at``). Publishing
-    (``manage.py publish_policy``, decisionflow/workflow/publishing.py) moves the undecided
+    (``manage.py publish_policy``, workflow/publishing.py) moves the undecided
     cases onto a new version.
     """
 
@@ -91,7 +91,7 @@ class Case(models.Model):
     class Meta:
         ordering = ["-created_at", "case_id"]
         # The case list reads its pages in this order, on this index, and takes each page's
-        # ids from it alone (``id`` last: an index-only scan; decisionflow/workflow/listing.py).
+        # ids from it alone (``id`` last: an index-only scan; workplace/listing.py).
         # On PostgreSQL, migration 0003 also adds trigram indexes for the search by part of a
         # case ID or subject; they are not declared here because SQLite has none.
         indexes = [models.Index(fields=["-created_at", "case_id", "id"], name="case_list_order")]

@@ -6,9 +6,8 @@ import functools
 
 from django.db import connection
 
-from decisionflow.core.errors import NotFound
-
-from .models import Case, Finding, SelectedPassage, Source, SourceVersion
+from cases.models import Case, Finding, SelectedPassage, Source, SourceVersion
+from core.errors import NotFound
 
 
 def case_by_id(case_id: str) -> Case:

@@ -10,10 +10,9 @@ from typing import Any, NoReturn
 from django.db import transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
-from decisionflow.core import identity, text
-from decisionflow.core.errors import InvalidInput
-
-from .models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
+from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
+from core import identity, text
+from core.errors import InvalidInput
 
 _REQUIRED = {
     "": [
@@ -66,7 +65,7 @@ _ONE_LINE = {
 
 
 def _check_text(value: Any, field: str, column: str | None = None) -> str:
-    """The text policy (decisionflow/core/text.py); for a one-line column, one line within its limit."""
+    """The text policy (core/text.py); for a one-line column, one line within its limit."""
     if column is None:
         return text.check_text(value, field=field)
     model, name = _ONE_LINE[column]

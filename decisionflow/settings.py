@@ -117,7 +117,9 @@ DECISIONFLOW_METRICS_ALLOW = env.list("DECISIONFLOW_METRICS_ALLOW", default=["12
 DECISIONFLOW_METRICS_TOKEN = env.str("DECISIONFLOW_METRICS_TOKEN", default="")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # Admin modules are imported by decisionflow/urls.py, not at start-up: the admin pages
+    # import the workflow and through it agent-framework (~0.3 s), which no cron command needs.
+    "django.contrib.admin.apps.SimpleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -126,7 +128,8 @@ INSTALLED_APPS = [
     "cases",
     "reviews",
     "effects",
-    "decisionflow.workflow",
+    "workflow",
+    "workplace",
     "api",
     # Django's task framework (the django.tasks backport) and its database backend: the
     # workers that send notifications (docs/QUEUE.md); `manage.py db_worker` runs one.
@@ -259,9 +262,9 @@ LOG_FORMAT = env.str("LOG_FORMAT", default="text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"client_errors_on_one_line": {"()": "decisionflow.core.logfilters.ClientErrorsOnOneLine"}},
+    "filters": {"client_errors_on_one_line": {"()": "core.logfilters.ClientErrorsOnOneLine"}},
     "formatters": {
-        "json": {"()": "decisionflow.core.observability.JsonFormatter"},
+        "json": {"()": "core.observability.JsonFormatter"},
         "text": {"format": "%(levelname)s %(name)s: %(message)s"},
     },
     "handlers": {

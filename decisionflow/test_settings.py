@@ -18,8 +18,8 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="decisionflow-metrics-")
     atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
 
-from .settings import *  # noqa: E402, F403
-from .settings import DATABASES, env  # noqa: E402
+from decisionflow.settings import *  # noqa: E402, F403
+from decisionflow.settings import DATABASES, env  # noqa: E402
 
 if DATABASES["default"]["ENGINE"].endswith(".sqlite3"):
     # Tests that start manage.py subprocesses need a file the children can open; the pid

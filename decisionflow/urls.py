@@ -8,6 +8,10 @@ from django.views.generic import RedirectView
 
 from decisionflow import health
 
+# Every admin page (workplace/admin.py), loaded with the URLs rather than at django.setup():
+# see SimpleAdminConfig in settings.
+admin.autodiscover()
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),

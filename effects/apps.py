@@ -8,7 +8,7 @@ class EffectsConfig(AppConfig):
 
     def ready(self):
         # Imported here: append_only defines a model base class, which needs the app registry.
-        from decisionflow.core.append_only import sqlite_guard_install
+        from core.append_only import sqlite_guard_install
 
         # The append-only DELETE triggers on SQLite (migration 0003) call a function that
         # must exist on every connection; dispatch_uid keeps it to one registration.

@@ -48,9 +48,8 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from cases.models import Case
-from decisionflow.core.faults import crash_point
-
-from .models import Delivery, DeliveryState, DeliveryTry, EffectRecord
+from core.faults import crash_point
+from effects.models import Delivery, DeliveryState, DeliveryTry, EffectRecord
 
 if TYPE_CHECKING:
     import httpx

@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from decisionflow.core.append_only import AppendOnlyModel
-from decisionflow.core.errors import RefusalReason
-from decisionflow.core.identity import short
+from core.append_only import AppendOnlyModel
+from core.errors import RefusalReason
+from core.identity import short
 from reviews.models import DeclineReason
 
 

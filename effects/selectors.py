@@ -9,8 +9,8 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from .delivery import delivery_configured
-from .models import Delivery, DeliveryState, DeliveryTry
+from effects.delivery import delivery_configured
+from effects.models import Delivery, DeliveryState, DeliveryTry
 
 # The pages show this many tries, newest first; the rest are on the delivery's own page.
 PANEL_TRIES = 10

@@ -25,8 +25,8 @@ from django.db import DEFAULT_DB_ALIAS, Error, OperationalError, connection, con
 from django.utils import timezone
 
 from cases.models import Case
-from decisionflow.core import identity, text
-from decisionflow.core.errors import (
+from core import identity, text
+from core.errors import (
     CaseBusy,
     DecisionflowError,
     DecisionOmitted,
@@ -37,15 +37,14 @@ from decisionflow.core.errors import (
     RefusalReason,
     StaleProposal,
 )
-from decisionflow.core.faults import crash_point
-from decisionflow.core.locks import decision_lock_timeout
-from decisionflow.core.observability import observed_commit
-from decisionflow.core.prepared import PreparedStatement, begin_in_query_string
+from core.faults import crash_point
+from core.locks import decision_lock_timeout
+from core.observability import observed_commit
+from core.prepared import PreparedStatement, begin_in_query_string
+from effects.delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
+from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
+from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
-
-from .delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
-from .models import CommitAttempt, Delivery, DeliveryState, EffectRecord
-from .tasks import delivery_enqueue, delivery_sweep_and_enqueue
 
 log = logging.getLogger(__name__)
 

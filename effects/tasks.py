@@ -14,7 +14,7 @@ from datetime import timedelta
 from django.utils import timezone
 from django_tasks import task, task_backends
 
-from . import delivery
+from effects import delivery
 
 log = logging.getLogger(__name__)
 

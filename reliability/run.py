@@ -43,13 +43,13 @@ POINTS = {
     "begin-after-proposal": (
         "`begin`",
         "inside begin's one transaction, after the proposal is made (SQLite: written; PostgreSQL's first begin: built, written later with the pause in one statement), before the pause and the pending review",
-        "decisionflow/workflow/engine.py `_review_request`",
+        "engine/graph.py `_review_request`",
         "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
     "begin-during-checkpoint-save": (
         "`begin`",
         "inside begin's one transaction, the pause checkpoint inserted (PostgreSQL's first begin: with the proposal and the pending review, one statement), not committed",
-        "decisionflow/workflow/checkpoints.py `DatabaseCheckpointStorage.write` / decisionflow/workflow/services.py `_begin_first`",
+        "engine/checkpoints.py `DatabaseCheckpointStorage.write` / workflow/services.py `_begin_first`",
         "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
     "commit-before-decision": (

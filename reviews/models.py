@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from decisionflow.core.append_only import AppendOnlyModel
-from decisionflow.core.identity import short
+from core.append_only import AppendOnlyModel
+from core.identity import short
 
 
 class Origin(models.TextChoices):
@@ -197,7 +197,7 @@ class PendingReview(models.Model):
     # checkpoint rows are pruned (reviews/retention.py) and the history must stay whole.
     checkpoint_at = models.DateTimeField(null=True, blank=True)
     workflow_version = models.CharField(max_length=40)
-    # The graph fingerprint (decisionflow/workflow/messages.py: executor ids, edges, message
+    # The graph fingerprint (engine/messages.py: executor ids, edges, message
     # schemas) of the code that took the pause; "" for a pause recorded before it was kept.
     # A pause of another fingerprint is not resumed (`manage.py drain_workflow` moves it on).
     graph_fingerprint = models.CharField(max_length=64, default="", blank=True)
@@ -250,7 +250,7 @@ class PendingReview(models.Model):
 
 
 class ReviewQueueItem(PendingReview):
-    """The review queue's admin page (decisionflow/workflow/admin.py): pending reviews only,
+    """The review queue's admin page (workplace/review.py): pending reviews only,
     oldest first. A proxy: no table of its own."""
 
     class Meta:

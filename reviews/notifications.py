@@ -27,8 +27,8 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django_tasks import task, task_backends
 
-from decisionflow.core.faults import crash_point
-from decisionflow.core.text import shown
+from core.faults import crash_point
+from core.text import shown
 from reviews.models import Notification, NotificationKind, NotificationState
 
 EMAIL = "email"

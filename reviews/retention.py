@@ -31,11 +31,10 @@ from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Length
 from django.utils import timezone
 
-from decisionflow.core.errors import InvalidInput
-from decisionflow.core.faults import crash_point
-from decisionflow.core.locks import cron_lock
-
-from .models import PendingReview, WorkflowCheckpoint
+from core.errors import InvalidInput
+from core.faults import crash_point
+from core.locks import cron_lock
+from reviews.models import PendingReview, WorkflowCheckpoint
 
 DEFAULT_BATCH_SIZE = 1000
 MAX_BATCH_SIZE = 100_000

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import difflib
 
-from decisionflow.core import identity
-
-from .models import Proposal
+from core import identity
+from reviews.models import Proposal
 
 
 def proposal_by_operation(operation_id: str) -> Proposal | None:

@@ -14,10 +14,9 @@ from django.db import IntegrityError, transaction
 from cases.models import Case, Policy, Source, SourceVersion
 from cases.selectors import case_evidence
 from cases.services import VERSION_RANGE
-from decisionflow.core import identity, text
-from decisionflow.core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
-
-from .models import Origin, Proposal, ReviewDecision
+from core import identity, text
+from core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
+from reviews.models import Origin, Proposal, ReviewDecision
 
 SOURCE_ID_MAX = Source._meta.get_field("source_id").max_length
 VERSION_MIN, VERSION_MAX = VERSION_RANGE

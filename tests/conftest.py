@@ -37,7 +37,7 @@ MAINTENANCE_FLUSH_OFF = "SET LOCAL decisionflow.maintenance_flush = 'off'"
 def _flush_past_append_only_triggers():
     from django.db.backends.base.operations import BaseDatabaseOperations
 
-    from decisionflow.core.append_only import SQLITE_MAINTENANCE_FLUSH, sqlite_guard_install
+    from core.append_only import SQLITE_MAINTENANCE_FLUSH, sqlite_guard_install
 
     flush = BaseDatabaseOperations.execute_sql_flush
 

@@ -12,7 +12,7 @@ table between transactional tests: with TRUNCATE on PostgreSQL, with DELETE on S
   Django test database). The application never sets it (tests/effects/test_append_only.py).
 - SQLite: the DELETE trigger asks the SQL function `decisionflow_maintenance_flush()`.
   The application registers it on every connection answering 0
-  (decisionflow/core/append_only.py); only the test suite's flush re-registers it to answer
+  (core/append_only.py); only the test suite's flush re-registers it to answer
   1 for the length of the flush. A connection that never registered it (the sqlite3 shell)
   fails with "no such function": refused as well.
 """

@@ -8,9 +8,8 @@ import re
 import pytest
 from django.urls import reverse
 
-from decisionflow.workflow.services import decision_record, review_begin, review_edit
-
-from .conftest import counts
+from tests.admin.conftest import counts
+from workflow.services import decision_record, review_begin, review_edit
 
 pytestmark = pytest.mark.django_db(transaction=False)
 

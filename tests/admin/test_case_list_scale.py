@@ -15,9 +15,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from cases.models import Case
-from decisionflow.workflow import listing
-
-from .test_changelists import make_cases
+from tests.admin.test_changelists import make_cases
+from workplace import listing
 
 pytestmark = pytest.mark.django_db
 

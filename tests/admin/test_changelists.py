@@ -10,15 +10,14 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from cases.models import Case, Policy, Source, SourceVersion
-from decisionflow.workflow.engine import WORKFLOW_VERSION
-from decisionflow.workflow.selectors import cases_with_status
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
+from engine.graph import WORKFLOW_VERSION
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from reviews.services import proposal_create
+from tests.admin.conftest import counts, messages_of
 from tests.conftest import load_fixture
-
-from .conftest import counts, messages_of
+from workflow.selectors import cases_with_status
 
 pytestmark = pytest.mark.django_db
 
@@ -51,7 +50,7 @@ def make_cases(start: int, n: int, reviewer, *, all_approved: bool = False):
     services would write (identities computed by the protocol), only faster to make.
     """
     from cases.services import case_import
-    from decisionflow.core import identity
+    from core import identity
     from effects.services import _effect_fields
 
     template = Case.objects.filter(case_id="T-4999").first()
@@ -244,7 +243,7 @@ def test_every_changelist_costs_the_same_at_100_rows(admin_client, reviewer, dja
 
 
 def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow.services import review_edit
+    from workflow.services import review_edit
 
     url = reverse("admin:cases_case_history", args=[case.pk])
     with CaptureQueriesContext(connection) as ctx:
@@ -269,7 +268,7 @@ def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client
 
 
 def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewer, begun, case, load_case):
-    from decisionflow.workflow.services import review_begin, review_edit
+    from workflow.services import review_begin, review_edit
 
     other = load_case("t1150.json")
     review_begin(case=other)
@@ -328,7 +327,7 @@ def test_decline_selected_declines_and_replays(reviewer_client, begun, case):
 
 
 def test_history_for_support_leads(lead_client, reviewer_client, reviewer, editor, begun, case):
-    from decisionflow.workflow.services import review_edit
+    from workflow.services import review_edit
 
     old = case.current_proposal
     edited = review_edit(

@@ -13,10 +13,9 @@ from django.db import connections
 from django.urls import reverse
 
 from api.services import token_create
-from decisionflow.workflow.services import decision_record, review_begin
 from effects.models import EffectRecord
-
-from .conftest import counts, messages_of
+from tests.admin.conftest import counts, messages_of
+from workflow.services import decision_record, review_begin
 
 pytestmark = pytest.mark.django_db(transaction=False)
 

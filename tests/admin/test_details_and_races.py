@@ -9,8 +9,8 @@ from django.db import connections
 from django.test import Client
 from django.urls import reverse
 
-from decisionflow.workflow.engine import WORKFLOW_VERSION
 from effects.models import CommitAttempt, EffectRecord
+from engine.graph import WORKFLOW_VERSION
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 
 
@@ -55,8 +55,8 @@ def test_detail_pages_render_read_only_for_a_lead(lead_client, reviewer_client, 
 def test_approve_clicked_in_many_tabs_at_once_writes_one_effect(make_user, settings):
     """Eight reviewers' clicks race through the workflow; the operation's key admits one effect."""
     from cases.services import case_import
-    from decisionflow.workflow.services import review_begin
     from tests.conftest import load_fixture
+    from workflow.services import review_begin
 
     case = case_import(data=load_fixture("t1042.json")).case
     review_begin(case=case)

@@ -6,10 +6,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from decisionflow.core.identity import short
+from core.identity import short
 from reviews.models import Origin, PendingReview, Proposal
-
-from .conftest import counts, messages_of
+from tests.admin.conftest import counts, messages_of
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +70,7 @@ def test_line_endings_only_is_no_change(reviewer_client, begun, case):
 
 
 def test_stale_edit_is_refused_with_a_link_and_writes_nothing(reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow.services import review_edit
+    from workflow.services import review_edit
 
     old = case.current_proposal
     first = review_edit(
@@ -136,7 +135,7 @@ def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client,
     """The revision commits before begin runs: a failed begin leaves the edit saved and current."""
     from django.db import DatabaseError
 
-    from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
+    from engine.checkpoints import DatabaseCheckpointStorage
     from reviews.models import WorkflowCheckpoint
 
     def disk_full(self, checkpoint, payload=None):

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from .conftest import counts
+from tests.admin.conftest import counts
 
 pytestmark = pytest.mark.django_db
 

@@ -7,11 +7,10 @@ import re
 import pytest
 from django.urls import reverse
 
-from decisionflow.core.identity import short
+from core.identity import short
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
-
-from .conftest import counts, messages_of
+from tests.admin.conftest import counts, messages_of
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -26,7 +25,7 @@ def with_fault(monkeypatch, settings, fault):
     """The admin's decisions carry a test fault (the API takes it from a header; the admin has none)."""
     import functools
 
-    from decisionflow.workflow import admin as workplace
+    from workplace import review as workplace
 
     settings.DECISIONFLOW_FAULT_INJECTION = True
     monkeypatch.setattr(workplace, "decision_record", functools.partial(workplace.decision_record, fault=fault))
@@ -105,7 +104,7 @@ def test_approve_shows_receipt_then_replay_with_one_effect(reviewer_client, revi
     second = decide(reviewer_client, proposal, "approve")
     text = " ".join(messages_of(second))
     decision = ReviewDecision.objects.get()
-    from decisionflow.core.admin_base import when
+    from workplace.display import when
 
     assert f"already approved by reviewer at {when(decision.decided_at)}, no new record" in text
     assert EffectRecord.objects.count() == 1
@@ -127,7 +126,7 @@ def test_decline_then_approve_is_a_conflict_and_writes_nothing(reviewer_client, 
 
 
 def test_stale_approve_names_the_current_proposal_and_writes_nothing(reviewer_client, reviewer, begun, case):
-    from decisionflow.workflow.services import review_edit
+    from workflow.services import review_edit
 
     old = case.current_proposal
     edited = review_edit(
@@ -256,7 +255,7 @@ def test_lost_connection_after_the_commit_is_reconciled_on_a_fresh_connection(
 @uncertain
 def test_unexpected_failure_is_reported_uncertain(reviewer_client, begun, case, monkeypatch):
     """Anything but a refusal (here a bug in the service) is uncertain, and the effect store decides."""
-    from decisionflow.workflow import admin as workplace
+    from workplace import review as workplace
 
     def boom(**kwargs):
         raise RuntimeError("connection reset")
@@ -268,7 +267,7 @@ def test_unexpected_failure_is_reported_uncertain(reviewer_client, begun, case, 
 
 
 def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     case = load_case("t1150.json")
     review_begin(case=case)
@@ -282,7 +281,7 @@ def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
 
 @uncertain
 def test_reconcile_failing_too_is_said_plainly(reviewer_client, begun, case, monkeypatch):
-    from decisionflow.workflow import admin as workplace
+    from workplace import review as workplace
 
     def boom(**kwargs):
         raise RuntimeError("server closed the connection")
@@ -302,8 +301,8 @@ def test_stale_without_a_named_current_operation_still_links_the_current_proposa
     reviewer_client, begun, case, monkeypatch
 ):
     """A stale refusal that does not name the current operation: the admin looks it up for the link."""
-    from decisionflow.core.errors import StaleProposal
-    from decisionflow.workflow import admin as workplace
+    from core.errors import StaleProposal
+    from workplace import review as workplace
 
     def stale(**kwargs):
         raise StaleProposal("stale: the case moved on")
@@ -315,7 +314,7 @@ def test_stale_without_a_named_current_operation_still_links_the_current_proposa
 
 def _rewrite_pause(begun, old: str, new: str):
     """Rewrite the pause checkpoint and sign it again with the server's key (a valid HMAC)."""
-    from decisionflow.workflow.checkpoints import payload_digest
+    from engine.checkpoints import payload_digest
 
     row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
     assert old in row.payload
@@ -363,7 +362,7 @@ def test_a_busy_case_answers_at_once_and_writes_nothing(reviewer_client, proposa
     """
     import time
 
-    from decisionflow.core.locks import case_lock
+    from core.locks import case_lock
     from tests.conftest import held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2

@@ -13,11 +13,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from cases.models import Case
-from decisionflow.core.errors import ClaimHeld
-from decisionflow.workflow import queue
+from core.errors import ClaimHeld
 from reviews.models import PendingReview, ReviewClaimEvent, ReviewDecision
-
-from .test_changelists import make_cases
+from tests.admin.test_changelists import make_cases
+from workflow import queue
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,9 @@ import re
 import pytest
 from django.urls import reverse
 
-from decisionflow.workflow.services import review_begin, review_edit
 from effects.models import EffectRecord
 from effects.services import effect_commit
+from workflow.services import review_begin, review_edit
 
 pytestmark = pytest.mark.django_db
 

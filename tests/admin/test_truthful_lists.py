@@ -12,10 +12,10 @@ import pytest
 from django.urls import reverse
 from django.utils.log import configure_logging
 
-from decisionflow.core.errors import StaleProposal
-from decisionflow.workflow.services import decision_record, review_begin, review_edit
+from core.errors import StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview
+from workflow.services import decision_record, review_begin, review_edit
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -63,7 +63,7 @@ def test_commit_attempts_show_the_decision_asked_apart_from_the_outcome(admin_cl
 
 
 def test_commit_attempts_filter_by_the_decision_asked(admin_client, stale_approval_then_commit, case, reviewer):
-    from decisionflow.core.errors import InvalidInput
+    from core.errors import InvalidInput
 
     with pytest.raises(InvalidInput):  # not a boolean: recorded as asking neither
         decision_record(

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.api.conftest import DEMO_OP, assert_error
 from tests.conftest import snapshot
-
-from .conftest import DEMO_OP, assert_error
 
 DECISION = "/api/cases/T-1042/decision"
 
@@ -130,7 +129,7 @@ def test_a_note_with_hidden_characters_is_refused_and_no_decision_is_written(api
 
 
 def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer, editor):
-    from decisionflow.workflow.services import review_begin, review_edit
+    from workflow.services import review_begin, review_edit
 
     review_begin(case=proposal.case, actor=reviewer)
     edited = review_edit(
@@ -159,8 +158,7 @@ def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer,
 def test_operation_of_another_case_is_not_found(api, proposal, make_user):
     """Naming a real operation under the wrong case is refused and writes nothing."""
     from cases.services import case_import
-
-    from ..conftest import load_fixture
+    from tests.conftest import load_fixture
 
     case_import(data=load_fixture("t1077.json"))
     before = snapshot()

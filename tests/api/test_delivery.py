@@ -11,9 +11,8 @@ from django.utils import timezone
 
 from effects.models import DeliveryState, DeliveryTry
 from effects.services import effect_commit
+from tests.api.conftest import DEMO_OP
 from tests.delivery_rows import approved, delivery_in
-
-from .conftest import DEMO_OP
 
 pytestmark = pytest.mark.django_db
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.api.conftest import DEMO_OP, Api, assert_error
 from tests.conftest import snapshot
-
-from .conftest import DEMO_OP, Api, assert_error
 
 EDITS = "/api/cases/T-1042/edits"
 
@@ -61,7 +60,7 @@ def test_move_evidence_version(api, proposal):
 def _checkpoint_insert_fails(monkeypatch):
     from django.db import DatabaseError
 
-    from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
+    from engine.checkpoints import DatabaseCheckpointStorage
 
     def disk_full(self, checkpoint, payload=None):
         raise DatabaseError("could not extend file: No space left on device")
@@ -71,8 +70,8 @@ def _checkpoint_insert_fails(monkeypatch):
 
 
 def _begin_refused(monkeypatch):
-    from decisionflow.core.errors import WorkflowIncompatible
-    from decisionflow.workflow import services
+    from core.errors import WorkflowIncompatible
+    from workflow import services
 
     def refused(case, actor, channel=None):
         raise WorkflowIncompatible("begin: the pause checkpoint for case T-1042 was not saved")
@@ -84,8 +83,8 @@ def _begin_refused(monkeypatch):
 @pytest.mark.parametrize("failure", [_checkpoint_insert_fails, _begin_refused], ids=lambda f: f.__name__[1:])
 def test_edit_whose_review_cannot_be_begun_is_saved_201(api, client, proposal, reviewer, editor, monkeypatch, failure):
     """Begin fails after the revision committed: 201, review_begun false, the new proposal saved and current."""
-    from decisionflow.workflow.services import review_begin
     from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
+    from workflow.services import review_begin
 
     review_begin(case=proposal.case, actor=reviewer)
     checkpoints = WorkflowCheckpoint.objects.count()

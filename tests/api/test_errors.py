@@ -12,9 +12,8 @@ import json
 
 import pytest
 
+from tests.api.conftest import DEMO_OP, Api, assert_error
 from tests.conftest import snapshot
-
-from .conftest import DEMO_OP, Api, assert_error
 
 DECISION = "/api/cases/T-1042/decision"
 EDITS = "/api/cases/T-1042/edits"
@@ -35,7 +34,7 @@ def tripwire(monkeypatch):
 @pytest.fixture
 def before(case, reviewer, lead):
     """The demo case begun (proposal and pending review written), and the state to compare to."""
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     review_begin(case=case, actor=reviewer)
     return full_snapshot()
@@ -314,7 +313,7 @@ def test_404_unknown_case_and_operation(api, before):
 
 def _pause_for_another_operation():
     """Rewrite the pause so its request is for another operation, signed with the server's key."""
-    from decisionflow.workflow.checkpoints import payload_digest
+    from engine.checkpoints import payload_digest
     from reviews.models import PendingReview, WorkflowCheckpoint
 
     row = WorkflowCheckpoint.objects.get(checkpoint_id=PendingReview.objects.get().checkpoint_id)
@@ -343,8 +342,8 @@ def test_409_case_busy_with_retry_after(api, case, settings):
     """Another action holds the case (here: the review must be begun, and begin is locked out)."""
     import time
 
-    from decisionflow.core.errors import CaseBusy
-    from decisionflow.core.locks import case_lock
+    from core.errors import CaseBusy
+    from core.locks import case_lock
     from tests.conftest import held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
@@ -400,7 +399,7 @@ def test_405_wrong_method_is_json_with_allow(api, before):
 def test_500_is_json_too(api, before, monkeypatch):
     """A workflow failure or a bug still answers in the JSON error shape (and is logged)."""
     from api import api as endpoints
-    from decisionflow.core.errors import DecisionflowError
+    from core.errors import DecisionflowError
 
     def workflow_failed(**kwargs):
         raise DecisionflowError("begin: the workflow ended Idle with 0 review request(s)")

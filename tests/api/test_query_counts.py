@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from .conftest import DEMO_OP
+from tests.api.conftest import DEMO_OP
 
 pytestmark = pytest.mark.django_db
 
@@ -146,8 +146,8 @@ def test_requests_stay_within_their_query_counts(api, case):
 
 
 def test_an_edit_and_a_stale_decision_stay_within_their_query_counts(api, case):
-    from decisionflow.workflow.services import review_begin
     from reviews.services import proposal_create
+    from workflow.services import review_begin
 
     review_begin(case=case)
     old = proposal_create(case=case).operation_id

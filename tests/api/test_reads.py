@@ -8,9 +8,8 @@ import pytest
 from effects.services import effect_commit, operation_reconcile
 from reviews.models import ReviewDecision
 from reviews.services import proposal_create
+from tests.api.conftest import DEMO_OP
 from tests.conftest import load_fixture
-
-from .conftest import DEMO_OP
 
 pytestmark = pytest.mark.django_db
 

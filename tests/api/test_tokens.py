@@ -8,7 +8,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from .conftest import Api, assert_error
+from tests.api.conftest import Api, assert_error
 
 
 def test_only_the_hash_is_stored(reviewer):

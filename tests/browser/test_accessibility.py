@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import LEAD, REVIEWER, in_thread
+from tests.browser.conftest import LEAD, REVIEWER, in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,8 +44,8 @@ def data():
     from django.contrib.auth import get_user_model
 
     from cases.models import Case
-    from decisionflow.workflow.services import decision_record, review_begin, review_edit
     from effects.models import EffectRecord
+    from workflow.services import decision_record, review_begin, review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
     paused = Case.objects.get(case_id="T-1042")

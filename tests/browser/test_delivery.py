@@ -15,9 +15,8 @@ from playwright.sync_api import expect
 from effects.delivery import delivery_attempt
 from effects.models import Delivery, DeliveryState
 from helpdesk.testing import running_helpdesk
-
-from .conftest import REVIEWER, in_thread
-from .test_accessibility import axe_violations
+from tests.browser.conftest import REVIEWER, in_thread
+from tests.browser.test_accessibility import axe_violations
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

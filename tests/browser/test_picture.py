@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from decisionflow.core.identity import short
+from core.identity import short
 from reviews.models import PendingReview
-
-from .conftest import LEAD, REVIEWER, in_thread
+from tests.browser.conftest import LEAD, REVIEWER, in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,7 +40,7 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
     from django.contrib.auth import get_user_model
 
     from cases.models import Case
-    from decisionflow.workflow.services import decision_record, review_begin, review_edit
+    from workflow.services import decision_record, review_begin, review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
     # Four eyes: the person who edits is not the one who approves.

@@ -9,8 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from reviews.models import Origin, ReviewDecision
-
-from .conftest import LEAD, REVIEWER
+from tests.browser.conftest import LEAD, REVIEWER
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,7 @@ from playwright.sync_api import expect
 
 from cases.models import Case
 from reviews.models import PendingReview
-
-from .conftest import REVIEWER, in_thread
+from tests.browser.conftest import REVIEWER, in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +22,7 @@ REVIEWER2 = ("reviewer2", "review2-T1042")
 @pytest.fixture
 def queue_demo(demo, settings):
     """Every demo case begun, aged so the queue shows each SLA state."""
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     settings.DECISIONFLOW_REVIEW_SLA = "4h"
     # Short, so the test sees a renewal and a lapse in seconds (renewed every 1.5 s).

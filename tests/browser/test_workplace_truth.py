@@ -10,10 +10,9 @@ import pytest
 from playwright.sync_api import expect
 
 from cases.models import Case
-from decisionflow.workflow.services import decision_record, review_begin, review_edit
 from effects.models import EffectRecord
-
-from .conftest import LEAD, REVIEWER, in_thread
+from tests.browser.conftest import LEAD, REVIEWER, in_thread
+from workflow.services import decision_record, review_begin, review_edit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,7 +178,7 @@ def test_commit_attempts_and_the_effect_page_fit_1280_px(demo, login, live_serve
         editor=editor,
     )
     new = edited.revision.proposal.operation_id
-    from decisionflow.core.errors import StaleProposal
+    from core.errors import StaleProposal
 
     with pytest.raises(StaleProposal):
         in_thread(decision_record, case=demo, operation_id=old, approved=True, reviewer=reviewer, channel="admin")

@@ -18,8 +18,8 @@ from django.core.management.base import CommandError
 
 from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
 from cases.services import VERSION_RANGE, case_import
-from decisionflow.core.errors import InvalidInput
-from decisionflow.core.text import CASE_ID_MAX
+from core.errors import InvalidInput
+from core.text import CASE_ID_MAX
 from reviews.models import Proposal
 from reviews.services import proposal_create, proposal_revise
 from tests.conftest import snapshot

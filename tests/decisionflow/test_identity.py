@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from decisionflow.core import identity
+from core import identity
 
 T1042_EVIDENCE = "ev-v1-591fc0a25303d0b774098bffd7d6fd2eb216fde208acd1d4554c93075dd24f9e"
 T1042_POLICY = "pol-v1-7df3c55cc3b2a9c77010eba24d6ca49777e5626e98dc79e789209c7ba090cd7f"

@@ -19,12 +19,12 @@ import uuid
 import pytest
 from django.core.management import CommandError, call_command
 
-from decisionflow.core.errors import DecisionflowError
-from decisionflow.core.locks import reconcile_lock
-from decisionflow.core.observability import OUTCOMES, JsonFormatter
-from decisionflow.workflow.services import decision_record
+from core.errors import DecisionflowError
+from core.locks import reconcile_lock
+from core.observability import OUTCOMES, JsonFormatter
 from tests.conftest import held_elsewhere
 from tests.workflow.test_decision_service import SCENARIOS, world  # noqa: F401 - the fixture
+from workflow.services import decision_record
 
 # What each scenario's label (as the channels name it) must count as, and the refusal code.
 EXPECTED = {
@@ -181,7 +181,7 @@ def test_reconcile_runs_and_operations_by_state(world):  # noqa: F811
 
 def test_metrics_off_imports_nothing_and_records_nothing(settings):
     """With metrics off (a cron command without a metrics folder) every metric is a no-op."""
-    from decisionflow.core import observability
+    from core import observability
 
     settings.DECISIONFLOW_METRICS = False
     metric = observability.Counter("decisionflow_test_off", "never made")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.db import DatabaseError, close_old_connections, connection, transaction
 
-from decisionflow.core.locks import case_lock
+from core.locks import case_lock
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -26,7 +26,7 @@ def held_by_another_session(case_id: str) -> bool:
     """Whether a second connection is refused the lock of this case (it is held elsewhere)."""
     import psycopg
 
-    from decisionflow.core.locks import _advisory_key
+    from core.locks import _advisory_key
     from tests.conftest import database_url
 
     key = _advisory_key(f"case:{case_id}")

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pytest
 from django.db import connection
 
-from decisionflow.core.commandline import EXIT_BROKEN_PIPE, EXIT_CONFIG, EXIT_TEMPFAIL
+from core.commandline import EXIT_BROKEN_PIPE, EXIT_CONFIG, EXIT_TEMPFAIL
 from tests.conftest import ROOT, database_url
 from tests.workflow.conftest import child_env, manage_argv
 
@@ -143,7 +143,7 @@ def test_unapplied_migrations_through_call_command_is_a_command_error(db, monkey
     """In-process callers (call_command) get a CommandError carrying the same exit code."""
     from django.core.management import CommandError, call_command
 
-    from decisionflow.core import commandline
+    from core import commandline
 
     assert commandline.unapplied_migrations() == []  # the test database is migrated
     monkeypatch.setattr(commandline, "unapplied_migrations", lambda: ["effects.0004_append_only_truncate_and_delete"])

@@ -1,4 +1,4 @@
-"""The text policy itself (decisionflow/core/text.py, docs/TEXT.md): what is refused, what is
+"""The text policy itself (core/text.py, docs/TEXT.md): what is refused, what is
 marked, what is flagged, and that the identity still hashes the exact code points."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import unicodedata
 
 import pytest
 
-from decisionflow.core import identity, text
-from decisionflow.core.errors import InvalidInput
+from core import identity, text
+from core.errors import InvalidInput
+from workplace.display import marked_html
 
 # One representative of every refused family, and both ends of each range.
 REFUSED = {
@@ -161,7 +162,7 @@ def test_marked_html_escapes_keeps_every_character_and_badges_each_marker():
     import re
 
     value = "<b>p\u0430ypal</b>\u200b & \u200f"
-    out = str(text.marked_html(value))
+    out = str(marked_html(value))
     assert "<b>" not in out and "&lt;b&gt;" in out
     assert out.count('class="df-tm df-tm-invisible"') == 2 and out.count('class="df-tm df-tm-mixed"') == 1
     # The text itself is all there, in order, once the markup is stripped: the badges are CSS.

@@ -156,7 +156,7 @@ def _source_files():
 
 def test_no_application_source_turns_the_bypass_on():
     """Outside tests/, nothing sets the PostgreSQL setting, and the only registration of the
-    SQLite function is the one that answers 0 (decisionflow/core/append_only.py)."""
+    SQLite function is the one that answers 0 (core/append_only.py)."""
     setters, registrations = [], []
     for path in _source_files():
         try:
@@ -168,9 +168,9 @@ def test_no_application_source_turns_the_bypass_on():
         registrations += [f"{rel}: {line.strip()}" for line in text.splitlines() if "create_function(" in line]
     assert setters == []
     assert registrations == [
-        "decisionflow/core/append_only.py: connection.connection.create_function(SQLITE_MAINTENANCE_FLUSH, 0, _never)"
+        "core/append_only.py: connection.connection.create_function(SQLITE_MAINTENANCE_FLUSH, 0, _never)"
     ]
-    from decisionflow.core.append_only import _never
+    from core.append_only import _never
 
     assert _never() == 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decisionflow.core.errors import InvalidInput, NotFound, OutcomeUncertain, PermissionRefused, StaleProposal
+from core.errors import InvalidInput, NotFound, OutcomeUncertain, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, ReviewDecision

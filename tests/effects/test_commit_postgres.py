@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from decisionflow.core.errors import CaseBusy, StaleProposal
+from core.errors import CaseBusy, StaleProposal
 from effects import services
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import attempt_record, effect_commit, reviewer_check

@@ -13,7 +13,7 @@ import pytest
 from django.db import connections
 
 from cases.models import Case
-from decisionflow.core.errors import AlreadyDecided, StaleProposal
+from core.errors import AlreadyDecided, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, Proposal, ReviewDecision
@@ -158,7 +158,7 @@ def test_on_sqlite_another_writer_past_the_busy_timeout_is_case_busy(live_propos
     from django.db import connection, transaction
     from django.db.models import F
 
-    from decisionflow.core.errors import CaseBusy
+    from core.errors import CaseBusy
 
     if connection.vendor != "sqlite":
         pytest.skip("SQLite only; tests/effects/test_commit_postgres.py holds a row lock instead")
@@ -193,9 +193,9 @@ def test_on_sqlite_another_writer_past_the_busy_timeout_is_case_busy(live_propos
 
 def test_two_reviewers_claiming_at_once_one_claim_one_named_refusal(live_proposal, make_user):
     """Issue 18: of two claims at the same moment exactly one wins; the other is told who."""
-    from decisionflow.core.errors import ClaimHeld
-    from decisionflow.workflow.queue import review_claim
+    from core.errors import ClaimHeld
     from reviews.models import ReviewClaimEvent
+    from workflow.queue import review_claim
 
     first, second = make_user("first"), make_user("second")
     pending = PendingReview.objects.get(operation_id=live_proposal.operation_id)
@@ -215,7 +215,7 @@ def test_two_reviewers_claiming_at_once_one_claim_one_named_refusal(live_proposa
 
 def test_two_expiries_at_once_one_decision(live_proposal):
     """The fail-closed expiry run twice at once (two cron runs): one decline, one replay."""
-    from decisionflow.workflow.queue import review_expire
+    from workflow.queue import review_expire
 
     pending = PendingReview.objects.get(operation_id=live_proposal.operation_id)
     results, errors = race([lambda: review_expire(pending=pending), lambda: review_expire(pending=pending)])

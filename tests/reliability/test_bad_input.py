@@ -19,8 +19,8 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from .conftest import case_data, command, record
-from .test_security import snapshot
+from tests.reliability.conftest import case_data, command, record
+from tests.reliability.test_security import snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +45,7 @@ class World:
 def w(db, reviewer, tmp_path):
     from api.services import token_create
     from cases.services import case_import
-    from decisionflow.workflow.services import review_begin, review_edit
+    from workflow.services import review_begin, review_edit
 
     a = case_import(data=case_data("B-1")).case
     b = case_import(data=case_data("B-2")).case
@@ -373,8 +373,8 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
     """Every way a pause can fail its binding checks: exit 5, nothing runs, nothing is written."""
     from agent_framework import WorkflowMessage
 
-    from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage, encode_checkpoint, payload_digest
-    from decisionflow.workflow.engine import HUMAN_REVIEW_ID
+    from engine.checkpoints import DatabaseCheckpointStorage, encode_checkpoint, payload_digest
+    from engine.graph import HUMAN_REVIEW_ID
     from reviews.models import PendingReview, WorkflowCheckpoint
 
     pending = PendingReview.objects.get(operation_id=w.op_a)

@@ -22,8 +22,7 @@ import pytest
 
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
-
-from .conftest import (
+from tests.reliability.conftest import (
     command,
     database_url,
     iterations,
@@ -149,7 +148,7 @@ def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
 
 @pytest.mark.parametrize("point", list(RESUME_POINTS))
 def test_crash_during_resume_then_reconcile_then_retry(point, reviewer_name):
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     figures = Figures(point)
     for i in range(iterations()):
@@ -188,7 +187,7 @@ def test_crash_during_resume_then_reconcile_then_retry(point, reviewer_name):
 def test_crash_during_a_resume_that_began_the_case_then_retry(point, reviewer_name):
     """`resume` on a case nobody began begins it (its own transaction, committed), then dies
     in the commit step: the pause survives for the retry, the decision only as the point says."""
-    from decisionflow.workflow.selectors import decidable_operation_id
+    from workflow.selectors import decidable_operation_id
 
     figures = Figures(f"{point} (resume begins the case)", crash_at=point)
     for _ in range(iterations()):
@@ -349,7 +348,7 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
 
 def test_a_crash_point_is_inert_without_fault_injection(reviewer_name):
     """DECISIONFLOW_CRASH_AT alone (fault injection off, as in production) kills nothing."""
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     case = new_case("inert")
     op = review_begin(case=case).operation_id

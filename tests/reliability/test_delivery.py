@@ -31,8 +31,7 @@ from effects.services import effect_commit
 from helpdesk.testing import running_helpdesk
 from reviews.models import ReviewDecision
 from reviews.services import proposal_create
-
-from .conftest import ROOT, child_env, iterations, new_case, reconcile, record
+from tests.reliability.conftest import ROOT, child_env, iterations, new_case, reconcile, record
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

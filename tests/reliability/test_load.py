@@ -14,8 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-
-from .conftest import database_url, record
+from tests.reliability.conftest import database_url, record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
-from decisionflow.core.append_only import AppendOnlyError
+from core.append_only import AppendOnlyError
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import Proposal, ReviewDecision

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cases.models import Case
-from decisionflow.core.errors import AlreadyDecided, InvalidInput, StaleProposal
+from core.errors import AlreadyDecided, InvalidInput, StaleProposal
 from effects.services import effect_commit
 from reviews.models import Origin, Proposal
 from reviews.services import proposal_create, proposal_revise

@@ -78,7 +78,7 @@ def committed_case(transactional_db, t1042_data, reviewer):
 def _fresh_resume_workflow():
     """Each test starts without its thread's reused resume workflow (engine.resume_workflow),
     so that a test that patches an executor class gets a graph built from the patched class."""
-    from decisionflow.workflow import engine
+    from engine import graph as engine
 
     engine._RESUME.workflow = None
     yield

@@ -17,13 +17,14 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from cases.services import case_import
-from decisionflow.core.errors import CaseBusy, DecisionflowError
-from decisionflow.core.locks import _advisory_key, case_lock
-from decisionflow.workflow import engine, services
-from decisionflow.workflow.services import Outcome, decision_record, review_begin
+from core.errors import CaseBusy, DecisionflowError
+from core.locks import _advisory_key, case_lock
+from engine import graph as engine
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 from tests.conftest import database_url, held_elsewhere
 from tests.effects.test_commit_postgres import round_trips
+from workflow import services
+from workflow.services import Outcome, decision_record, review_begin
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

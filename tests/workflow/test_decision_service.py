@@ -26,16 +26,16 @@ from django.test import Client
 from django.urls import reverse
 
 from cases.models import Case
-from decisionflow.core.errors import WorkflowIncompatible
-from decisionflow.core.locks import case_lock
-from decisionflow.workflow import admin as workplace_admin
-from decisionflow.workflow import engine
-from decisionflow.workflow.checkpoints import DatabaseCheckpointStorage
-from decisionflow.workflow.services import Outcome, decision_record, review_begin, review_edit
+from core.errors import WorkflowIncompatible
+from core.locks import case_lock
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import operation_reconcile
+from engine import graph as engine
+from engine.checkpoints import DatabaseCheckpointStorage
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import held_elsewhere, load_fixture, snapshot
+from workflow.services import Outcome, decision_record, review_begin, review_edit
+from workplace import review as workplace_admin
 
 # --- the three channels, each reduced to the outcome a person reads ---------------------
 

@@ -14,12 +14,12 @@ from django.core.management import CommandError, call_command
 
 from cases.models import Case
 from cases.services import case_import
-from decisionflow.core.errors import DecisionflowError, WorkflowIncompatible
-from decisionflow.workflow import messages, names
-from decisionflow.workflow.services import Outcome, decision_record, review_begin
+from core.errors import DecisionflowError, WorkflowIncompatible
 from effects.models import EffectRecord
+from engine import messages, names
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import load_fixture
+from workflow.services import Outcome, decision_record, review_begin
 
 FIXTURES = ("t1042.json", "t1077.json", "t1150.json")
 
@@ -139,7 +139,7 @@ def test_drain_dry_run_apply_and_again_then_approve_commits_once(db, fingerprint
     lines, code = _drain("--from", "review-v1")
     assert code == 0 and len(lines) == 3
     assert all(line.startswith("drain_workflow: would re-begin case=") for line in lines[:2])
-    assert lines[2].startswith("drain_workflow: dry run: 2 pending review(s) would be re-begun on review-v2")
+    assert lines[2].startswith("drain_workflow: dry run: 2 pending review(s) would be re-begun on review-v3")
     assert _pauses() == before  # a dry run changes nothing
 
     assert _drain("--from", "review-v0")[0][-1].startswith("drain_workflow: dry run: 0 pending")
@@ -153,7 +153,7 @@ def test_drain_dry_run_apply_and_again_then_approve_commits_once(db, fingerprint
         assert (
             checkpoint_id != before[op][0] and WorkflowCheckpoint.objects.filter(checkpoint_id=checkpoint_id).exists()
         )
-        assert (version, fingerprint, status) == ("review-v2", messages.graph_fingerprint(), "pending")
+        assert (version, fingerprint, status) == ("review-v3", messages.graph_fingerprint(), "pending")
 
     lines, code = _drain("--apply", "--json")  # again: nothing to do
     assert code == 0 and json.loads(lines[-1])["candidates"] == 0 and _pauses() == after
@@ -187,7 +187,7 @@ def test_drain_leaves_decided_and_superseded_reviews_alone(db, fingerprint_cache
     lines, code = _drain("--apply")
     assert code == 0 and "re-begun 1 of 1" in lines[-1]
     assert _pauses()[_op(decided)] == before[_op(decided)]  # decided means decided
-    assert _pauses()[_op(waiting)][1] == "review-v2"
+    assert _pauses()[_op(waiting)][1] == "review-v3"
 
 
 def test_bad_batch_size_is_refused_and_nothing_changes(db, fingerprint_cache):
@@ -209,7 +209,7 @@ def test_sigkill_mid_drain_then_two_reruns_at_once_leave_no_gap_and_no_duplicate
         "drain_workflow", "--from", "review-v1", "--apply", "--batch-size", "1", DECISIONFLOW_CRASH_AT=crash_at
     )
     assert killed.returncode == -9, killed.stderr
-    moved = [op for op, pause in _pauses().items() if pause[1] == "review-v2"]
+    moved = [op for op, pause in _pauses().items() if pause[1] == "review-v3"]
     # Between batches: the first case is moved. Inside the first case's transaction: none.
     assert len(moved) == (1 if crash_at == "drain-workflow-batch-1" else 0)
 
@@ -218,7 +218,7 @@ def test_sigkill_mid_drain_then_two_reruns_at_once_leave_no_gap_and_no_duplicate
     assert [run.returncode for run in runs] == [0, 0], outs
     summaries = [json.loads(out.splitlines()[-1]) for out, _ in outs]
     after = _pauses()
-    assert set(after) == set(before) and all(p[1:] == ("review-v2", p[2], "pending") for p in after.values())
+    assert set(after) == set(before) and all(p[1:] == ("review-v3", p[2], "pending") for p in after.values())
     # Each case re-paused exactly once over all three runs: no duplicate pause, no gap.
     assert sum(s["rebegun"] for s in summaries) == 3 - len(moved)
     assert WorkflowCheckpoint.objects.count() == checkpoints + 3
@@ -236,7 +236,7 @@ def test_approvals_racing_a_drain_commit_once_and_only_on_the_new_pause(spawn, r
 
     from django.db import connection
 
-    from decisionflow.core.errors import CaseBusy
+    from core.errors import CaseBusy
 
     case = _begin("t1042.json")
     op = _op(case)

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 
-from decisionflow.workflow.driver import on_caller, run_on_caller
+from engine.driver import on_caller, run_on_caller
 from reviews.models import PendingReview
 
 
@@ -107,9 +107,9 @@ def test_a_thread_reuses_its_resume_workflow_and_drops_it_after_a_failure(case, 
     """Each answered run restores its bound checkpoint, which replaces all the state a run keeps;
     the answer is the run's own (a context variable), and a run that fails leaves nothing behind."""
     from cases.services import case_import
-    from decisionflow.workflow import engine
-    from decisionflow.workflow.services import decision_record, review_begin
+    from engine import graph as engine
     from tests.conftest import load_fixture
+    from workflow.services import decision_record, review_begin
 
     def decide(c, op):
         return decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="test")

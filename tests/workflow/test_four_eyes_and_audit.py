@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from decisionflow.core.errors import (
+from core.errors import (
     DecisionOmitted,
     FourEyesRefused,
     NotFound,
@@ -22,10 +22,10 @@ from decisionflow.core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
-from decisionflow.workflow.services import Outcome, decision_record, review_begin, review_edit
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import snapshot
+from workflow.services import Outcome, decision_record, review_begin, review_edit
 
 pytestmark = pytest.mark.django_db
 
@@ -276,7 +276,7 @@ def test_no_permission_through_the_service(case, begun, lead):
 
 
 def test_no_permission_before_the_review_was_begun(case, lead):
-    from decisionflow.workflow.selectors import decidable_operation_id
+    from workflow.selectors import decidable_operation_id
 
     with pytest.raises(PermissionRefused):
         decide(case, decidable_operation_id(case), lead)
@@ -307,7 +307,7 @@ def test_bad_input_an_admin_click_with_a_malformed_operation(case, begun, review
 
 
 def _rewrite_pause(begun, old, new, *, sign=True):
-    from decisionflow.workflow.checkpoints import payload_digest
+    from engine.checkpoints import payload_digest
 
     row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
     payload = row.payload.replace(old, new)
@@ -337,10 +337,10 @@ def test_checkpoint_refusals(case, begun, reviewer, breakage):
 
 
 def test_busy(case, reviewer, settings):
-    from decisionflow.core.errors import CaseBusy
-    from decisionflow.core.locks import case_lock
-    from decisionflow.workflow.selectors import decidable_operation_id
+    from core.errors import CaseBusy
+    from core.locks import case_lock
     from tests.conftest import held_elsewhere
+    from workflow.selectors import decidable_operation_id
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
     op = decidable_operation_id(case)

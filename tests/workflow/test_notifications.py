@@ -25,9 +25,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from decisionflow.workflow.services import review_begin
 from reviews import notifications
 from reviews.models import Notification, NotificationKind, NotificationState, PendingReview
+from workflow.services import review_begin
 
 IMMEDIATE = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
 

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from cases.services import case_import
-from decisionflow.workflow.services import review_begin
 from reviews.models import PendingReview
 from tests.conftest import ROOT, load_fixture
 from tests.workflow.conftest import child_env, manage_argv
+from workflow.services import review_begin
 
 BAR = "━"  # rich's bar
 
@@ -104,7 +104,7 @@ def test_cron_gets_one_summary_line_and_no_bar(three_cases, manage, name):
     last = run.stdout.splitlines()[-1]
     expected = {
         "reconcile": "reconcile: summary: 3 operation(s) of 3 case(s) in ",
-        "drain_workflow": "drain_workflow: re-begun 3 of 3 pending review(s) on review-v2",
+        "drain_workflow": "drain_workflow: re-begun 3 of 3 pending review(s) on review-v3",
         "prune_checkpoints": "prune_checkpoints: deleted 0 checkpoint(s)",
     }[name]
     assert last.startswith(expected), run.stdout

@@ -20,13 +20,13 @@ from django.urls import reverse
 
 from cases.models import Case, Policy
 from cases.services import case_import, parse_policy_file
-from decisionflow.core import identity
-from decisionflow.core.errors import InvalidInput, PermissionRefused, StaleProposal
-from decisionflow.workflow.publishing import policy_publish
-from decisionflow.workflow.services import decision_record, review_begin, review_edit
+from core import identity
+from core.errors import InvalidInput, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
 from tests.conftest import load_fixture, snapshot
+from workflow.publishing import policy_publish
+from workflow.services import decision_record, review_begin, review_edit
 
 V4 = {
     "name": "support-reply",
@@ -177,7 +177,7 @@ def test_four_eyes_treats_a_policy_change_like_a_prepared_proposal(world, make_u
     )
     assert done.outcome == "committed"
     # The editor's sentences are still in the policy-change proposal: still four eyes.
-    from decisionflow.core.errors import FourEyesRefused
+    from core.errors import FourEyesRefused
 
     edited = world["edited"]
     with pytest.raises(FourEyesRefused):

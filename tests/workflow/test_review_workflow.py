@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import DatabaseError, connections
 
-from decisionflow.core.errors import (
+from core.errors import (
     CaseBusy,
     ConflictingDecision,
     InvalidInput,
@@ -20,12 +20,12 @@ from decisionflow.core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
-from decisionflow.workflow import checkpoints as store
-from decisionflow.workflow.engine import HUMAN_REVIEW_ID, WORKFLOW_VERSION, Commit, HumanReview
-from decisionflow.workflow.selectors import decidable_operation_id
-from decisionflow.workflow.services import Outcome, decision_record, review_begin, review_edit
 from effects.models import CommitAttempt, EffectRecord
+from engine import checkpoints as store
+from engine.graph import HUMAN_REVIEW_ID, WORKFLOW_VERSION, Commit, HumanReview
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
+from workflow.selectors import decidable_operation_id
+from workflow.services import Outcome, decision_record, review_begin, review_edit
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
 def _fail_the_pause_insert(execute, sql, params, many, context):
     """The database refuses the statement that stores the pause: the ORM's checkpoint insert
     (SQLite), or begin's one write statement (PostgreSQL's first begin)."""
-    from decisionflow.workflow import services
+    from workflow import services
 
     if sql.startswith('INSERT INTO "reviews_workflowcheckpoint"') or sql.startswith(
         f"EXECUTE {services._begin_write_statement().name}"
@@ -134,7 +134,7 @@ def test_begin_reads_the_case_once_and_its_first_proposal_takes_no_savepoint(cas
         # One query string with the lock and both reads, then one statement that writes (the
         # test's transaction turns begin's own into the savepoint around them); round trips
         # and real transactions: tests/workflow/test_begin_postgres.py.
-        from decisionflow.workflow import services
+        from workflow import services
 
         assert [s.split(" ", 1)[0] for s in sql] == ["SAVEPOINT", "SET", "EXECUTE", "RELEASE"], sql
         assert f"EXECUTE {services._begin_case_read().name} " in sql[1], sql
@@ -172,7 +172,7 @@ def test_begin_finds_a_proposal_that_exists_though_the_case_points_at_none(case,
 def test_begin_refuses_a_pause_that_is_not_plain_json_and_writes_nothing(case, monkeypatch):
     """The buffer keeps the run's checkpoints unencoded; the pause is encoded by the host,
     which refuses it when it is not plain JSON, before anything is written."""
-    from decisionflow.workflow import engine
+    from engine import graph as engine
 
     real = engine._review_request
 
@@ -615,7 +615,7 @@ def test_the_store_saves_plain_json_only(begun):
 
 
 def test_the_case_lock_excludes_another_thread(transactional_db):
-    from decisionflow.core.locks import case_lock
+    from core.locks import case_lock
 
     held, release, outcome = threading.Event(), threading.Event(), {}
 
@@ -653,7 +653,7 @@ def test_a_decision_that_must_begin_a_busy_case_answers_busy_within_its_timeout(
     """Beginning takes the case lock, waited for DECISIONFLOW_DECISION_LOCK_TIMEOUT: then busy, nothing written."""
     import time
 
-    from decisionflow.core.locks import case_lock
+    from core.locks import case_lock
 
     op = decidable_operation_id(committed_case)
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.3

@@ -42,7 +42,7 @@ def import_counts():
 
 @pytest.fixture
 def begun(case):
-    from decisionflow.workflow.services import review_begin
+    from workflow.services import review_begin
 
     review_begin(case=case, actor=None)
     case.refresh_from_db()
@@ -168,7 +168,7 @@ def test_every_text_of_a_case_file_is_under_the_policy(tmp_path, t1042_data, whe
 def test_marked_characters_enter_through_every_channel_and_are_reported(begun, reviewer, tmp_path):
     """Kept, not refused: the API lists them as warnings, the identity hashes them."""
     from api.services import token_create
-    from decisionflow.core import identity
+    from core import identity
     from reviews.models import Proposal
 
     api = Api(Client(), token_create(user=reviewer, name="t")[1])

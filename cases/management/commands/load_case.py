@@ -3,10 +3,10 @@ from pathlib import Path
 from django.core.management.base import CommandError
 
 from cases.services import case_import, parse_case_file
-from decisionflow.core.commandline import ProjectCommand
-from decisionflow.core.errors import DecisionflowError
-from decisionflow.core.progress import CommandProgress, bar_wanted
-from decisionflow.core.text import one_line, shown
+from core.commandline import ProjectCommand
+from core.errors import DecisionflowError
+from core.progress import CommandProgress, bar_wanted
+from core.text import one_line, shown
 
 
 class Command(ProjectCommand):

@@ -6,11 +6,11 @@ from json.encoder import encode_basestring
 from django.utils import timezone
 
 from cases.models import Case
-from decisionflow.core.commandline import Exit, WorkflowCommand
-from decisionflow.core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
-from decisionflow.core.observability import reconcile_observed
-from decisionflow.core.progress import CommandProgress, bar_wanted
-from decisionflow.core.text import shown
+from core.commandline import Exit, WorkflowCommand
+from core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
+from core.observability import reconcile_observed
+from core.progress import CommandProgress, bar_wanted
+from core.text import shown
 from effects.models import DeliveryState
 from effects.services import (
     NO_LOCAL_EFFECT,

@@ -1,7 +1,7 @@
 from django.utils import timezone
 
-from decisionflow.core.commandline import WorkflowCommand
-from decisionflow.core.progress import CommandProgress, bar_wanted
+from core.commandline import WorkflowCommand
+from core.progress import CommandProgress, bar_wanted
 from reviews.retention import DEFAULT_BATCH_SIZE, checkpoints_prune, parse_window, prunable_checkpoints
 
 

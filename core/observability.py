@@ -1,0 +1,426 @@
+"""Domain metrics and structured event logs for the decision paths (docs/DEPLOY.md).
+
+Metrics are Prometheus counters and histograms in the process that did the work. Under
+gunicorn, and for commands run from cron, ``PROMETHEUS_MULTIPROC_DIR`` names a directory
+shared by every process of the host: each process writes its own file there and ``/metrics``
+sums them all, so no worker's (and no finished command's) counts are partial or lost. The
+choice, and why not gauges read from the database, is in docs/DEPLOY.md.
+
+Events are one JSON line each on the ``decisionflow.events`` logger (``JsonFormatter``): the
+case, the operation, the channel, the actor, the outcome and the duration. Never a draft,
+a message text that could quote one, or a secret: only identifiers, codes and numbers.
+
+The service layer calls into this module through decorators (``observed_decision``,
+``observed_commit``, ``counts_refusals``) so that instrumenting a service is one line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+
+from core.errors import (
+    AlreadyDecided,
+    CaseBusy,
+    ConflictingDecision,
+    DecisionflowError,
+    LockBusy,
+    OutcomeUncertain,
+    StaleProposal,
+)
+
+events = logging.getLogger("decisionflow.events")
+
+
+def metrics_enabled() -> bool:
+    """``DECISIONFLOW_METRICS`` (on when ``PROMETHEUS_MULTIPROC_DIR`` is set): off, a
+    process never imports prometheus_client, so a cron command without a metrics folder
+    (whose counts would die with it) starts as fast as before."""
+    return bool(getattr(settings, "DECISIONFLOW_METRICS", False))
+
+
+class _Off:
+    """What a metric is when metrics are off: every call does nothing."""
+
+    def labels(self, *args, **kwargs):
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+
+_OFF = _Off()
+
+
+class _Lazy:
+    """A Prometheus metric made on first use (prometheus_client costs ~50 ms to import)."""
+
+    def __init__(self, kind: str, name: str, documentation: str, labelnames=(), **kwargs):
+        self.kind, self.name, self.documentation, self.labelnames, self.kwargs = (
+            kind,
+            name,
+            documentation,
+            tuple(labelnames),
+            kwargs,
+        )
+        self._metric: Any = None
+
+    def _get(self) -> Any:
+        if self._metric is None:
+            if not metrics_enabled():
+                return _OFF
+            import prometheus_client
+
+            make = getattr(prometheus_client, self.kind)
+            self._metric = make(self.name, self.documentation, self.labelnames, **self.kwargs)
+        return self._metric
+
+    def labels(self, **labels):
+        return self._get().labels(**labels)
+
+    def inc(self, amount: float = 1) -> None:
+        self._get().inc(amount)
+
+    def set(self, value: float) -> None:
+        self._get().set(value)
+
+
+def Counter(name, documentation, labelnames=(), **kwargs) -> Any:
+    return _Lazy("Counter", name, documentation, labelnames, **kwargs)
+
+
+def Histogram(name, documentation, labelnames=(), **kwargs) -> Any:
+    return _Lazy("Histogram", name, documentation, labelnames, **kwargs)
+
+
+def Gauge(name, documentation, labelnames=(), **kwargs) -> Any:
+    return _Lazy("Gauge", name, documentation, labelnames, **kwargs)
+
+
+# Buckets from a millisecond to a minute: a commit is a few ms, a busy case waits up to the
+# lock timeout (3 s by default), a decision that begins its review first can take a second.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+DECISIONS = Counter(
+    "decisionflow_decisions",
+    "Decisions by channel and outcome (committed, declined, replay, conflict, stale, refused, "
+    "outcome_uncertain, error); every call of decision_record counts once.",
+    ["channel", "outcome"],
+)
+REFUSALS = Counter(
+    "decisionflow_decision_refusals",
+    "Decisions refused, by the error code the channel answered (case_busy, stale_proposal, ...).",
+    ["code"],
+)
+DECISION_SECONDS = Histogram(
+    "decisionflow_decision_seconds",
+    "Time of a whole decision (bind, engine run, commit), by outcome.",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+COMMIT_SECONDS = Histogram(
+    "decisionflow_commit_seconds",
+    "Time of effect_commit (the decision and effect transaction), by outcome.",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+LOCK_WAIT_SECONDS = Histogram(
+    "decisionflow_lock_wait_seconds",
+    "Time spent waiting for a named lock (case, reconcile), whether or not it was had.",
+    ["lock"],
+    buckets=LATENCY_BUCKETS,
+)
+BUSY_REFUSALS = Counter(
+    "decisionflow_busy_refusals",
+    "Locks not had in time: case (the advisory or file lock of begin/edit), case_row (the "
+    "commit's row lock), database (SQLite's write lock), reconcile (a second run).",
+    ["lock"],
+)
+CHECKPOINT_REFUSED = Counter(
+    "decisionflow_checkpoint_loads_refused",
+    "Pause checkpoints that failed a binding check (version, graph, HMAC, request, in-flight "
+    "messages): the decision was refused and nothing ran.",
+)
+RECONCILE_RUNS = Counter(
+    "decisionflow_reconcile_runs",
+    "reconcile runs by result: ok, unrepaired (NoLocalEffectRecorded found, exit 1), repaired, "
+    "locked (another run held the lock), error.",
+    ["result"],
+)
+RECONCILE_OPERATIONS = Counter(
+    "decisionflow_reconcile_operations",
+    "Operations listed by reconcile runs, by state (summed over runs).",
+    ["state"],
+)
+RECONCILE_LAST = Gauge(
+    "decisionflow_reconcile_last_operations",
+    "Operations by state in the last complete `reconcile --all` run of this host.",
+    ["state"],
+    multiprocess_mode="mostrecent",
+)
+RECONCILE_LAST_RUN = Gauge(
+    "decisionflow_reconcile_last_run_timestamp_seconds",
+    "When the last complete `reconcile --all` run of this host finished (Unix time).",
+    multiprocess_mode="mostrecent",
+)
+SLA_BREACHED = Gauge(
+    "decisionflow_sla_breached_reviews",
+    "Pending reviews past their SLA target in the last `sla_report` run of this host (docs/QUEUE.md).",
+    multiprocess_mode="mostrecent",
+)
+SLA_LAST_RUN = Gauge(
+    "decisionflow_sla_last_run_timestamp_seconds",
+    "When the last `sla_report` run of this host finished (Unix time).",
+    multiprocess_mode="mostrecent",
+)
+SLA_ACTIONS = Counter(
+    "decisionflow_sla_reviews",
+    "Breached reviews listed by `sla_report`, by what was done: reported, would_expire, expired, replay, not_expired.",
+    ["action"],
+)
+
+
+def sla_observed(*, breached: int, actions: dict[str, int]) -> None:
+    """One finished `sla_report` run: the breached count now, and what was done."""
+    SLA_BREACHED.set(breached)
+    SLA_LAST_RUN.set(time.time())
+    for action, count in actions.items():
+        SLA_ACTIONS.labels(action=action).inc(count)
+
+
+# The outcome labels, in one place: the docs' table and the tests read this.
+OUTCOMES = ("committed", "declined", "replay", "conflict", "stale", "refused", "outcome_uncertain", "error")
+RECONCILE_STATES = ("Pending", "Committed", "Declined", "NoLocalEffectRecorded")
+
+
+def outcome_of(result: Any = None, exc: BaseException | None = None) -> str:
+    """The outcome label of a decision: its result's outcome, or what its error means."""
+    if exc is None:
+        return str(getattr(result, "outcome", "error"))
+    if isinstance(exc, OutcomeUncertain):
+        return "outcome_uncertain"
+    if isinstance(exc, ConflictingDecision):
+        return "conflict"
+    if isinstance(exc, StaleProposal | AlreadyDecided):
+        return "stale"
+    if isinstance(exc, DecisionflowError) and type(exc) is not DecisionflowError:
+        return "refused"
+    return "error"
+
+
+def _code(exc: BaseException | None) -> str:
+    if exc is None:
+        return ""
+    return getattr(exc, "code", None) or type(exc).__name__
+
+
+def _username(user) -> str | None:
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    return user.get_username()
+
+
+def observed_decision(service: Callable) -> Callable:
+    """Count, time and log every call of the decision service (keyword arguments only).
+
+    Exactly one metric increment and one event line per call, whatever the outcome.
+    """
+
+    @functools.wraps(service)
+    def wrapper(**kwargs):
+        started = time.perf_counter()
+        result, error = None, None
+        try:
+            result = service(**kwargs)
+            return result
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            outcome = outcome_of(result, error)
+            channel = str(kwargs.get("channel") or "service")[:20]
+            DECISIONS.labels(channel=channel, outcome=outcome).inc()
+            DECISION_SECONDS.labels(outcome=outcome).observe(seconds)
+            if outcome in ("refused", "stale", "conflict", "outcome_uncertain"):
+                REFUSALS.labels(code=_code(error)).inc()
+            case = kwargs.get("case")
+            approved = kwargs.get("approved")
+            events.info(
+                "decision",
+                extra={
+                    "event": "decision",
+                    "case_id": getattr(case, "case_id", None),
+                    "operation_id": str(kwargs.get("operation_id"))[:100],
+                    "channel": channel,
+                    "actor": _username(kwargs.get("reviewer")),
+                    "approved": approved if isinstance(approved, bool) else None,
+                    "outcome": outcome,
+                    "code": _code(error) or None,
+                    "begun": getattr(result, "begun", None),
+                    "duration_ms": round(seconds * 1000, 2),
+                },
+            )
+
+    return wrapper
+
+
+def observed_commit(commit: Callable) -> Callable:
+    """Time ``effect_commit`` by outcome; a busy case row counts as a busy refusal."""
+
+    @functools.wraps(commit)
+    def wrapper(**kwargs):
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            result = commit(**kwargs)
+            if getattr(result, "status", None) == "ConflictingDecision":
+                outcome = "conflict"
+            elif getattr(result, "replay", False):
+                outcome = "replay"
+            else:
+                outcome = "committed" if kwargs.get("approved") is True else "declined"
+            return result
+        except BaseException as exc:
+            outcome = outcome_of(exc=exc)
+            if isinstance(exc, CaseBusy):
+                BUSY_REFUSALS.labels(lock="case_row").inc()
+            raise
+        finally:
+            COMMIT_SECONDS.labels(outcome=outcome).observe(time.perf_counter() - started)
+
+    return wrapper
+
+
+def counts_refusals(counter: Any, refusal: type[BaseException]) -> Callable:
+    """Count each ``refusal`` the wrapped function raises on ``counter``."""
+
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except refusal:
+                counter.inc()
+                raise
+
+        return wrapper
+
+    return decorate
+
+
+def lock_waited(lock: str, seconds: float, *, had: bool) -> None:
+    """A named lock's wait: ``had`` False means the caller answers busy."""
+    LOCK_WAIT_SECONDS.labels(lock=lock).observe(seconds)
+    if not had:
+        BUSY_REFUSALS.labels(lock=lock).inc()
+
+
+class ReconcileRun:
+    """What one reconcile run saw; ``listed`` once every operation was read."""
+
+    def __init__(self, scope: str):
+        self.scope = scope
+        self.states: Tally[str] = Tally()
+        self.listed = False
+        self.repaired = 0
+
+
+@contextmanager
+def reconcile_observed(*, scope: str, exit_error: type[BaseException]):
+    """Count one reconcile run by result, and its operations by state.
+
+    ``scope`` is ``all`` or ``cases``; only a complete ``--all`` listing sets the last-run
+    gauges (a run over a few cases would make them look like the whole store).
+    ``exit_error`` is the command's "stop with exit code" exception: the run found
+    NoLocalEffectRecorded operations it did not repair.
+    """
+    run = ReconcileRun(scope)
+    result = "error"
+    try:
+        yield run
+        result = "repaired" if run.repaired else "ok"
+    except LockBusy:
+        result = "locked"
+        raise
+    except exit_error:
+        result = "unrepaired" if run.listed else "error"
+        raise
+    finally:
+        RECONCILE_RUNS.labels(result=result).inc()
+        for state, count in run.states.items():
+            RECONCILE_OPERATIONS.labels(state=state).inc(count)
+        if run.listed and scope == "all":
+            for state in RECONCILE_STATES:
+                RECONCILE_LAST.labels(state=state).set(run.states.get(state, 0))
+            RECONCILE_LAST_RUN.set(time.time())
+
+
+# --- logs ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def events_off_stderr():
+    """Within a command, keep the decision events off stderr (and on any file handler).
+
+    A command's stderr carries exactly its one-line error (docs/COMMANDS.md): scripts parse
+    it. Its events still go to ``DECISIONFLOW_EVENT_LOG_FILE`` when that is set.
+    """
+    streams = {sys.stderr, sys.__stderr__}
+    detached = [
+        h
+        for h in events.handlers
+        if isinstance(h, logging.StreamHandler)
+        and not isinstance(h, logging.FileHandler)
+        and getattr(h, "stream", None) in streams
+    ]
+    for handler in detached:
+        events.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in detached:
+            events.addHandler(handler)
+
+
+# The attributes every LogRecord has; anything else was passed in ``extra`` and is a field.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, then the ``extra`` fields.
+
+    Used for the ``decisionflow.events`` logger and, with ``LOG_FORMAT=json``, for every log
+    line of the process (docs/DEPLOY.md, "Logs").
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                line[key] = value
+        if record.exc_info:
+            line["exc_type"] = record.exc_info[0].__name__ if record.exc_info[0] else None
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, ensure_ascii=False, separators=(",", ":"))

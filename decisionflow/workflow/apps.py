@@ -1,7 +1,0 @@
-from django.apps import AppConfig
-
-
-class WorkflowConfig(AppConfig):
-    name = "decisionflow.workflow"
-    label = "workflow"
-    verbose_name = "Review workflow"

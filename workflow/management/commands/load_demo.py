@@ -1,0 +1,51 @@
+from pathlib import Path
+
+from django.apps import apps
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.management.base import CommandError
+from django.db import transaction
+
+from cases.services import case_import, parse_case_file
+from core.commandline import ProjectCommand
+from core.errors import DecisionflowError
+from reviews.groups import REVIEWERS, SUPPORT_LEADS, ensure_review_groups
+
+# The demo case files ship with the cases app, which owns the case format.
+DEMO_DIR = Path(apps.get_app_config("cases").path) / "demo"
+
+# Local demo logins only; `make run` prints them. Never use these on a shared server.
+DEMO_USERS = [
+    ("reviewer", "review-T1042", REVIEWERS, "Demo reviewer (approve, decline, edit)"),
+    # Four eyes: whoever edits a proposal cannot approve it, so the demo needs a second reviewer.
+    ("reviewer2", "review2-T1042", REVIEWERS, "Second demo reviewer (approves what the first one edited)"),
+    ("lead", "lead-T1042", SUPPORT_LEADS, "Demo support lead (history, view only)"),
+]
+
+
+class Command(ProjectCommand):
+    help = (
+        "Load the demo cases (T-1042 and three more), two demo reviewers and a support lead: "
+        "`python manage.py load_demo`. Running it again changes nothing."
+    )
+
+    def handle(self, *args, **options):
+        try:
+            with transaction.atomic():
+                for path in sorted(DEMO_DIR.glob("*.json")):
+                    result = case_import(data=parse_case_file(path.read_bytes()))
+                    verb = "imported" if result.created else "unchanged"
+                    self.stdout.write(f"load_demo: case={result.case.case_id} {verb}")
+                ensure_review_groups(Group, Permission)
+                User = get_user_model()
+                for username, password, group, _ in DEMO_USERS:
+                    user, created = User.objects.get_or_create(username=username, defaults={"is_staff": True})
+                    if created:
+                        user.set_password(password)
+                        user.save()
+                    user.groups.add(Group.objects.get(name=group))
+        except DecisionflowError as exc:
+            raise CommandError(f"load_demo: {exc.message}") from None
+        self.stdout.write("Demo logins for http://127.0.0.1:8000/admin/ :")
+        for username, password, _, what in DEMO_USERS:
+            self.stdout.write(f"  {what}: username={username} password={password}")

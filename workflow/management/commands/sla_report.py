@@ -1,0 +1,78 @@
+import json
+
+from core.commandline import WorkflowCommand
+from core.errors import DecisionflowError, OutcomeUncertain
+from core.locks import cron_lock
+from core.observability import sla_observed
+from core.text import shown
+from effects.services import CONFLICTING
+from reviews import notifications
+from workflow import queue
+
+# Breached reviews were found (docs/COMMANDS.md): someone should look.
+EXIT_BREACHED = 10
+
+
+class Command(WorkflowCommand):
+    help = (
+        "Run from cron, e.g. every 5 minutes: `*/5 * * * * cd /srv/decisionflow && .venv/bin/python manage.py "
+        "sla_report --expire --json >> var/log/sla.jsonl`. Lists every pending review past its SLA target "
+        "(DECISIONFLOW_REVIEW_SLA, per policy DECISIONFLOW_REVIEW_SLA_BY_POLICY; docs/QUEUE.md), oldest first, "
+        "one line each (with --json, one JSON object per line with the keys case, operation_id, policy, begun_at, "
+        "age_seconds, target_seconds, claimed_by, on_breach, action). What happens on breach is the setting "
+        "DECISIONFLOW_REVIEW_ON_BREACH (per policy ..._BY_POLICY): stay_pending (listed only) or decline (fail "
+        "closed: with --expire each such review is declined with reason expired by the system actor sla-expiry; "
+        "without --expire it is listed as would_expire). Nothing is ever approved automatically. Exit codes: "
+        "0 no breached review; 10 breached reviews were listed (or expired); 1 usage error, or another run holds "
+        "the lock."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", dest="as_json", action="store_true", help="One JSON object per line.")
+        parser.add_argument(
+            "--expire",
+            action="store_true",
+            help="Decline the breached reviews whose policy says fail closed (a dry run without it).",
+        )
+
+    def handle(self, *args, as_json, expire, **options):
+        found = 0
+        actions: dict[str, int] = {}
+        with cron_lock("sla_report"):
+            for pending, row in queue.breached_reviews():
+                found += 1
+                action = "reported"
+                if row.on_breach == queue.OnBreach.DECLINE:
+                    action = self._expire(pending) if expire else "would_expire"
+                kind = action.split(" ", 1)[0]
+                actions[kind] = actions.get(kind, 0) + 1
+                if as_json:
+                    self.stdout.write(json.dumps({**row.as_dict(), "action": action}, separators=(",", ":")))
+                else:
+                    self.stdout.write(
+                        f"breached: case={shown(row.case_id)} op={shown(row.operation_id)} "
+                        f"policy={shown(row.policy)} waiting={int(row.age.total_seconds())}s "
+                        f"target={int(row.target.total_seconds())}s claimed_by={shown(row.claimed_by or '-')} "
+                        f"action={action}"
+                    )
+            # Notifications (docs/QUEUE.md): at risk and breached, once per review and kind;
+            # and the sweep: a dead worker's Sending row becomes Unknown and is sent again.
+            queue.sla_notifications()
+            notifications.notify_sweep()
+        # For /metrics (docs/DEPLOY.md): still breached after this run, i.e. not expired now.
+        sla_observed(breached=found - actions.get("expired", 0) - actions.get("replay", 0), actions=actions)
+        if found:
+            self.fail(EXIT_BREACHED, f"sla_report: {found} review(s) past their SLA target")
+
+    def _expire(self, pending) -> str:
+        try:
+            result = queue.review_expire(pending=pending)
+        except OutcomeUncertain:
+            # Its COMMIT failed and may have been applied: neither "expired" nor "not".
+            return "uncertain (outcome_uncertain: run `manage.py reconcile`)"
+        except DecisionflowError as exc:
+            # A person's decision (or an edit) got there first: it stands; say so and go on.
+            return f"not_expired ({exc.code})"
+        if result.status == CONFLICTING:
+            return "not_expired (already approved)"
+        return "replay" if result.replay else "expired"

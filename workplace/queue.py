@@ -1,0 +1,309 @@
+"""The review queue in the admin (docs/QUEUE.md), and the claim buttons' endpoints.
+
+A channel like the rest of the admin: it parses the request, calls ``queue.py`` and shows
+the result. The list reads its pages in the order of the partial index
+``pending_review_queue`` (pending reviews, oldest first) with the case list's paginator
+(listing.py): a fixed number of queries per page, no COUNT over the whole table.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from cases.models import Policy
+from cases.selectors import case_text_fields
+from core import text as text_policy
+from core.errors import ClaimHeld, DecisionflowError
+from reviews.models import Origin, PendingReview
+from reviews.selectors import proposal_text_fields
+from workflow import queue
+from workplace.display import ViewOnlyAdmin, marked_html, op_html, when, when_html
+from workplace.links import can_review, review_url
+from workplace.listing import CaseListAdminMixin
+
+VIEW_PENDING = "reviews.view_pendingreview"
+
+
+def age_label(age: timedelta) -> str:
+    """``3d 4h``, ``2h 05m``, ``7m``: the two largest units, for a list column."""
+    minutes = max(0, int(age.total_seconds() // 60))
+    days, minutes = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(minutes, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m"
+
+
+def target_label(target: timedelta) -> str:
+    """A target as set: ``4h``, ``90m``, ``2d``; ``age_label`` when it is not whole."""
+    seconds = int(target.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return age_label(target)
+
+
+class SlaFilter(admin.SimpleListFilter):
+    title = "SLA state"
+    parameter_name = "sla"
+
+    def lookups(self, request, model_admin):
+        return queue.SlaState.choices
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is not None and value in queue.SlaState.values:
+            return queryset.filter(queue.sla_q(value, timezone.now()))
+        return queryset
+
+
+class ClaimantFilter(admin.SimpleListFilter):
+    """Unclaimed, mine, or a person holding a live claim (one query for the choices, on the
+    partial index of claimed pending reviews)."""
+
+    title = "claimed by"
+    parameter_name = "claimant"
+
+    def lookups(self, request, model_admin):
+        holders = (
+            PendingReview.objects.filter(
+                status=PendingReview.Status.PENDING, claimed_by__isnull=False, claim_expires_at__gt=timezone.now()
+            )
+            .order_by()
+            .values("claimed_by")
+        )
+        users = get_user_model().objects.filter(pk__in=holders).order_by("username")
+        return [("none", "Nobody (unclaimed or lapsed)"), ("me", "Me")] + [(str(u.pk), u.get_username()) for u in users]
+
+    def queryset(self, request, queryset):
+        value, now = self.value(), timezone.now()
+        if value == "none":
+            return queryset.filter(Q(claimed_by__isnull=True) | Q(claim_expires_at__lte=now))
+        if value == "me":
+            return queryset.filter(claimed_by=request.user, claim_expires_at__gt=now)
+        if value and value.isdigit():
+            return queryset.filter(claimed_by_id=int(value), claim_expires_at__gt=now)
+        return queryset
+
+
+class PolicyFilter(admin.SimpleListFilter):
+    title = "policy"
+    parameter_name = "policy"
+
+    def lookups(self, request, model_admin):
+        names = Policy.objects.order_by("name").values_list("name", flat=True).distinct()
+        return [(name, name) for name in names]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(case__policy__name=self.value())
+        return queryset
+
+
+class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
+    """Pending reviews, oldest first, with their age, SLA state, claim, and what to watch for."""
+
+    list_display = ("case_link", "subject", "age", "sla", "policy", "claim", "human_edit", "text_warnings")
+    list_display_links = None
+    list_filter = (SlaFilter, ClaimantFilter, PolicyFilter)
+    # The index order only: a sortable column would sort a million rows.
+    sortable_by = ()
+    ordering = ("created_at", "id")
+    list_per_page = 50
+
+    def get_queryset(self, request):
+        return (
+            queue.review_queue()
+            .select_related("case__policy", "proposal", "claimed_by")
+            # The texts the warnings column checks are read; the case's draft is not.
+            .defer("case__draft", "case__import_digest")
+        )
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.is_active and request.user.has_perm(VIEW_PENDING)
+
+    def has_module_permission(self, request):
+        return self.has_view_permission(request)
+
+    def get_model_perms(self, request):
+        return {"view": self.has_view_permission(request)}
+
+    def changelist_view(self, request, extra_context=None):
+        self._now = timezone.now()  # one clock for every row of the page
+        context = {
+            "is_nav_sidebar_enabled": False,
+            "title": "Review queue: pending reviews, oldest first",
+            "sla_default": target_label(queue.sla_default()),
+            "at_risk_percent": round((1 - queue.at_risk_fraction()) * 100),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    def _clock(self):
+        return getattr(self, "_now", None) or timezone.now()
+
+    @admin.display(description="case")
+    def case_link(self, obj):
+        return format_html(
+            '<a href="{}" class="df-queue-case">{}</a> {}',
+            review_url(obj.proposal_id),
+            obj.case.case_id,
+            op_html(obj.operation_id),
+        )
+
+    @admin.display(description="subject")
+    def subject(self, obj):
+        return marked_html(obj.case.subject)
+
+    @admin.display(description="waiting")
+    def age(self, obj):
+        return format_html(
+            '<span class="df-age" title="begun {}">{}</span>',
+            when(obj.created_at),
+            age_label(self._clock() - obj.created_at),
+        )
+
+    @admin.display(description="SLA")
+    def sla(self, obj):
+        target = queue.sla_target(obj.case.policy.name)
+        state = queue.sla_state(age=self._clock() - obj.created_at, target=target)
+        return format_html(
+            '<span class="df-sla df-sla-{}">{}</span> <span class="df-muted">of {}</span>',
+            state.value,
+            state.label,
+            target_label(target),
+        )
+
+    @admin.display(description="policy")
+    def policy(self, obj):
+        return obj.case.policy.name
+
+    @admin.display(description="claimed by")
+    def claim(self, obj):
+        held = queue.live_claim(obj, self._clock())
+        if held is None:
+            return format_html('<span class="df-muted">{}</span>', "lapsed" if obj.claimed_by_id else "-")
+        return format_html(
+            '<span class="df-claim">being reviewed by <strong>{}</strong> since {}</span>',
+            held.username,
+            when_html(held.since),
+        )
+
+    @admin.display(description="edit")
+    def human_edit(self, obj):
+        if obj.proposal.origin == Origin.HUMAN_EDIT:
+            return format_html('<span class="df-human-edit">{}</span>', "Human edit")
+        return ""
+
+    @admin.display(description="warnings")
+    def text_warnings(self, obj):
+        found = text_policy.warnings(case_text_fields(obj.case) + proposal_text_fields(obj.proposal))
+        if not found:
+            return ""
+        return format_html(
+            '<span class="df-text-warnings" title="{}">{} warning{}</span>',
+            format_html_join("; ", "{}", ((w["message"],) for w in found[:10])),
+            len(found),
+            "" if len(found) == 1 else "s",
+        )
+
+    # --- claims: the review page's buttons and its renewal ping ---------------------------
+
+    def get_urls(self):
+        wrap = self.admin_site.admin_view
+        return [
+            path("<int:pk>/claim/", wrap(self.claim_view), name="reviews_reviewqueueitem_claim"),
+            path("<int:pk>/claim/renew/", wrap(self.renew_view), name="reviews_reviewqueueitem_renew"),
+            path("<int:pk>/claim/release/", wrap(self.release_view), name="reviews_reviewqueueitem_release"),
+        ] + super().get_urls()
+
+    def _pending(self, request, pk) -> PendingReview:
+        if not can_review(request.user):
+            raise PermissionDenied
+        return get_object_or_404(PendingReview.objects.select_related("claimed_by"), pk=pk)
+
+    def claim_view(self, request, pk):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        pending = self._pending(request, pk)
+        try:
+            claimed = queue.review_claim(pending=pending, user=request.user)
+        except ClaimHeld as exc:
+            self.message_user(request, f"not claimed: {exc.message}", messages.WARNING)
+        except DecisionflowError as exc:
+            self.message_user(request, f"not claimed: {exc.message}", messages.ERROR)
+        else:
+            self.message_user(
+                request,
+                f"You are reviewing {pending.case.case_id} until {when(claimed.claim.until)}; "
+                "the claim is renewed while this page is open.",
+                messages.SUCCESS,
+            )
+        return HttpResponseRedirect(review_url(pending.proposal_id))
+
+    def renew_view(self, request, pk):
+        """The page's ping: JSON, so the page can say when the claim was lost."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        pending = self._pending(request, pk)
+        try:
+            claimed = queue.review_claim(pending=pending, user=request.user)
+        except DecisionflowError as exc:
+            return JsonResponse({"code": exc.code, "message": exc.message}, status=exc.http_status)
+        return JsonResponse({"claimed_by": claimed.claim.username, "until": claimed.claim.until.isoformat()})
+
+    def release_view(self, request, pk):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        pending = self._pending(request, pk)
+        if queue.review_claim_release(pending=pending, user=request.user):
+            self.message_user(request, f"Released your claim on {pending.case.case_id}.", messages.SUCCESS)
+        else:
+            self.message_user(request, "You held no claim on this review; nothing was written.", messages.INFO)
+        return HttpResponseRedirect(review_url(pending.proposal_id))
+
+
+def claim_context(pending: PendingReview | None, user) -> dict:
+    """What the review page shows about the claim on its pending review (claim.html)."""
+    if pending is None or pending.status != PendingReview.Status.PENDING:
+        return {"claim_pending": None}
+    held = queue.live_claim(pending)
+    lapsed = pending.claimed_by if pending.claimed_by_id is not None and held is None else None
+    return {
+        "claim_pending": pending,
+        "claim": held,
+        "claim_mine": held is not None and held.user_pk == user.pk,
+        "claim_can": can_review(user),
+        "claim_lapsed_name": lapsed.get_username() if lapsed is not None else None,
+        "claim_url": reverse("admin:reviews_reviewqueueitem_claim", args=[pending.pk]),
+        "renew_url": reverse("admin:reviews_reviewqueueitem_renew", args=[pending.pk]),
+        "release_url": reverse("admin:reviews_reviewqueueitem_release", args=[pending.pk]),
+        # Renewed at a third of the lease: two pings may be lost before the claim lapses.
+        "renew_every_ms": int(queue.claim_lease().total_seconds() * 1000 / 3),
+    }
+
+
+def queue_summary() -> dict:
+    """The admin index's line: pending and breached counts, each counted at most to a cap."""
+    cap = 10_000
+    pending = queue.review_queue().order_by().values("pk")[: cap + 1].count()
+    breached = (
+        queue.review_queue().filter(queue.sla_q(queue.SlaState.BREACHED, timezone.now())).order_by().values("pk")
+    )[: cap + 1].count()
+
+    def label(n: int) -> str:
+        return f"more than {cap:,}" if n > cap else f"{n:,}"
+
+    return {"pending": label(pending), "breached": label(breached), "breached_any": breached > 0}
