@@ -36,8 +36,9 @@ from api.schemas import (
 )
 from core import errors
 from reviews.models import Channel
+from workflow.decide import decision_record
+from workflow.edit import review_edit
 from workflow.publishing import policy_publish as publish_service
-from workflow.services import decision_record, review_edit
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from core import identity
 from core.errors import PermissionRefused
 from effects.services import REVIEW_PERMISSION
 from reviews.models import Channel
-from workflow.services import refusal_record
+from workflow.decide import refusal_record
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 VIEW_PERMISSION = "cases.view_case"

@@ -65,7 +65,7 @@ def _pages_case():
     if case is None:
         (case,) = make_cases(1, prefix=PAGES_CASE_PREFIX, proposals=False)
         if workflow_available():
-            from workflow.services import review_begin
+            from workflow.begin import review_begin
 
             review_begin(case=case)
         case.refresh_from_db()

@@ -459,17 +459,17 @@ def bench_commit_concurrent(*, runs: int, n_per_worker: int, workers: int = 8) -
 
 def workflow_available() -> bool:
     try:
-        from workflow import services as workflow
+        from workflow import begin, decide
     except ImportError:
         return False
-    return hasattr(workflow, "review_begin") and hasattr(workflow, "decision_record")
+    return hasattr(begin, "review_begin") and hasattr(decide, "decision_record")
 
 
 def bench_begin(*, runs: int, n: int, vendor: str) -> dict:
     """``review_begin`` (prepare, pause at the human step, checkpoint, pending review) vs
     ``proposal_create`` alone, both on fresh cases."""
     from reviews.services import proposal_create
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
     token = run_token()
@@ -516,7 +516,8 @@ def _begin_result_op(begin_result, case) -> str:
 
 def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
     """``decision_record`` (approve) from the recorded checkpoint vs the bare ``effect_commit``."""
-    from workflow.services import decision_record, review_begin
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
 
     reviewer = bench_reviewer()
     token = run_token()
@@ -607,7 +608,8 @@ def _table_stats() -> dict:
 def bench_storage(*, n: int, vendor: str) -> dict:
     """Checkpoint bytes per paused case; rows and bytes per finished case (begin + approve)."""
     from reviews.models import WorkflowCheckpoint
-    from workflow.services import decision_record, review_begin
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
 
     reviewer = bench_reviewer()
     token = run_token()

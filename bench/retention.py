@@ -29,7 +29,8 @@ def bench_retention(*, n: int, pending: int, vendor: str) -> dict:
 
     from reviews.models import PendingReview, WorkflowCheckpoint
     from reviews.retention import checkpoints_prune
-    from workflow.services import decision_record, review_begin
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
 
     reviewer = bench_reviewer()
     token = run_token()

@@ -70,7 +70,7 @@ DECISION_SERVICE = "decision_record"
 def decide(case, operation_id: str, reviewer):
     """Resume + approve + commit through the one decision service, as a channel calls it;
     refuses anything but a fresh commit of an operation that was already begun."""
-    from workflow.services import decision_record
+    from workflow.decide import decision_record
 
     done = decision_record(case=case, operation_id=operation_id, approved=True, reviewer=reviewer, channel="bench")
     if done.outcome != "committed" or done.begun:
@@ -316,7 +316,7 @@ def count_ours(*, n: int, reviewer, prefix: str) -> dict:
     """Statements, commits, durable commits and checkpoint rows per begin and per resume,
     over ``n`` fresh cases (call after a warm-up: one-time lookups are not counted)."""
     from bench.data import make_cases
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     per = {"begin": [], "resume": []}
     for case in make_cases(n, prefix=prefix, proposals=False):
@@ -340,7 +340,7 @@ def count_ours(*, n: int, reviewer, prefix: str) -> dict:
 
 def our_round(cases, reviewer) -> dict:
     """Begin every case, then resume + approve + commit every case; per-call ms."""
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     begin_ms, resume_ms, ops = [], [], []
     for case in cases:
@@ -403,7 +403,7 @@ def bench_side_by_side(
     from django.db import connection
 
     from bench.data import make_cases, run_token
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     if connection.vendor != "postgresql":
         raise RuntimeError("the side-by-side benchmark runs on PostgreSQL only (the peer's checkpointer is)")

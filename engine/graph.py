@@ -286,3 +286,8 @@ GRAPH_SIGNATURE_HASH = _GRAPH.graph_signature_hash
 if sorted(_built_edges(_GRAPH)) != sorted(EDGES):
     raise RuntimeError(f"build_workflow wires {_built_edges(_GRAPH)}, names.EDGES declares {EDGES}: make them agree")
 del _GRAPH
+
+
+async def run_workflow(workflow, **kwargs):
+    """``workflow.run`` as a coroutine function, for ``driver.run_on_caller``."""
+    return await workflow.run(**kwargs)

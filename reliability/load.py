@@ -496,7 +496,7 @@ def round_case(kind: str) -> str:
     case_id = import_case(f"LOAD-{kind[:2].upper()}")
     if kind == "stale":
         from cases.models import Case
-        from workflow.services import review_begin
+        from workflow.begin import review_begin
 
         review_begin(case=Case.objects.get(case_id=case_id))
     return case_id

@@ -49,7 +49,7 @@ POINTS = {
     "begin-during-checkpoint-save": (
         "`begin`",
         "inside begin's one transaction, the pause checkpoint inserted (PostgreSQL's first begin: with the proposal and the pending review, one statement), not committed",
-        "engine/checkpoints.py `DatabaseCheckpointStorage.write` / workflow/services.py `_begin_first`",
+        "engine/checkpoints.py `DatabaseCheckpointStorage.write` / workflow/begin.py `_begin_first`",
         "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
     "commit-before-decision": (

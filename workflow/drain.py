@@ -24,7 +24,7 @@ from core.faults import crash_point
 from engine.messages import graph_fingerprint, short_fingerprint
 from engine.names import WORKFLOW_VERSION
 from reviews.models import Channel, PendingReview
-from workflow.services import review_begin
+from workflow.begin import review_begin
 
 DEFAULT_BATCH_SIZE = 100
 MAX_BATCH_SIZE = 10_000

@@ -36,7 +36,7 @@ from core.errors import CaseBusy, DecisionflowError, PermissionRefused
 from core.locks import case_lock
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.services import proposal_policy_change
-from workflow.services import _begin_locked
+from workflow.begin import begin_under_lock
 
 SAMPLE = 50  # rows of the plan shown before acting
 
@@ -132,7 +132,7 @@ def _publish_case(case: Case, policy: Policy, publisher, channel: str) -> Propos
             operation_id=proposal.operation_id
         ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
         # Begun by the publisher (recorded as who began it, not as an author of the text).
-        _begin_locked(case, publisher, channel)
+        begin_under_lock(case, publisher, channel)
         return proposal
 
 

@@ -45,8 +45,11 @@ from effects.services import operation_reconcile
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, policy_change, proposal_diff, proposal_text_fields
 from workflow import selectors
+from workflow.begin import review_begin
+from workflow.decide import Outcome, decision_record, refusal_record
+from workflow.edit import review_edit
+from workflow.four_eyes import four_eyes_refusal
 from workflow.selectors import decidable_operation_id
-from workflow.services import Outcome, decision_record, four_eyes_refusal, refusal_record, review_begin, review_edit
 from workplace import picture as workflow_picture
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, pre_html, when, when_html
 from workplace.forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm

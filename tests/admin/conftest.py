@@ -23,7 +23,7 @@ def lead_client(lead):
 @pytest.fixture
 def begun(case, reviewer):
     """T-1042 with its review begun, as `manage.py begin T-1042` leaves it."""
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     result = review_begin(case=case, actor=None)
     case.refresh_from_db()

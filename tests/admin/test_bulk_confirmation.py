@@ -9,7 +9,9 @@ import pytest
 from django.urls import reverse
 
 from tests.admin.conftest import counts
-from workflow.services import decision_record, review_begin, review_edit
+from workflow.begin import review_begin
+from workflow.decide import decision_record
+from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db(transaction=False)
 

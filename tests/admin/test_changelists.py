@@ -243,7 +243,7 @@ def test_every_changelist_costs_the_same_at_100_rows(admin_client, reviewer, dja
 
 
 def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client, reviewer, begun, case):
-    from workflow.services import review_edit
+    from workflow.edit import review_edit
 
     url = reverse("admin:cases_case_history", args=[case.pk])
     with CaptureQueriesContext(connection) as ctx:
@@ -268,7 +268,8 @@ def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client
 
 
 def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewer, begun, case, load_case):
-    from workflow.services import review_begin, review_edit
+    from workflow.begin import review_begin
+    from workflow.edit import review_edit
 
     other = load_case("t1150.json")
     review_begin(case=other)
@@ -327,7 +328,7 @@ def test_decline_selected_declines_and_replays(reviewer_client, begun, case):
 
 
 def test_history_for_support_leads(lead_client, reviewer_client, reviewer, editor, begun, case):
-    from workflow.services import review_edit
+    from workflow.edit import review_edit
 
     old = case.current_proposal
     edited = review_edit(

@@ -15,7 +15,8 @@ from django.urls import reverse
 from api.services import token_create
 from effects.models import EffectRecord
 from tests.admin.conftest import counts, messages_of
-from workflow.services import decision_record, review_begin
+from workflow.begin import review_begin
+from workflow.decide import decision_record
 
 pytestmark = pytest.mark.django_db(transaction=False)
 

@@ -56,7 +56,7 @@ def test_approve_clicked_in_many_tabs_at_once_writes_one_effect(make_user, setti
     """Eight reviewers' clicks race through the workflow; the operation's key admits one effect."""
     from cases.services import case_import
     from tests.conftest import load_fixture
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = case_import(data=load_fixture("t1042.json")).case
     review_begin(case=case)

@@ -70,7 +70,7 @@ def test_line_endings_only_is_no_change(reviewer_client, begun, case):
 
 
 def test_stale_edit_is_refused_with_a_link_and_writes_nothing(reviewer_client, reviewer, begun, case):
-    from workflow.services import review_edit
+    from workflow.edit import review_edit
 
     old = case.current_proposal
     first = review_edit(

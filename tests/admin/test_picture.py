@@ -78,8 +78,8 @@ def test_without_graphviz_the_page_says_so_and_shows_the_state(begun, case, revi
 
 
 def test_the_path_costs_the_same_queries_for_one_proposal_or_several(begun, case, reviewer, django_assert_num_queries):
+    from workflow.edit import review_edit
     from workflow.selectors import case_history
-    from workflow.services import review_edit
 
     with django_assert_num_queries(5):
         one = picture.case_path(case)

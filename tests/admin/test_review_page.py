@@ -126,7 +126,7 @@ def test_decline_then_approve_is_a_conflict_and_writes_nothing(reviewer_client, 
 
 
 def test_stale_approve_names_the_current_proposal_and_writes_nothing(reviewer_client, reviewer, begun, case):
-    from workflow.services import review_edit
+    from workflow.edit import review_edit
 
     old = case.current_proposal
     edited = review_edit(
@@ -267,7 +267,7 @@ def test_unexpected_failure_is_reported_uncertain(reviewer_client, begun, case, 
 
 
 def test_html_in_draft_and_quotation_is_escaped(reviewer_client, load_case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = load_case("t1150.json")
     review_begin(case=case)

@@ -10,7 +10,8 @@ from django.urls import reverse
 
 from effects.models import EffectRecord
 from effects.services import effect_commit
-from workflow.services import review_begin, review_edit
+from workflow.begin import review_begin
+from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db
 

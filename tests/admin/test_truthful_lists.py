@@ -15,7 +15,9 @@ from django.utils.log import configure_logging
 from core.errors import StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview
-from workflow.services import decision_record, review_begin, review_edit
+from workflow.begin import review_begin
+from workflow.decide import decision_record
+from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db(transaction=False)
 

@@ -72,7 +72,7 @@ def _assert_one_effect(results):
 
 @pytest.mark.postgres
 def test_sixteen_threads_same_approval(transactional_db, live_server, proposal, reviewer, reviewer_token):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     review_begin(case=proposal.case, actor=reviewer)
     _assert_one_effect(_race(live_server, reviewer_token, {"operation_id": DEMO_OP, "approved": True}))

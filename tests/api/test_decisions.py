@@ -129,7 +129,8 @@ def test_a_note_with_hidden_characters_is_refused_and_no_decision_is_written(api
 
 
 def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer, editor):
-    from workflow.services import review_begin, review_edit
+    from workflow.begin import review_begin
+    from workflow.edit import review_edit
 
     review_begin(case=proposal.case, actor=reviewer)
     edited = review_edit(

@@ -71,12 +71,12 @@ def _checkpoint_insert_fails(monkeypatch):
 
 def _begin_refused(monkeypatch):
     from core.errors import WorkflowIncompatible
-    from workflow import services
+    from workflow import edit
 
     def refused(case, actor, channel=None):
         raise WorkflowIncompatible("begin: the pause checkpoint for case T-1042 was not saved")
 
-    monkeypatch.setattr(services, "_begin_locked", refused)
+    monkeypatch.setattr(edit, "begin_under_lock", refused)
     return "the pause checkpoint for case T-1042 was not saved"
 
 
@@ -84,7 +84,7 @@ def _begin_refused(monkeypatch):
 def test_edit_whose_review_cannot_be_begun_is_saved_201(api, client, proposal, reviewer, editor, monkeypatch, failure):
     """Begin fails after the revision committed: 201, review_begun false, the new proposal saved and current."""
     from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     review_begin(case=proposal.case, actor=reviewer)
     checkpoints = WorkflowCheckpoint.objects.count()

@@ -34,7 +34,7 @@ def tripwire(monkeypatch):
 @pytest.fixture
 def before(case, reviewer, lead):
     """The demo case begun (proposal and pending review written), and the state to compare to."""
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     review_begin(case=case, actor=reviewer)
     return full_snapshot()

@@ -147,7 +147,7 @@ def test_requests_stay_within_their_query_counts(api, case):
 
 def test_an_edit_and_a_stale_decision_stay_within_their_query_counts(api, case):
     from reviews.services import proposal_create
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     review_begin(case=case)
     old = proposal_create(case=case).operation_id

@@ -166,7 +166,7 @@ def _counted_and_logged(fn):
     assert counted["rollbacks"] == 0
     # The ORM's checkpoint insert, or begin's one write statement on PostgreSQL (which also
     # inserts the proposal and the pending review).
-    from workflow import services
+    from workflow import begin as services
 
     begin_write = f"EXECUTE {services._begin_write_statement().name} "
     inserts = [s for s in counted["sql"] if s.startswith(('INSERT INTO "reviews_workflowcheckpoint"', begin_write))]
@@ -181,7 +181,7 @@ def test_our_side_counts_one_begin_and_one_resume():
     """The counts agree with Django's own query log and include the engine's checkpoint
     saves (they run on the caller's thread, on the same connection)."""
     from bench.data import make_cases
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     reviewer = side_by_side.authenticated_reviewer()
     warm, case = make_cases(2, prefix="SBS", proposals=False)

@@ -96,7 +96,7 @@ def demo(transactional_db, settings):
     from django.core.management import call_command
 
     from cases.models import Case
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     # The live server speaks plain HTTP; development cookie settings, whatever the env says.
     settings.SESSION_COOKIE_SECURE = False

@@ -45,7 +45,9 @@ def data():
 
     from cases.models import Case
     from effects.models import EffectRecord
-    from workflow.services import decision_record, review_begin, review_edit
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
+    from workflow.edit import review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
     paused = Case.objects.get(case_id="T-1042")

@@ -40,7 +40,9 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
     from django.contrib.auth import get_user_model
 
     from cases.models import Case
-    from workflow.services import decision_record, review_begin, review_edit
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
+    from workflow.edit import review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
     # Four eyes: the person who edits is not the one who approves.

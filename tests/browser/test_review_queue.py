@@ -22,7 +22,7 @@ REVIEWER2 = ("reviewer2", "review2-T1042")
 @pytest.fixture
 def queue_demo(demo, settings):
     """Every demo case begun, aged so the queue shows each SLA state."""
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     settings.DECISIONFLOW_REVIEW_SLA = "4h"
     # Short, so the test sees a renewal and a lapse in seconds (renewed every 1.5 s).

@@ -77,7 +77,7 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
 
     # The cases list shows T-1042 committed, by whom; T-1077 waits; the others are not begun.
     from cases.models import Case
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     in_thread(review_begin, case=Case.objects.get(case_id="T-1077"))
     page.goto(f"{live_server.url}/admin/cases/case/")
@@ -154,7 +154,8 @@ def test_evidence_only_change_with_identical_text_refuses_the_old_tab(demo, logi
 def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(demo, login, live_server, screenshot_dir):
     from django.contrib.auth import get_user_model
 
-    from workflow.services import decision_record, review_edit
+    from workflow.decide import decision_record
+    from workflow.edit import review_edit
 
     reviewer = get_user_model().objects.get(username="reviewer")
     second = get_user_model().objects.get(username="reviewer2")  # four eyes: one edits, the other approves
@@ -218,7 +219,7 @@ def test_support_lead_reads_history_sees_no_button_and_a_forged_post_gets_403(de
 
 def test_html_in_draft_and_quotation_is_shown_escaped(demo, login, live_server, screenshot_dir):
     from cases.models import Case
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = Case.objects.get(case_id="T-1150")
     in_thread(review_begin, case=case)

@@ -39,7 +39,7 @@ def draft() -> str:
 def test_each_marked_character_has_a_badge_and_the_banner_counts_them(demo, login, live_server, screenshot_dir):
     from cases.services import case_import
     from tests.conftest import load_fixture
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = case_import(data=dict(load_fixture("t1042.json"), case_id="T-2001", draft=draft())).case
     in_thread(review_begin, case=case)

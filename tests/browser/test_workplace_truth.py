@@ -12,7 +12,9 @@ from playwright.sync_api import expect
 from cases.models import Case
 from effects.models import EffectRecord
 from tests.browser.conftest import LEAD, REVIEWER, in_thread
-from workflow.services import decision_record, review_begin, review_edit
+from workflow.begin import review_begin
+from workflow.decide import decision_record
+from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

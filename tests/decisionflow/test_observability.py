@@ -24,7 +24,7 @@ from core.locks import reconcile_lock
 from core.observability import OUTCOMES, JsonFormatter
 from tests.conftest import held_elsewhere
 from tests.workflow.test_decision_service import SCENARIOS, world  # noqa: F401 - the fixture
-from workflow.services import decision_record
+from workflow.decide import decision_record
 
 # What each scenario's label (as the channels name it) must count as, and the refusal code.
 EXPECTED = {

@@ -45,7 +45,8 @@ class World:
 def w(db, reviewer, tmp_path):
     from api.services import token_create
     from cases.services import case_import
-    from workflow.services import review_begin, review_edit
+    from workflow.begin import review_begin
+    from workflow.edit import review_edit
 
     a = case_import(data=case_data("B-1")).case
     b = case_import(data=case_data("B-2")).case

@@ -148,7 +148,7 @@ def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
 
 @pytest.mark.parametrize("point", list(RESUME_POINTS))
 def test_crash_during_resume_then_reconcile_then_retry(point, reviewer_name):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     figures = Figures(point)
     for i in range(iterations()):
@@ -348,7 +348,7 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
 
 def test_a_crash_point_is_inert_without_fault_injection(reviewer_name):
     """DECISIONFLOW_CRASH_AT alone (fault injection off, as in production) kills nothing."""
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = new_case("inert")
     op = review_begin(case=case).operation_id

@@ -36,7 +36,7 @@ def world(db, reviewer, lead, make_user):
     """S-1 begun and waiting for a decision; S-2 imported and never begun (both copies of T-1042)."""
     from api.services import token_create, token_revoke
     from cases.services import case_import
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     waiting = case_import(data=case_data("S-1")).case
     review_begin(case=waiting)
@@ -175,8 +175,8 @@ def test_api_session_post_without_csrf_changes_nothing(world):
 def test_commands_and_services_refuse_a_user_without_the_permission(world):
     from core.errors import PermissionRefused
     from effects.services import effect_commit
+    from workflow.decide import decision_record
     from workflow.selectors import decidable_operation_id
-    from workflow.services import decision_record
 
     before = snapshot()
     op, case_id = world["op"], world["waiting"].case_id
@@ -223,7 +223,8 @@ def test_html_in_a_draft_or_quotation_is_escaped_on_every_page(db, reviewer, lea
     from cases.services import case_import
     from effects.models import EffectRecord
     from reviews.models import ReviewDecision
-    from workflow.services import decision_record, review_begin
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
 
     case = case_import(data=xss_case_data("X-1")).case
     op = review_begin(case=case).operation_id
@@ -327,7 +328,7 @@ def test_a_checkpoint_row_holding_a_pickle_is_refused_never_unpickled(db, review
     from cases.services import case_import
     from engine.checkpoints import CheckpointRefused, DatabaseCheckpointStorage, payload_digest
     from reviews.models import WorkflowCheckpoint
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = case_import(data=case_data("K-1")).case
     begun = review_begin(case=case)
@@ -368,7 +369,7 @@ def test_a_checkpoint_forged_without_the_secret_is_refused(db, reviewer):
     from effects.models import CommitAttempt
     from engine.checkpoints import payload_digest
     from reviews.models import WorkflowCheckpoint
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     victim = review_begin(case=case_import(data=case_data("F-1")).case)
     other = review_begin(case=case_import(data=case_data("F-2")).case)

@@ -23,8 +23,9 @@ from engine import graph as engine
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 from tests.conftest import database_url, held_elsewhere
 from tests.effects.test_commit_postgres import round_trips
-from workflow import services
-from workflow.services import Outcome, decision_record, review_begin
+from workflow import begin as services
+from workflow.begin import review_begin
+from workflow.decide import Outcome, decision_record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

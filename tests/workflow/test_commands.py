@@ -68,7 +68,7 @@ def test_lost_receipt_story(manage, committed_case):
 
 def test_a_connection_lost_after_the_commit_is_an_uncertain_outcome(manage, committed_case):
     """The server drops the connection right after COMMIT: no receipt, exit 42, and the truth is in the store."""
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=committed_case).operation_id
     approve = ["resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer"]
@@ -88,7 +88,7 @@ def test_a_connection_lost_after_the_commit_is_an_uncertain_outcome(manage, comm
 
 
 def test_an_unknown_fault_is_refused_before_anything_runs(manage, committed_case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=committed_case).operation_id
     proc = manage("resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer", "--fault", "explode")
@@ -145,7 +145,7 @@ def test_resume_on_a_busy_case_exits_6_and_writes_nothing(manage, committed_case
 
 
 def test_one_checkpoint_resumed_five_times_at_once_writes_one_effect(spawn, committed_case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     # Every child waits for the case as long as it takes: this test is about duplicates, not
     # about busy answers (those have their own test).
@@ -177,7 +177,7 @@ def test_one_checkpoint_resumed_five_times_at_once_writes_one_effect(spawn, comm
 
 
 def test_stale_operation_after_an_edit(manage, committed_case, tmp_path):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=committed_case).operation_id
     body = tmp_path / "body.txt"
@@ -203,7 +203,7 @@ def test_stale_operation_after_an_edit(manage, committed_case, tmp_path):
 
 
 def test_a_source_version_change_with_identical_text_refuses_the_old_operation(manage, committed_case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=committed_case).operation_id
     edit = manage("edit", "T-1042", "--expected-operation-id", op, "--source", "HOLD-7=4", "--editor", "reviewer")
@@ -218,7 +218,7 @@ def test_a_source_version_change_with_identical_text_refuses_the_old_operation(m
 
 
 def test_a_pending_review_from_another_workflow_version_is_refused(manage, committed_case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=committed_case).operation_id
     PendingReview.objects.update(workflow_version="review-v0")
@@ -231,7 +231,7 @@ def test_a_pending_review_from_another_workflow_version_is_refused(manage, commi
 
 
 def test_a_tampered_checkpoint_is_refused(manage, committed_case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     begun = review_begin(case=committed_case)
     row = WorkflowCheckpoint.objects.get(checkpoint_id=begun.pending_review.checkpoint_id)
@@ -253,7 +253,7 @@ def test_a_tampered_checkpoint_is_refused(manage, committed_case):
 def test_a_checkpoint_whose_request_names_another_operation_is_refused(manage, committed_case):
     """Rewritten by someone holding the secret (a valid HMAC), it still cannot change what is approved."""
     from engine.checkpoints import payload_digest
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     begun = review_begin(case=committed_case)
     other = "op-v1-" + "a" * 64
@@ -329,7 +329,7 @@ def test_a_begin_whose_pause_checkpoint_is_not_stored_reports_failure_and_record
 
 
 def test_an_edit_whose_review_cannot_be_begun_is_saved_and_exits_7(manage, committed_case, editor, full_disk, tmp_path):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=committed_case).operation_id
     full_disk.arm()  # for the edit's begin only

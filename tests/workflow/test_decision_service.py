@@ -34,7 +34,9 @@ from engine import graph as engine
 from engine.checkpoints import DatabaseCheckpointStorage
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import held_elsewhere, load_fixture, snapshot
-from workflow.services import Outcome, decision_record, review_begin, review_edit
+from workflow.begin import review_begin
+from workflow.decide import Outcome, decision_record
+from workflow.edit import review_edit
 from workplace import review as workplace_admin
 
 # --- the three channels, each reduced to the outcome a person reads ---------------------

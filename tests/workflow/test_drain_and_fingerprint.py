@@ -19,7 +19,8 @@ from effects.models import EffectRecord
 from engine import messages, names
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import load_fixture
-from workflow.services import Outcome, decision_record, review_begin
+from workflow.begin import review_begin
+from workflow.decide import Outcome, decision_record
 
 FIXTURES = ("t1042.json", "t1077.json", "t1150.json")
 

@@ -109,7 +109,8 @@ def test_a_thread_reuses_its_resume_workflow_and_drops_it_after_a_failure(case, 
     from cases.services import case_import
     from engine import graph as engine
     from tests.conftest import load_fixture
-    from workflow.services import decision_record, review_begin
+    from workflow.begin import review_begin
+    from workflow.decide import decision_record
 
     def decide(c, op):
         return decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="test")

@@ -25,7 +25,9 @@ from core.errors import (
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import snapshot
-from workflow.services import Outcome, decision_record, review_begin, review_edit
+from workflow.begin import review_begin
+from workflow.decide import Outcome, decision_record
+from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db
 

@@ -27,7 +27,7 @@ from django_tasks_db.models import DBTaskResult
 
 from reviews import notifications
 from reviews.models import Notification, NotificationKind, NotificationState, PendingReview
-from workflow.services import review_begin
+from workflow.begin import review_begin
 
 IMMEDIATE = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
 

@@ -19,7 +19,7 @@ from cases.services import case_import
 from reviews.models import PendingReview
 from tests.conftest import ROOT, load_fixture
 from tests.workflow.conftest import child_env, manage_argv
-from workflow.services import review_begin
+from workflow.begin import review_begin
 
 BAR = "━"  # rich's bar
 

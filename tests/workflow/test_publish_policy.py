@@ -25,8 +25,10 @@ from core.errors import InvalidInput, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
 from tests.conftest import load_fixture, snapshot
+from workflow.begin import review_begin
+from workflow.decide import decision_record
+from workflow.edit import review_edit
 from workflow.publishing import policy_publish
-from workflow.services import decision_record, review_begin, review_edit
 
 V4 = {
     "name": "support-reply",

@@ -31,7 +31,7 @@ def _case(case_id: str):
 
 
 def _begun(case_id: str):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     case = _case(case_id)
     begun = review_begin(case=case)
@@ -40,7 +40,7 @@ def _begun(case_id: str):
 
 
 def _approve(case, operation_id, reviewer, approved=True):
-    from workflow.services import decision_record
+    from workflow.decide import decision_record
 
     return decision_record(case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel="test")
 
@@ -70,7 +70,8 @@ def _ids() -> set[str]:
 
 @pytest.mark.django_db
 def test_pruning_keeps_what_recovery_needs_and_nothing_else(reviewer, editor, lead):
-    from workflow.services import Outcome, review_edit
+    from workflow.decide import Outcome
+    from workflow.edit import review_edit
 
     decided, decided_pr = _begun("T-3001")  # approved 40 days ago: its pause goes
     _approve(decided, decided_pr.operation_id, reviewer)
@@ -110,7 +111,7 @@ def test_pruning_keeps_what_recovery_needs_and_nothing_else(reviewer, editor, le
     with pytest.raises(ConflictingDecision):
         _approve(decided, decided_pr.operation_id, reviewer, approved=False)
     # Begin on the decided case finds its review and writes no new pause.
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     again_begun = review_begin(case=decided)
     assert (again_begun.created, again_begun.checkpoints) == (False, 0) and _ids() == kept
@@ -143,7 +144,7 @@ def test_bad_input_is_refused_and_nothing_is_deleted():
 
 
 def test_prune_command_dry_run_kill_and_rerun(manage, committed_case, reviewer):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     pause = review_begin(case=committed_case).pending_review
     _age()

@@ -24,8 +24,10 @@ from effects.models import CommitAttempt, EffectRecord
 from engine import checkpoints as store
 from engine.graph import HUMAN_REVIEW_ID, WORKFLOW_VERSION, Commit, HumanReview
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
+from workflow.begin import review_begin
+from workflow.decide import Outcome, decision_record
+from workflow.edit import review_edit
 from workflow.selectors import decidable_operation_id
-from workflow.services import Outcome, decision_record, review_begin, review_edit
 
 
 @pytest.fixture
@@ -97,7 +99,7 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
 def _fail_the_pause_insert(execute, sql, params, many, context):
     """The database refuses the statement that stores the pause: the ORM's checkpoint insert
     (SQLite), or begin's one write statement (PostgreSQL's first begin)."""
-    from workflow import services
+    from workflow import begin as services
 
     if sql.startswith('INSERT INTO "reviews_workflowcheckpoint"') or sql.startswith(
         f"EXECUTE {services._begin_write_statement().name}"
@@ -134,7 +136,7 @@ def test_begin_reads_the_case_once_and_its_first_proposal_takes_no_savepoint(cas
         # One query string with the lock and both reads, then one statement that writes (the
         # test's transaction turns begin's own into the savepoint around them); round trips
         # and real transactions: tests/workflow/test_begin_postgres.py.
-        from workflow import services
+        from workflow import begin as services
 
         assert [s.split(" ", 1)[0] for s in sql] == ["SAVEPOINT", "SET", "EXECUTE", "RELEASE"], sql
         assert f"EXECUTE {services._begin_case_read().name} " in sql[1], sql

@@ -16,7 +16,7 @@ from django.utils import timezone
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision
 from workflow import queue
-from workflow.services import review_begin
+from workflow.begin import review_begin
 
 pytestmark = pytest.mark.django_db
 
@@ -91,7 +91,7 @@ def test_fail_closed_declines_as_expired_by_the_system_actor(begun, settings, cl
     assert "the system (SLA expiry (fail closed))</strong>, not a person" in history
     # A reviewer's approval afterwards is a conflict, never an update.
     from core.errors import ConflictingDecision
-    from workflow.services import decision_record
+    from workflow.decide import decision_record
 
     with pytest.raises(ConflictingDecision):
         decision_record(
@@ -141,7 +141,7 @@ def test_the_database_allows_no_other_automatic_decision(proposal, reviewer):
 
 def test_the_service_refuses_a_system_reason_from_a_person(begun, reviewer):
     from core.errors import InvalidInput
-    from workflow.services import decision_record
+    from workflow.decide import decision_record
 
     for fields in ({"decline_reason": "expired"}, {"decline_reason": "nope"}):
         with pytest.raises(InvalidInput):

@@ -42,7 +42,7 @@ def import_counts():
 
 @pytest.fixture
 def begun(case):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     review_begin(case=case, actor=None)
     case.refresh_from_db()

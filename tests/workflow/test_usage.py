@@ -63,7 +63,7 @@ def _refused(*args, code=1, match=""):
 
 
 def test_usage_errors_exit_1_and_write_nothing(case, reviewer, settings, capsys):
-    from workflow.services import review_begin
+    from workflow.begin import review_begin
 
     op = review_begin(case=case).operation_id
     _refused(

@@ -2,7 +2,7 @@ from cases.selectors import case_by_id
 from core.commandline import WorkflowCommand
 from core.text import shown, when
 from reviews.models import Channel
-from workflow.services import review_begin
+from workflow.begin import review_begin
 
 
 class Command(WorkflowCommand):

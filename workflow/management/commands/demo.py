@@ -41,7 +41,7 @@ from effects import delivery
 from effects.models import Delivery
 from effects.services import CommitResult
 from engine import graph as engine
-from workflow.services import decision_record
+from workflow.decide import decision_record
 
 FIRST_CASE = "T-1042"
 SECOND_CASE = "T-1077"

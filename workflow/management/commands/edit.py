@@ -7,7 +7,7 @@ from core.commandline import EXIT_SAVED_NOT_BEGUN, WorkflowCommand
 from core.errors import InvalidInput
 from core.text import shown
 from reviews.models import Channel
-from workflow.services import review_edit
+from workflow.edit import review_edit
 
 _SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
 

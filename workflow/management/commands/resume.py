@@ -3,8 +3,9 @@ import json
 from cases.selectors import case_by_id
 from core.commandline import WorkflowCommand
 from core.errors import ConflictingDecision, OutcomeUncertain, WorkflowIncompatible
+from engine.graph import FAULTS
 from reviews.models import HUMAN_DECLINE_REASONS, Channel
-from workflow.services import FAULTS, decision_record
+from workflow.decide import decision_record
 
 
 class Command(WorkflowCommand):

@@ -1,0 +1,246 @@
+"""Begin, edit, and the one decision service that every channel calls.
+
+The admin's Approve and Decline, ``POST /api/cases/{id}/decision`` and ``manage.py resume``
+all call ``decision_record`` with the same rules: the same "begin if needed", the same
+outcome enum, the same error classes. They differ only in how they parse and show.
+
+A decision, in order, on one screen:
+
+1. The pending review of the named operation, with its checkpoint row, in one query.
+2. Begin if needed: the named operation is the case's decidable one (its current proposal,
+   or the one ``begin`` would prepare) and has no pending review yet. Only this takes the
+   case lock, waited for at most ``DECISIONFLOW_DECISION_LOCK_TIMEOUT`` seconds.
+3. Bind before running: the pending review's pause checkpoint is loaded, its HMAC checked,
+   and it must hold exactly one pending request, for this case and this operation, from
+   this workflow version and graph, and nothing else in flight. Otherwise the resume is
+   refused (``WorkflowIncompatible``) and nothing runs.
+4. One engine run, one sync-to-async crossing: ``run(checkpoint_id=…, responses=…)``
+   restores the bound checkpoint and answers it; its commit step calls ``effect_commit``
+   with the reviewer the channel authenticated. ``effect_commit`` takes the case row lock
+   (bounded by ``lock_timeout``: ``CaseBusy``), writes in one statement and marks the
+   pending review completed in the same transaction.
+5. The truth after a fault: once the commit step has started, any failure is
+   ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
+
+The engine runs on the calling thread (``driver.run_on_caller``), and the executors' ORM
+work runs there too, between loop iterations (``driver.on_caller``), so all database work
+uses the caller's connection and transaction (and, in tests, the test transaction), with no
+thread started.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+from django.db import DatabaseError
+
+from cases.models import Case
+from core import faults, identity
+from core.errors import (
+    CaseBusy,
+    ConflictingDecision,
+    DecisionflowError,
+    InvalidInput,
+    OutcomeUncertain,
+    StaleProposal,
+    WorkflowIncompatible,
+)
+from core.locks import case_lock, sqlite_bounded_wait
+from core.observability import observed_decision
+from effects.models import CommitAttempt
+from effects.services import (
+    CONFLICTING,
+    DECLINED,
+    CommitResult,
+    attempt_record,
+    decline_reason_check,
+    effect_commit,
+    reviewer_check,
+)
+from engine.graph import FAULTS
+from reviews.models import PendingReview
+from workflow.answer import answer
+from workflow.begin import begin_under_lock
+from workflow.bind import bound_checkpoint, no_pending_review, pause_pruned, pending_with_checkpoint
+from workflow.four_eyes import four_eyes_check
+from workflow.selectors import decidable_operation_id
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.StrEnum):
+    """How a decision ended, for every channel. A refusal is an error class instead."""
+
+    COMMITTED = "committed"  # the first approval: decision and effect written
+    DECLINED = "declined"  # the first decline: decision written, no effect
+    REPLAY = "replay"  # the same decision again: nothing new written
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    outcome: Outcome
+    commit: CommitResult  # the review core's receipt, exactly as it returned it
+    checkpoint_id: str  # the pause checkpoint the answer was bound to
+    begun: bool  # this call began the review first
+
+    @property
+    def operation_id(self) -> str:
+        return self.commit.operation_id
+
+
+def _check_fault(fault: str | None) -> None:
+    if fault is None:
+        return
+    if fault not in FAULTS:
+        raise InvalidInput(f"unknown fault {fault!r}; the faults are {', '.join(FAULTS)}")
+    if not faults.enabled():
+        raise InvalidInput(f"the fault {fault} is accepted only when DECISIONFLOW_FAULT_INJECTION=1")
+
+
+def _outcome(commit: CommitResult) -> Outcome:
+    if commit.replay:
+        return Outcome.REPLAY
+    return Outcome.DECLINED if commit.status == DECLINED else Outcome.COMMITTED
+
+
+def _conflict(commit: CommitResult) -> ConflictingDecision:
+    decision = commit.decision
+    if decision is not None:
+        done = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
+    else:
+        done = "already decided the other way"
+    return ConflictingDecision(
+        f"conflicting decision: {identity.short(commit.operation_id)} was {done}; no decision or effect was written",
+        result=commit,
+        operation_id=commit.operation_id,
+    )
+
+
+@observed_decision  # one metric increment and one JSON event line per call
+def decision_record(
+    *,
+    case: Case,
+    operation_id: str,
+    approved: bool,
+    reviewer,
+    channel: str,
+    fault: str | None = None,
+    decline_reason: str | None = None,
+    decline_note: str | None = None,
+) -> DecisionResult:
+    """Approve or decline ``operation_id`` of ``case`` as ``reviewer``: the one decision service.
+
+    ``reviewer`` is the user the channel authenticated. Begins the review first when the
+    named operation is the case's decidable one and was never begun (for every channel
+    alike). Returns the outcome (committed, declined, replay); every refusal is an error
+    class carrying its exit code and HTTP status: ``StaleProposal``, ``NotFound``,
+    ``PermissionRefused``, ``InvalidInput``, ``WorkflowIncompatible`` (the pause fails a
+    binding check: nothing ran), ``CaseBusy`` (another action held the case past the
+    timeout), ``ConflictingDecision`` (the opposite decision stands; it carries the
+    receipt) and ``OutcomeUncertain`` (the commit may have happened: ask reconcile).
+
+    Invariant: one decision and at most one effect per operation, whatever the channel,
+    however often it is called. Every refusal writes no decision and no effect, and is
+    recorded as a commit attempt.
+
+    A decline may carry ``decline_reason`` (one of ``DeclineReason``, never ``expired``) and
+    a free-text ``decline_note``; an unknown reason is refused (``InvalidInput``) before
+    anything runs. A second decline is a replay: the first reason stands.
+    """
+    operation_id = str(operation_id)
+    _check_fault(fault)  # a test-only switch, refused before the decision is looked at
+    answer_started = False
+    try:
+        decline_reason_check(approved=approved, decline_reason=decline_reason, decline_note=decline_note)
+        with sqlite_bounded_wait():
+            pending = pending_with_checkpoint(case, operation_id, reviewer)
+            begun = False
+            if pending is None and identity.is_operation_id(operation_id):
+                pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
+            if pending is None:
+                raise no_pending_review(case, operation_id)
+            # Decided, and its pause checkpoint pruned since (reviews/retention.py): the decision
+            # stands, so the review core answers a retry (replay or conflict) without the engine,
+            # exactly as the answered run's commit step would.
+            pruned = pause_pruned(pending)
+            checkpoint = None if pruned else bound_checkpoint(case, pending)
+            if approved is True and pending.reviewer_changed_case:
+                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
+            answer_started = True
+            if checkpoint is None:
+                commit = effect_commit(
+                    operation_id=operation_id,
+                    approved=approved,
+                    reviewer=reviewer,
+                    channel=str(channel)[:20],
+                    decline_reason=decline_reason,
+                    decline_note=decline_note,
+                )
+            else:
+                commit = answer(
+                    checkpoint,
+                    operation_id=operation_id,
+                    approved=approved,
+                    reviewer=reviewer,
+                    channel=channel,
+                    fault=fault,
+                    decline_reason=decline_reason,
+                    decline_note=decline_note,
+                )
+    except OutcomeUncertain:
+        raise
+    except DecisionflowError as exc:
+        if not answer_started or isinstance(exc, WorkflowIncompatible):
+            # The review core records its own refusals; these happened before it ran.
+            _record_refusal(case, operation_id, approved, reviewer, channel, exc)
+        raise
+    if commit.status == CONFLICTING:
+        raise _conflict(commit)
+    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=pending.checkpoint_id, begun=begun)
+
+
+def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -> tuple[PendingReview | None, bool]:
+    """Begin the review of ``operation_id`` if it is the case's decidable operation.
+
+    Only here does a decision take the case lock (begin writes the proposal and the pause);
+    a decision on a begun review is ordered by the case row lock inside its commit.
+    """
+    reviewer_check(reviewer)  # nobody without the permission begins anything
+    if operation_id != decidable_operation_id(case):
+        return None, False
+    with case_lock(case.case_id):
+        # Another decision may have begun it while we waited for the lock.
+        pending = pending_with_checkpoint(case, operation_id, reviewer)
+        if pending is not None:
+            return pending, False
+        begin_under_lock(case, reviewer, channel)
+        return pending_with_checkpoint(case, operation_id, reviewer), True
+
+
+def refusal_record(
+    *, case: Case, operation_id: str, approved, reviewer, channel: str, error: DecisionflowError
+) -> None:
+    """The attempt row of a decision a channel refused before calling ``decision_record``
+    (an authenticated user without the permission, a click without a decision)."""
+    _record_refusal(case, operation_id, approved, reviewer, channel, error)
+
+
+def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
+    outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+    try:
+        attempt_record(
+            operation_id=operation_id,
+            case=case,
+            approved=approved,
+            reviewer=reviewer,
+            channel=channel,
+            outcome=outcome,
+            detail=f"{exc.code}: {exc.message}",
+            reason=exc.reason,
+        )
+    except (CaseBusy, DatabaseError) as error:
+        # The refusal stands whether or not the audit row could be written (a busy case
+        # may still hold the row lock the attempt's foreign key needs).
+        log.warning("could not record the refused attempt on %s: %s", operation_id, error)

@@ -1,0 +1,69 @@
+"""Edit: revise the current proposal and begin the workflow for the new one."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from cases.models import Case
+from core.errors import DecisionflowError
+from core.locks import case_lock
+from effects.services import reviewer_check
+from reviews.models import Channel, PendingReview
+from reviews.services import RevisionResult, proposal_revise
+from workflow.begin import BeginResult, begin_under_lock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EditResult:
+    revision: RevisionResult
+    begun: BeginResult | None  # None when nothing changed, or when beginning failed
+    begin_error: DecisionflowError | None = None  # the edit is saved even then
+
+
+def review_edit(
+    *,
+    case: Case,
+    expected_operation_id: str,
+    body: str | None = None,
+    source_versions: dict[str, int] | None = None,
+    editor,
+    channel: str = Channel.SERVICE,
+) -> EditResult:
+    """Revise the current proposal (``proposal_revise``) and begin the workflow for the new one.
+
+    The editor needs the review permission. A stale ``expected_operation_id`` is refused
+    and writes nothing. When the revision changes the identity, the case's other pending
+    reviews are marked superseded (resuming one is refused as stale by the review core),
+    and the workflow is begun for the new proposal. The revision commits before begin
+    runs: if begin fails, the new proposal is saved and current, and the result says so
+    (``begin_error``); the first decision on it, or ``manage.py begin``, begins it.
+    """
+    reviewer_check(editor)
+    with case_lock(case.case_id):
+        with transaction.atomic():
+            revision = proposal_revise(
+                case=case,
+                expected_operation_id=expected_operation_id,
+                body=body,
+                source_versions=source_versions,
+                editor=editor,
+            )
+            if revision.changed:
+                # update() skips auto_now; checkpoint retention counts its window from this time.
+                PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
+                    operation_id=revision.proposal.operation_id
+                ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+        if not revision.changed:
+            return EditResult(revision, None)
+        try:
+            return EditResult(revision, begin_under_lock(case, editor, channel))
+        except DecisionflowError as exc:
+            # Not a warning on the console: every channel reports it to the person who edited.
+            log.info("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
+            return EditResult(revision, None, exc)
