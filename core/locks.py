@@ -1,4 +1,4 @@
-"""Writer locks for the workflow's own bookkeeping: one per case, and one for reconcile runs.
+"""Writer locks for the workflow's own bookkeeping: one per case, and one per cron command.
 
 Uniqueness never depends on these locks: the unique constraints on ``operation_id`` already
 guarantee one decision and one effect per operation. The locks only keep the bookkeeping
@@ -6,12 +6,16 @@ tidy (one ``begin`` at a time per case, so two processes do not both run the wor
 race to record the pending review; one ``reconcile`` run at a time, so two cron runs do not
 overlap).
 
-- PostgreSQL: session-level advisory locks (``pg_try_advisory_lock``), held on the caller's
-  connection and released explicitly; a crashed process releases them by disconnecting.
-  A begin on PostgreSQL takes the same lock as a transaction-level advisory lock instead
-  (``case_transaction_lock``): it travels with the transaction's first statements and ends
-  with it, so there is no unlock to send and none to lose.
-- SQLite: a file lock (the pinned ``filelock`` package) in ``DECISIONFLOW_LOCK_DIR``
+- The case lock (``case_lock``) is one transaction. On PostgreSQL it is a transaction-level
+  advisory lock (``pg_advisory_xact_lock``), taken by the transaction's first statement
+  and released by the server at COMMIT or ROLLBACK: nothing to unlock, and nothing a pooler
+  in transaction mode could leave held on an idle server connection. On SQLite it is a file
+  lock around the transaction.
+- Cron's one-run-at-a-time locks (``reconcile_lock``, ``cron_lock``) outlive any one
+  transaction (a reconcile streams a million rows), so on PostgreSQL they are session-level
+  advisory locks, released explicitly, and need a direct connection to the server
+  (docs/DEPLOY.md, "Locks and poolers"); a crashed process releases them by disconnecting.
+- A file lock (the pinned ``filelock`` package) lives in ``DECISIONFLOW_LOCK_DIR``
   (default: ``<tmp>/decisionflow-locks``). The file name includes a hash of the database
   path, so two SQLite databases on one machine (the demo's scratch file, a test database)
   never block each other. The OS releases a file lock when its process dies.
@@ -29,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, OperationalError, connection
+from django.db import DatabaseError, OperationalError, connection, transaction
 from filelock import FileLock, Timeout
 
 from core.errors import CaseBusy, DecisionflowError, LockBusy
@@ -41,10 +45,18 @@ log = logging.getLogger(__name__)
 # DECISIONFLOW_DECISION_LOCK_TIMEOUT seconds (see decision_lock_timeout()).
 DEFAULT_TIMEOUT = 30.0
 
+# PostgreSQL's lock_not_available: a lock wait outlasted lock_timeout.
+LOCK_NOT_AVAILABLE = "55P03"
+
 
 def decision_lock_timeout() -> float:
     """How long a decision (or an edit) waits for its case before it answers "busy"."""
     return float(getattr(settings, "DECISIONFLOW_DECISION_LOCK_TIMEOUT", 3.0))
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Whether a database error is PostgreSQL's answer to a lock wait past ``lock_timeout``."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def _key(name: str) -> bytes:
@@ -64,6 +76,32 @@ def lock_dir() -> Path:
 
 
 @contextmanager
+def _file_lock(name: str, *, timeout: float | None, busy: DecisionflowError):
+    kind = name.split(":", 1)[0]  # the metric's label: "case", "reconcile"
+    started = time.monotonic()
+    path = lock_dir() / f"{_key(name).hex()[:32]}.lock"
+    # A fresh FileLock object per use: each one opens its own file description, so two
+    # threads of one process exclude each other exactly like two processes do.
+    lock = FileLock(path, thread_local=False)
+    try:
+        lock.acquire(timeout=-1 if timeout is None else timeout)
+    except Timeout:
+        lock_waited(kind, time.monotonic() - started, had=False)
+        raise busy from None
+    lock_waited(kind, time.monotonic() - started, had=True)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+_POOLED = (
+    "{what}: its one-run-at-a-time lock is a session advisory lock and needs a direct connection "
+    "to PostgreSQL, not a pooler in transaction mode (docs/DEPLOY.md, Locks and poolers)"
+)
+
+
+@contextmanager
 def named_lock(
     name: str,
     *,
@@ -72,132 +110,117 @@ def named_lock(
     busy: type[DecisionflowError] = LockBusy,
     busy_message: str | None = None,
 ):
-    """Hold an exclusive lock called ``name``; ``timeout=0`` means do not wait at all.
+    """Hold an exclusive session lock called ``name``; ``timeout=0`` means do not wait at all.
 
-    Raises ``busy`` (``busy_message``, or one naming ``what``) if the lock cannot be had in time.
+    For cron's commands only: on PostgreSQL a session-level advisory lock, which outlives
+    transactions and so needs the session to stay on one server connection. The lock is
+    taken only by the server session that answered the statement before it, so a pooler in
+    transaction mode is refused (``DirectConnectionRequired``) instead of leaving a lock
+    behind on a pooled connection. Raises ``busy`` (``busy_message``, or one naming
+    ``what``) if the lock cannot be had in time.
     """
     message = busy_message or f"{what} is locked by another process; try again later"
-    kind = name.split(":", 1)[0]  # the metric's label: "case", "reconcile"
+    if connection.vendor != "postgresql":
+        with _file_lock(name, timeout=timeout, busy=busy(message)):
+            yield
+        return
+    kind = name.split(":", 1)[0]
     started = time.monotonic()
-    if connection.vendor == "postgresql":
-        key = _advisory_key(name)
-        deadline = started + (timeout or 0)
-        with connection.cursor() as cursor:
-            while True:
-                cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-                if cursor.fetchone()[0]:
-                    break
-                if time.monotonic() >= deadline:
-                    lock_waited(kind, time.monotonic() - started, had=False)
-                    raise busy(message)
-                time.sleep(0.05)
-        lock_waited(kind, time.monotonic() - started, had=True)
-        try:
-            yield
-        finally:
-            _advisory_unlock(key, what)
-    else:
-        path = lock_dir() / f"{_key(name).hex()[:32]}.lock"
-        # A fresh FileLock object per use: each one opens its own file description, so two
-        # threads of one process exclude each other exactly like two processes do.
-        lock = FileLock(path, thread_local=False)
-        try:
-            lock.acquire(timeout=-1 if timeout is None else timeout)
-        except Timeout:
-            lock_waited(kind, time.monotonic() - started, had=False)
-            raise busy(message) from None
-        lock_waited(kind, time.monotonic() - started, had=True)
-        try:
-            yield
-        finally:
-            lock.release()
+    key = _advisory_key(name)
+    deadline = started + (timeout or 0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+        while True:
+            cursor.execute("SELECT CASE WHEN pg_backend_pid() = %s THEN pg_try_advisory_lock(%s) END", [pid, key])
+            (got,) = cursor.fetchone()
+            if got is None:
+                raise LockBusy(_POOLED.format(what=what))
+            if got:
+                break
+            if time.monotonic() >= deadline:
+                lock_waited(kind, time.monotonic() - started, had=False)
+                raise busy(message)
+            time.sleep(0.05)
+    lock_waited(kind, time.monotonic() - started, had=True)
+    try:
+        yield
+    finally:
+        _advisory_unlock(key, what)
 
 
 def _advisory_unlock(key: int, what: str) -> None:
     """Release a session advisory lock; on a dead connection there is nothing to release.
 
     PostgreSQL drops a session's advisory locks when the session ends, so a connection lost
-    mid-decision has already released this one. Raising here would hide the real outcome of
-    the work done under the lock (which is what the caller must report), so it is logged.
+    mid-run has already released this one. Raising here would hide the real outcome of the
+    work done under the lock (which is what the caller must report), so it is logged.
     """
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+            (released,) = cursor.fetchone()
     except DatabaseError as exc:
         log.warning("releasing the lock on %s failed (%s); the server releases it with the session", what, exc)
-        # End the session, so that the server does release it: a persistent connection
-        # (CONN_MAX_AGE) that still works would carry the lock into its next requests.
-        if connection.in_atomic_block:
-            connection.close_at = 0  # closed when the request ends, not under the caller's transaction
-        else:
-            with contextlib.suppress(DatabaseError):
-                connection.close()
+        _end_session()
+        return
+    if not released:
+        # The session that took it is not this one any more: a pooler moved the connection.
+        log.error("%s; the lock may stay held by a pooled server connection", _POOLED.format(what=what))
+        _end_session()
 
 
+def _end_session() -> None:
+    """Close the connection so that the server releases the session's locks: a persistent
+    connection (CONN_MAX_AGE) that still works would carry a lock into its next uses."""
+    if connection.in_atomic_block:
+        connection.close_at = 0  # closed when the request ends, not under the caller's transaction
+    else:
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+
+
+def _lock_timeout_ms(seconds: float) -> int:
+    # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
+    return max(1, round(seconds * 1000))
+
+
+@contextmanager
 def case_lock(case_id: str, *, timeout: float | None = None):
-    """The per-case writer lock taken by begin, resume, edit and reconcile --repair.
+    """One transaction that holds the per-case writer lock: begin, edit, publishing, the
+    decision that begins a review, ``reconcile --repair``. The work goes inside the block.
 
-    It waits ``decision_lock_timeout()`` seconds by default, then raises ``CaseBusy``: a
-    person clicking Approve gets an answer, never a page that waits forever.
+    PostgreSQL: ``transaction.atomic()``, whose first statement bounds every lock wait of the
+    transaction with ``SET LOCAL lock_timeout`` and takes the case's
+    ``pg_advisory_xact_lock``; the server releases it when the transaction ends (inside an
+    outer transaction, a test's, when that one ends). A wait past the timeout, for this lock
+    or for any row the transaction goes on to lock, rolls the block back and raises
+    ``CaseBusy``. SQLite: the case's file lock, then ``transaction.atomic()``.
+
+    It waits ``decision_lock_timeout()`` seconds by default: a person clicking Approve gets
+    an answer, never a page that waits forever.
     """
-    return named_lock(
-        f"case:{case_id}",
-        what=f"case {case_id}",
-        busy_message=f"another action on case {case_id} is in progress; try again",
-        timeout=decision_lock_timeout() if timeout is None else timeout,
-        busy=CaseBusy,
-    )
-
-
-# PostgreSQL's lock_not_available: a lock wait outlasted lock_timeout.
-LOCK_NOT_AVAILABLE = "55P03"
-
-
-class CaseTransactionLock:
-    """The case lock of ``case_lock``, held by one PostgreSQL transaction (a begin).
-
-    ``sql`` goes first in the transaction's first query string (after BEGIN): it bounds every
-    lock wait of the transaction with ``SET LOCAL lock_timeout`` (the decision lock timeout)
-    and takes the case's advisory lock with ``pg_advisory_xact_lock``, the same key as
-    ``case_lock``'s session lock, so each excludes the other. The server releases it at
-    COMMIT or ROLLBACK, or when the session ends: no unlock round trip, and no unlock that a
-    dead connection could fail (issue 12, items 4 and 5). Inside an outer transaction (a
-    test's) it is held until that one ends.
-
-    Use ``waits()`` around the whole transaction: a lock wait past the timeout, for this lock
-    or for any row the transaction writes (all of them this case's), rolls it back and
-    becomes ``CaseBusy``, as ``case_lock`` answers.
-    """
-
-    def __init__(self, case_id: str, *, timeout: float | None = None):
-        self.case_id = case_id
-        seconds = decision_lock_timeout() if timeout is None else timeout
-        # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
-        self.sql = (
-            f"SET LOCAL lock_timeout = '{max(1, round(seconds * 1000))}ms'; SELECT pg_advisory_xact_lock(%(case_lock)s)"
-        )
-        self.params = {"case_lock": _advisory_key(f"case:{case_id}")}
-        self._started = 0.0
-
-    def granted(self) -> None:
-        """Call once the query string that holds ``sql`` has answered: the wait is over."""
-        lock_waited("case", time.monotonic() - self._started, had=True)
-
-    @contextmanager
-    def waits(self):
-        self._started = time.monotonic()
-        try:
-            yield self
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
-                raise
-            lock_waited("case", time.monotonic() - self._started, had=False)
-            raise CaseBusy(f"another action on case {self.case_id} is in progress; try again") from exc
-
-
-def case_transaction_lock(case_id: str, *, timeout: float | None = None) -> CaseTransactionLock:
-    """``case_lock`` for one PostgreSQL transaction; see ``CaseTransactionLock``."""
-    return CaseTransactionLock(case_id, timeout=timeout)
+    seconds = decision_lock_timeout() if timeout is None else timeout
+    busy = f"another action on case {case_id} is in progress; try again"
+    if connection.vendor != "postgresql":
+        with _file_lock(f"case:{case_id}", timeout=seconds, busy=CaseBusy(busy)), transaction.atomic():
+            yield
+        return
+    started = time.monotonic()
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SET LOCAL lock_timeout = '{_lock_timeout_ms(seconds)}ms'; SELECT pg_advisory_xact_lock(%s)",
+                    [_advisory_key(f"case:{case_id}")],
+                )
+            lock_waited("case", time.monotonic() - started, had=True)
+            yield
+    except OperationalError as exc:
+        if not lock_not_available(exc):
+            raise
+        lock_waited("case", time.monotonic() - started, had=False)
+        raise CaseBusy(busy) from exc
 
 
 def reconcile_lock():

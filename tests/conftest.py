@@ -89,6 +89,23 @@ def held_elsewhere(hold):
         thread.join(10)
 
 
+def case_held_elsewhere(case_id: str):
+    """Another action in progress on the case: its case lock held in another thread.
+
+    On PostgreSQL that is ``case_lock`` itself (a transaction holding the case's advisory
+    lock). On SQLite only the case's file lock: any SQLite transaction also holds the whole
+    database's write lock, so the refused request could not record its attempt while a real
+    action runs, and these tests are about the case lock.
+    """
+    from django.db import connection
+
+    from core.locks import case_lock, named_lock
+
+    if connection.vendor == "postgresql":
+        return held_elsewhere(lambda: case_lock(case_id, timeout=5))
+    return held_elsewhere(lambda: named_lock(f"case:{case_id}", what=f"case {case_id}", timeout=5))
+
+
 def database_url() -> str:
     """A DATABASE_URL naming the database this test process is using right now.
 

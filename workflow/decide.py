@@ -47,7 +47,7 @@ from core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
-from core.locks import case_lock, sqlite_bounded_wait
+from core.locks import sqlite_bounded_wait
 from core.observability import observed_decision
 from effects.models import CommitAttempt
 from effects.services import (
@@ -62,7 +62,7 @@ from effects.services import (
 from engine.graph import FAULTS
 from reviews.models import PendingReview
 from workflow.answer import answer
-from workflow.begin import begin_under_lock
+from workflow.begin import review_begin
 from workflow.bind import bound_checkpoint, no_pending_review, pause_pruned, pending_with_checkpoint
 from workflow.four_eyes import four_eyes_check
 from workflow.selectors import decidable_operation_id
@@ -204,19 +204,17 @@ def decision_record(
 def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -> tuple[PendingReview | None, bool]:
     """Begin the review of ``operation_id`` if it is the case's decidable operation.
 
-    Only here does a decision take the case lock (begin writes the proposal and the pause);
-    a decision on a begun review is ordered by the case row lock inside its commit.
+    Only here does a decision take the case lock (begin's transaction: it writes the
+    proposal and the pause); a decision on a begun review is ordered by the case row lock
+    inside its commit.
     """
     reviewer_check(reviewer)  # nobody without the permission begins anything
     if operation_id != decidable_operation_id(case):
         return None, False
-    with case_lock(case.case_id):
-        # Another decision may have begun it while we waited for the lock.
-        pending = pending_with_checkpoint(case, operation_id, reviewer)
-        if pending is not None:
-            return pending, False
-        begin_under_lock(case, reviewer, channel)
-        return pending_with_checkpoint(case, operation_id, reviewer), True
+    # Another decision may have begun it while this one waited for the lock: begin then
+    # finds that pending review and writes nothing.
+    begun = review_begin(case=case, actor=reviewer, channel=channel)
+    return pending_with_checkpoint(case, operation_id, reviewer), begun.created
 
 
 def refusal_record(

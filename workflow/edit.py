@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.db import transaction
 from django.utils import timezone
 
 from cases.models import Case
@@ -40,30 +39,37 @@ def review_edit(
     The editor needs the review permission. A stale ``expected_operation_id`` is refused
     and writes nothing. When the revision changes the identity, the case's other pending
     reviews are marked superseded (resuming one is refused as stale by the review core),
-    and the workflow is begun for the new proposal. The revision commits before begin
-    runs: if begin fails, the new proposal is saved and current, and the result says so
-    (``begin_error``); the first decision on it, or ``manage.py begin``, begins it.
+    and the workflow is begun for the case's current proposal (the new one, unless another
+    edit came in between).
+
+    Transactions: two, each holding the case lock (``case_lock``). The revision commits
+    before begin runs: if begin fails (``CaseBusy`` included), the new proposal is saved and
+    current, and the result says so (``begin_error``); the first decision on it, or
+    ``manage.py begin``, begins it.
     """
     reviewer_check(editor)
     with case_lock(case.case_id):
-        with transaction.atomic():
-            revision = proposal_revise(
-                case=case,
-                expected_operation_id=expected_operation_id,
-                body=body,
-                source_versions=source_versions,
-                editor=editor,
-            )
-            if revision.changed:
-                # update() skips auto_now; checkpoint retention counts its window from this time.
-                PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
-                    operation_id=revision.proposal.operation_id
-                ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
-        if not revision.changed:
-            return EditResult(revision, None)
-        try:
-            return EditResult(revision, begin_under_lock(case, editor, channel))
-        except DecisionflowError as exc:
-            # Not a warning on the console: every channel reports it to the person who edited.
-            log.info("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
-            return EditResult(revision, None, exc)
+        revision = proposal_revise(
+            case=case,
+            expected_operation_id=expected_operation_id,
+            body=body,
+            source_versions=source_versions,
+            editor=editor,
+        )
+        if revision.changed:
+            # update() skips auto_now; checkpoint retention counts its window from this time.
+            PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
+                operation_id=revision.proposal.operation_id
+            ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+    if not revision.changed:
+        return EditResult(revision, None)
+    try:
+        # A transaction of its own, under the case lock again: whatever begin meets (a busy
+        # case included), the revision above is saved.
+        with case_lock(case.case_id):
+            begun = begin_under_lock(case, editor, channel)
+    except DecisionflowError as exc:
+        # Not a warning on the console: every channel reports it to the person who edited.
+        log.info("edit of case %s saved; beginning its review failed: %s", case.case_id, exc.message)
+        return EditResult(revision, None, exc)
+    return EditResult(revision, begun)

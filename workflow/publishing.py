@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
@@ -122,8 +121,8 @@ def publish_plan(*, data: dict) -> PublishPlan:
 
 
 def _publish_case(case: Case, policy: Policy, publisher, channel: str) -> Proposal | None:
-    """One case, all or nothing, under its case lock."""
-    with case_lock(case.case_id), transaction.atomic():
+    """One case, all or nothing: one transaction that holds the case lock."""
+    with case_lock(case.case_id):
         proposal = proposal_policy_change(case=case, policy=policy)
         if proposal is None:
             return None

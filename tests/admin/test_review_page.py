@@ -362,11 +362,10 @@ def test_a_busy_case_answers_at_once_and_writes_nothing(reviewer_client, proposa
     """
     import time
 
-    from core.locks import case_lock
-    from tests.conftest import held_elsewhere
+    from tests.conftest import case_held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
-    with held_elsewhere(lambda: case_lock(proposal.case.case_id, timeout=5)):
+    with case_held_elsewhere(proposal.case.case_id):
         before = counts()
         started = time.monotonic()
         text = messages_of(decide(reviewer_client, proposal, "approve"))

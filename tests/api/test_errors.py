@@ -343,11 +343,10 @@ def test_409_case_busy_with_retry_after(api, case, settings):
     import time
 
     from core.errors import CaseBusy
-    from core.locks import case_lock
-    from tests.conftest import held_elsewhere
+    from tests.conftest import case_held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
-    with held_elsewhere(lambda: case_lock("T-1042", timeout=5)):
+    with case_held_elsewhere("T-1042"):
         before = full_snapshot()
         started = time.monotonic()
         response = api.post(DECISION, {"operation_id": DEMO_OP, "approved": True})

@@ -1,5 +1,5 @@
-"""review_begin on PostgreSQL: its statements and round trips, the case lock it holds for one
-transaction, and what a busy case or a lost connection gives.
+"""review_begin on PostgreSQL: its statements and round trips, the case lock it holds for its
+one transaction, and what a busy case or a lost connection gives.
 
 These run with real transactions (Django's test transaction would turn begin's BEGIN and
 COMMIT into a savepoint, and hold its lock until the test ends), and hold locks from a
@@ -23,16 +23,15 @@ from engine import graph as engine
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 from tests.conftest import database_url, held_elsewhere
 from tests.effects.test_commit_postgres import round_trips
-from workflow import begin as services
 from workflow.begin import review_begin
 from workflow.decide import Outcome, decision_record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-# Ceilings that can fail: what one first begin of a case sends, on a session that has
-# prepared begin's statements (its first begin prepares them once).
-BEGIN_STATEMENTS = 2  # the query string (BEGIN, lock timeout, case lock, both reads), the write
-BEGIN_ROUND_TRIPS = 3  # those two, and COMMIT
+# What one first begin of a case sends, on any session (nothing is prepared on it), as
+# ceilings that can fail: the lock, the case read, the evidence read, the one write.
+BEGIN_STATEMENTS = 4
+BEGIN_ROUND_TRIPS = 6  # those four, with psycopg's BEGIN and the COMMIT
 
 
 def fresh_case(t1042_data, case_id: str):
@@ -49,6 +48,12 @@ def advisory_locks_of_this_session() -> int:
         return cursor.fetchone()[0]
 
 
+def statements_prepared_on_this_session() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        return cursor.fetchone()[0]
+
+
 def held_by_another_session(case_id: str) -> bool:
     key = _advisory_key(f"case:{case_id}")
     with psycopg.connect(database_url(), autocommit=True) as other:
@@ -58,24 +63,25 @@ def held_by_another_session(case_id: str) -> bool:
         return not got
 
 
-def test_a_first_begin_is_two_statements_and_three_round_trips(t1042_data, reviewer):
-    review_begin(case=fresh_case(t1042_data, "T-WARM"))  # prepares begin's statements on this session
+def test_a_first_begin_is_four_statements_and_six_round_trips(t1042_data, reviewer):
+    review_begin(case=fresh_case(t1042_data, "T-WARM"))
     case = fresh_case(t1042_data, "T-COUNT")
+    prepared = statements_prepared_on_this_session()  # the commit's, by earlier tests on this session
     with round_trips() as sent, CaptureQueriesContext(connection) as captured:
         begun = review_begin(case=case)
     statements = [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(statements) <= BEGIN_STATEMENTS, statements
-    assert len(sent) <= BEGIN_ROUND_TRIPS and sent[-1] == '"COMMIT"', sent
-    first = [s.strip() for s in sent[0].strip('"').split(";")]
-    assert first[:2] == ["BEGIN", "SET LOCAL lock_timeout = '3000ms'"] and len(first) == 5, first
-    assert first[2].startswith("SELECT pg_advisory_xact_lock(")
-    assert first[3].startswith(f"EXECUTE {services._begin_case_read().name} (")
-    assert first[4].startswith(f"EXECUTE {services._begin_evidence_read().name} (")
-    assert sent[1].strip('"').startswith(f"EXECUTE {services._begin_write_statement().name} (")
-    # Nothing to unlock: the case lock ended with the transaction.
+    assert len(sent) <= BEGIN_ROUND_TRIPS, sent
+    shape = [s.strip('"').split(" (", 1)[0].split(" ", 2)[:2] for s in sent]
+    assert shape[0] == ["BEGIN"] and shape[-1] == ["COMMIT"], sent
+    assert sent[1].startswith("\"SET LOCAL lock_timeout = '3000ms'; SELECT pg_advisory_xact_lock("), sent
+    assert sent[-2].startswith('"WITH proposal AS (INSERT INTO'), sent
+    # Nothing prepared, nothing to unlock: the case lock ended with the transaction.
+    assert not any(s.strip('"').startswith(("PREPARE", "EXECUTE")) for s in sent), sent
+    assert statements_prepared_on_this_session() == prepared
     assert advisory_locks_of_this_session() == 0 and not held_by_another_session("T-COUNT")
-    # What it wrote is what the ORM path writes: the proposal is current, the pause and the
-    # pending review point at each other, and a decision commits from them.
+    # What it wrote is what the general way writes: the proposal is current, the pause and
+    # the pending review point at each other, and a decision commits from them.
     case.refresh_from_db()
     pending = PendingReview.objects.get(operation_id=begun.operation_id)
     assert case.current_proposal_id == pending.proposal_id == begun.pending_review.proposal_id
@@ -84,6 +90,7 @@ def test_a_first_begin_is_two_statements_and_three_round_trips(t1042_data, revie
         begun.pending_review.checkpoint_id,
         "pending",
     )
+    assert begun.pending_review.checkpoint_at == pending.checkpoint_at
     proposal = Proposal.objects.get(pk=pending.proposal_id)
     assert (proposal.origin, proposal.parent_id, proposal.author_id, proposal.unchecked_sentences) == (
         "prepared",
@@ -98,23 +105,27 @@ def test_a_first_begin_is_two_statements_and_three_round_trips(t1042_data, revie
     assert decided.outcome == Outcome.COMMITTED and not decided.begun
 
 
-def test_the_first_begin_of_a_session_prepares_its_statements_once(t1042_data):
-    connections.close_all()  # a new session: nothing prepared on it
-    review_begin(case=fresh_case(t1042_data, "T-PREP1"))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT name FROM pg_prepared_statements")
-        names = {row[0] for row in cursor.fetchall()}
-    mine = {services._begin_case_read().name, services._begin_evidence_read().name}
-    mine.add(services._begin_write_statement().name)
-    assert mine <= names
-    case = fresh_case(t1042_data, "T-PREP2")
-    with CaptureQueriesContext(connection) as captured:
-        review_begin(case=case)
-    assert not any(q["sql"].startswith("PREPARE") for q in captured.captured_queries)
+def test_begin_leaves_the_connection_to_django(t1042_data):
+    """No statement prepared on the session, and psycopg's autocommit flag is Django's own
+    throughout: off inside begin's transaction, on again after it."""
+    connections.close_all()  # a new session
+    seen = []
+
+    def flags(execute, sql, params, many, context):
+        seen.append((connection.get_autocommit(), connection.connection.autocommit))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(flags), CaptureQueriesContext(connection) as captured:
+        review_begin(case=fresh_case(t1042_data, "T-FLAG1"))
+        review_begin(case=fresh_case(t1042_data, "T-FLAG2"))
+    assert not any(q["sql"].startswith(("PREPARE", "EXECUTE", "DEALLOCATE")) for q in captured.captured_queries)
+    assert set(seen) <= {(False, False), (True, True)} and (False, False) in seen, seen
+    assert connection.get_autocommit() and connection.connection.autocommit
+    assert statements_prepared_on_this_session() == 0
 
 
 def test_begin_matches_the_proposal_the_orm_path_would_build(t1042_data):
-    """The proposal written by the one statement is proposal_create's, field for field."""
+    """The proposal the first begin builds and writes is proposal_create's, field for field."""
     from reviews.services import prepared_content
 
     case = fresh_case(t1042_data, "T-SAME")

@@ -128,12 +128,12 @@ def test_resume_naming_an_operation_neither_pending_nor_decidable_is_not_found(m
 
 def test_resume_on_a_busy_case_exits_6_and_writes_nothing(manage, committed_case):
     """Another action holds the case (here: this process) past the timeout: busy, try again."""
-    from core.locks import case_lock
+    from tests.conftest import case_held_elsewhere
     from workflow.selectors import decidable_operation_id
 
     op = decidable_operation_id(committed_case)
     approve = ["resume", "T-1042", "--operation-id", op, "--approve", "--reviewer", "reviewer"]
-    with case_lock("T-1042"):
+    with case_held_elsewhere("T-1042"):
         busy = manage(*approve, DECISIONFLOW_DECISION_LOCK_TIMEOUT="0.5")
     assert busy.returncode == 6, (busy.stdout, busy.stderr)
     assert busy.stderr.startswith("another action on case T-1042 is in progress; try again")

@@ -340,13 +340,12 @@ def test_checkpoint_refusals(case, begun, reviewer, breakage):
 
 def test_busy(case, reviewer, settings):
     from core.errors import CaseBusy
-    from core.locks import case_lock
-    from tests.conftest import held_elsewhere
+    from tests.conftest import case_held_elsewhere
     from workflow.selectors import decidable_operation_id
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
     op = decidable_operation_id(case)
-    with held_elsewhere(lambda: case_lock(case.case_id, timeout=5)), pytest.raises(CaseBusy):
+    with case_held_elsewhere(case.case_id), pytest.raises(CaseBusy):
         decide(case, op, reviewer)
     assert last_attempt().reason == "busy"
 

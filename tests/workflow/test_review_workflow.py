@@ -98,11 +98,9 @@ def test_begin_twice_finds_the_pending_review_and_writes_nothing(case, begun):
 
 def _fail_the_pause_insert(execute, sql, params, many, context):
     """The database refuses the statement that stores the pause: the ORM's checkpoint insert
-    (SQLite), or begin's one write statement (PostgreSQL's first begin)."""
-    from workflow import begin as services
-
-    if sql.startswith('INSERT INTO "reviews_workflowcheckpoint"') or sql.startswith(
-        f"EXECUTE {services._begin_write_statement().name}"
+    (SQLite), or the first begin's one write statement (PostgreSQL, workflow/store.py)."""
+    if sql.startswith('INSERT INTO "reviews_workflowcheckpoint"') or (
+        sql.startswith("WITH proposal AS (") and '"reviews_workflowcheckpoint"' in sql
     ):
         raise DatabaseError("disk full")
     return execute(sql, params, many, context)
@@ -124,29 +122,27 @@ def test_begin_rolls_back_whole_when_the_pause_cannot_be_stored(case):
 
 
 def test_begin_reads_the_case_once_and_its_first_proposal_takes_no_savepoint(case):
-    """Begin on a case without a proposal: one read of its current proposal, one of its
-    evidence, and the proposal insert without a savepoint around it."""
+    """Begin on a case without a proposal: one read of the case (its current proposal and
+    policy), one of its evidence, and its writes with no savepoint of their own (the test's
+    transaction turns the case lock's transaction into the one savepoint)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as captured:
         review_begin(case=case)
     sql = [q["sql"] for q in captured.captured_queries]
-    if connection.vendor == "postgresql":
-        # One query string with the lock and both reads, then one statement that writes (the
-        # test's transaction turns begin's own into the savepoint around them); round trips
-        # and real transactions: tests/workflow/test_begin_postgres.py.
-        from workflow import begin as services
-
-        assert [s.split(" ", 1)[0] for s in sql] == ["SAVEPOINT", "SET", "EXECUTE", "RELEASE"], sql
-        assert f"EXECUTE {services._begin_case_read().name} " in sql[1], sql
-        assert f"EXECUTE {services._begin_evidence_read().name} " in sql[1], sql
-        assert sql[2].startswith(f"EXECUTE {services._begin_write_statement().name} "), sql
-        return
-    assert sum('"current_proposal_id" FROM "cases_case"' in s for s in sql) == 1, sql
+    assert sum(s.startswith("SELECT") and 'FROM "cases_case"' in s for s in sql) == 1, sql
     assert sum("cases_selectedpassage" in s or "cases_finding" in s for s in sql) == 1, sql
-    insert = next(i for i, s in enumerate(sql) if s.startswith('INSERT INTO "reviews_proposal"'))
-    assert not sql[insert - 1].startswith("SAVEPOINT"), sql
+    assert [s.split(" ", 1)[0] for s in sql].count("SAVEPOINT") == 1, sql
+    writes = [s for s in sql if s.startswith(("INSERT", "UPDATE", "WITH"))]
+    if connection.vendor == "postgresql":
+        # All four rows in one statement (round trips with real transactions:
+        # tests/workflow/test_begin_postgres.py).
+        assert len(writes) == 1 and writes[0].startswith('WITH proposal AS (INSERT INTO "reviews_proposal"'), sql
+        assert sql[1].startswith("SET LOCAL lock_timeout") and "pg_advisory_xact_lock" in sql[1], sql
+    else:
+        tables = [s.split('"')[1] for s in writes]
+        assert tables == ["reviews_proposal", "cases_case", "reviews_workflowcheckpoint", "reviews_pendingreview"], sql
 
 
 def test_begin_finds_a_proposal_that_exists_though_the_case_points_at_none(case, reviewer):
@@ -655,31 +651,15 @@ def test_a_decision_that_must_begin_a_busy_case_answers_busy_within_its_timeout(
     """Beginning takes the case lock, waited for DECISIONFLOW_DECISION_LOCK_TIMEOUT: then busy, nothing written."""
     import time
 
-    from core.locks import case_lock
+    from tests.conftest import case_held_elsewhere
 
     op = decidable_operation_id(committed_case)
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.3
-    held, release = threading.Event(), threading.Event()
-
-    def holder():
-        try:
-            with case_lock(committed_case.case_id, timeout=5):
-                held.set()
-                release.wait(20)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    try:
-        assert held.wait(10)
+    with case_held_elsewhere(committed_case.case_id):
         started = time.monotonic()
         with pytest.raises(CaseBusy, match="another action on case T-1042 is in progress; try again") as busy:
             decide(committed_case, op, reviewer)
         assert time.monotonic() - started < 3
-    finally:
-        release.set()
-        thread.join(20)
     assert (busy.value.code, busy.value.exit_code, busy.value.http_status) == ("case_busy", 6, 409)
     assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
     refused_attempt("case_busy")

@@ -120,8 +120,9 @@ class Command(WorkflowCommand):
                     "(NoLocalEffectRecorded); run with --repair to write them"
                 )
             for row in unrepaired if repair else []:
-                # The repair writes; take the same per-case lock as begin/resume/edit.
-                # A bulk repair keeps its own, longer wait: it is not a person waiting on a page.
+                # The repair writes: in one transaction under the same per-case lock as begin
+                # and edit. A bulk repair keeps its own, longer wait: it is not a person
+                # waiting on a page.
                 with case_lock(row.case_id, timeout=DEFAULT_TIMEOUT):
                     effects_repair(rows=[row], dry_run=False)
                 run.repaired += 1
