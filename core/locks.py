@@ -11,10 +11,11 @@ overlap).
   and released by the server at COMMIT or ROLLBACK: nothing to unlock, and nothing a pooler
   in transaction mode could leave held on an idle server connection. On SQLite it is a file
   lock around the transaction.
-- Cron's one-run-at-a-time locks (``reconcile_lock``, ``cron_lock``) outlive any one
-  transaction (a reconcile streams a million rows), so on PostgreSQL they are session-level
-  advisory locks, released explicitly, and need a direct connection to the server
-  (docs/DEPLOY.md, "Locks and poolers"); a crashed process releases them by disconnecting.
+- Cron's locks (``reconcile_lock``, ``cron_lock``, and ``case_session_lock`` for the cases
+  ``reconcile --repair`` repairs) outlive any one transaction (a reconcile streams a million
+  rows), so on PostgreSQL they are session-level advisory locks, released explicitly, and
+  need a direct connection to the server (docs/DEPLOY.md, "Locks and poolers"); a crashed
+  process releases them by disconnecting.
 - A file lock (the pinned ``filelock`` package) lives in ``DECISIONFLOW_LOCK_DIR``
   (default: ``<tmp>/decisionflow-locks``). The file name includes a hash of the database
   path, so two SQLite databases on one machine (the demo's scratch file, a test database)
@@ -29,8 +30,10 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, connection, transaction
@@ -180,22 +183,29 @@ def _end_session() -> None:
             connection.close()
 
 
+# One statement for ``case_lock`` to run under the lock: SQL and its parameters.
+Statement = tuple[str, Sequence[Any]]
+
+
 def _lock_timeout_ms(seconds: float) -> int:
     # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
     return max(1, round(seconds * 1000))
 
 
 @contextmanager
-def case_lock(case_id: str, *, timeout: float | None = None):
+def case_lock(case_id: str, *, timeout: float | None = None, reads: Sequence[Statement] = ()):
     """One transaction that holds the per-case writer lock: begin, edit, publishing, the
-    decision that begins a review, ``reconcile --repair``. The work goes inside the block.
+    decision that begins a review. The work goes inside the block.
 
-    PostgreSQL: ``transaction.atomic()``, whose first statement bounds every lock wait of the
-    transaction with ``SET LOCAL lock_timeout`` and takes the case's
-    ``pg_advisory_xact_lock``; the server releases it when the transaction ends (inside an
-    outer transaction, a test's, when that one ends). A wait past the timeout, for this lock
-    or for any row the transaction goes on to lock, rolls the block back and raises
-    ``CaseBusy``. SQLite: the case's file lock, then ``transaction.atomic()``.
+    PostgreSQL: ``transaction.atomic()``, whose first statements bound every lock wait of the
+    transaction with ``SET LOCAL lock_timeout`` and take the case's ``pg_advisory_xact_lock``;
+    the server releases it when the transaction ends (inside an outer transaction, a test's,
+    when that one ends). A wait past the timeout, for this lock or for any row the
+    transaction goes on to lock, rolls the block back and raises ``CaseBusy``. SQLite: the
+    case's file lock, then ``transaction.atomic()``.
+
+    ``reads``: statements to run first, under the lock; the block gets their rows, a list
+    per statement. On PostgreSQL they travel with the lock in one query string.
 
     It waits ``decision_lock_timeout()`` seconds by default: a person clicking Approve gets
     an answer, never a page that waits forever.
@@ -204,23 +214,56 @@ def case_lock(case_id: str, *, timeout: float | None = None):
     busy = f"another action on case {case_id} is in progress; try again"
     if connection.vendor != "postgresql":
         with _file_lock(f"case:{case_id}", timeout=seconds, busy=CaseBusy(busy)), transaction.atomic():
-            yield
+            yield [_rows(statement) for statement in reads]
         return
     started = time.monotonic()
     try:
         with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"SET LOCAL lock_timeout = '{_lock_timeout_ms(seconds)}ms'; SELECT pg_advisory_xact_lock(%s)",
-                    [_advisory_key(f"case:{case_id}")],
-                )
+            rows = _locked_reads(_advisory_key(f"case:{case_id}"), _lock_timeout_ms(seconds), reads)
             lock_waited("case", time.monotonic() - started, had=True)
-            yield
+            yield rows
     except OperationalError as exc:
         if not lock_not_available(exc):
             raise
         lock_waited("case", time.monotonic() - started, had=False)
         raise CaseBusy(busy) from exc
+
+
+def _rows(statement: Statement) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        return cursor.fetchall()
+
+
+def _locked_reads(key: int, timeout_ms: int, reads: Sequence[Statement]) -> list[list[tuple]]:
+    """PostgreSQL: the lock timeout, the case lock and ``reads``, in one query string (one
+    round trip after psycopg's BEGIN); each statement runs after the one before it, so the
+    reads see the database as it is once the lock is held."""
+    sql = "; ".join([f"SET LOCAL lock_timeout = '{timeout_ms}ms'", "SELECT pg_advisory_xact_lock(%s)"])
+    params: list[Any] = [key]
+    for statement, statement_params in reads:
+        sql, params = f"{sql}; {statement}", [*params, *statement_params]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        results = []
+        cursor.nextset()  # past the SET: the lock's result
+        while cursor.nextset():
+            results.append(cursor.fetchall())
+    return results
+
+
+def case_session_lock(case_id: str, *, timeout: float = DEFAULT_TIMEOUT):
+    """The case lock for a cron command that commits several transactions under it
+    (``reconcile --repair``: each repair is its own transaction, so a crash mid-way leaves
+    every earlier one repaired). A session-level lock on ``case_lock``'s key, so each
+    excludes the other; cron connects to PostgreSQL directly (see ``named_lock``)."""
+    return named_lock(
+        f"case:{case_id}",
+        what=f"case {case_id}",
+        timeout=timeout,
+        busy=CaseBusy,
+        busy_message=f"another action on case {case_id} is in progress; try again",
+    )
 
 
 def reconcile_lock():

@@ -20,10 +20,9 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from cases.models import Case
-from cases.selectors import case_evidence
 from core.errors import DecisionflowError, WorkflowIncompatible
 from core.faults import crash_point
-from core.locks import case_lock, lock_not_available
+from core.locks import lock_not_available
 from effects.services import COMMITTED, DECLINED, operation_reconcile
 from engine.checkpoints import DatabaseCheckpointStorage, PauseBuffer, encode_checkpoint, payload_digest
 from engine.driver import run_on_caller
@@ -41,7 +40,7 @@ from reviews.models import (
 from reviews.notifications import notify
 from reviews.services import prepared_content
 from workflow.bind import bound_checkpoint
-from workflow.store import Opened, case_open, first_begin_write, first_proposal_reserve
+from workflow.store import Opened, begin_transaction, first_begin_write, first_proposal_reserve
 
 PAUSED = status_name(WorkflowRunState.IDLE_WITH_PENDING_REQUESTS)
 
@@ -235,7 +234,7 @@ def _begin_first(case: Case, actor, channel: str, opened: Opened) -> BeginResult
     is built here and asked about by the engine run as it is (no database work inside the
     run), then stored with the pause and the pending review. ``_FirstBeginLost`` when the
     case had a proposal after all (the transaction must roll back)."""
-    content = prepared_content(case, evidence=case_evidence(case.pk), policy=opened.policy)
+    content = prepared_content(case, evidence=opened.evidence, policy=opened.policy)
     proposal = Proposal(origin=Origin.PREPARED, parent=None, author=None, **content)
     if not first_proposal_reserve(case, proposal, opened):
         raise _FirstBeginLost
@@ -282,9 +281,8 @@ def _begin_first(case: Case, actor, channel: str, opened: Opened) -> BeginResult
     return BeginResult(PAUSED, operation_id, 1, pending, True)
 
 
-def _begin(case: Case, actor, channel: str, *, careful: bool) -> BeginResult:
+def _begin(case: Case, actor, channel: str, opened: Opened, *, careful: bool) -> BeginResult:
     """``review_begin``'s one transaction, under the case lock."""
-    opened = case_open(case)
     decided = _decided_begin(case, refresh=False)
     if decided is not None:
         return decided
@@ -314,12 +312,12 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
     nothing and returns its reconcile state as ``status``, with ``decision``.
     """
     try:
-        with case_lock(case.case_id):
-            return _begin(case, actor, channel, careful=False)
+        with begin_transaction(case) as opened:
+            return _begin(case, actor, channel, opened, careful=False)
     except _FirstBeginLost:
         pass
-    with case_lock(case.case_id):
-        return _begin(case, actor, channel, careful=True)
+    with begin_transaction(case) as opened:
+        return _begin(case, actor, channel, opened, careful=True)
 
 
 def _decided_begin(case: Case, *, refresh: bool = True) -> BeginResult | None:

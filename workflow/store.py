@@ -6,33 +6,40 @@ review. ``workflow/begin.py`` decides every rule and builds the rows as model in
 this module only reads and stores them, behind three functions that both databases
 implement:
 
-- ``case_open(case)``: the case's current proposal and policy, and for a case without a
-  proposal the id its first proposal will have (PostgreSQL draws it from the table's
-  sequence; SQLite has none until the insert).
-- ``first_proposal_reserve(proposal, opened)``: the proposal gets its id before the engine
-  run asks about it (its review request names it). SQLite inserts it here.
-- ``first_begin_write(proposal, checkpoint, pending)``: the rest; False when the case had a
-  proposal after all (written without the case lock), and the caller rolls back.
+- ``begin_transaction(case)``: the transaction that holds the case lock, opened with the
+  case's current proposal, policy and evidence, and for a case without a proposal the id
+  its first proposal will have (PostgreSQL draws it from the table's sequence; SQLite has
+  none until the insert).
+- ``first_proposal_reserve(case, proposal, opened)``: the proposal gets its id before the
+  engine run asks about it (its review request names it). SQLite inserts it here.
+- ``first_begin_write(case, proposal, checkpoint, pending)``: the rest, or None when the
+  case had a proposal after all (written without the case lock): the caller rolls back.
 
-On PostgreSQL the write is one statement: the ORM's own INSERT of each instance (values
-converted as ``save()`` converts them), joined as data-modifying CTEs with the pointer's
-UPDATE, so the four rows cost one round trip instead of four (docs/PERFORMANCE.md, begin).
-Every statement is sent as it is: nothing is prepared on the session, so a pooler in
+On PostgreSQL the write is one statement: the ORM's own INSERT of each instance (its values
+through each field's ``pre_save`` and ``get_db_prep_save``, as ``save()`` sends them),
+joined as data-modifying CTEs with the pointer's UPDATE, so the four rows cost one round
+trip instead of four. The statements' text is built once per process (the insert
+compiler's for the inserts); building it for every begin cost more than the database spent
+answering (docs/PERFORMANCE.md, begin). Nothing is prepared on the session, so a pooler in
 transaction mode works.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
-from django.db import IntegrityError, connection, models
-from django.db.models import Model, Q
-from django.db.models.expressions import RawSQL
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db import IntegrityError, connection
+from django.db.models import Model
+from django.db.models.sql import InsertQuery
 
-from cases.models import Case
+from cases.models import Case, Policy
+from cases.selectors import evidence_rows, evidence_sql
 from core.errors import NotFound
+from core.locks import case_lock
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 
 M = TypeVar("M", bound=Model)
@@ -44,33 +51,59 @@ class Opened:
 
     current_proposal_id: int | None
     policy: dict  # name, label, parameters: what a prepared proposal snapshots
+    evidence: tuple[list[dict], list[dict]]  # its passages and findings (``cases.selectors``)
     proposal_pk: int | None  # PostgreSQL: the first proposal's id, drawn when the case has none
 
 
-def case_open(case: Case) -> Opened:
-    """The case's current proposal and policy, read under the caller's case lock; the
-    caller's case object follows the row (as ``refresh_from_db`` would)."""
-    row = _case_row(case)
-    if row is None:
-        raise NotFound(f"case {case.case_id} does not exist")
-    current, name, label, parameters, proposal_pk = row
-    if case.current_proposal_id != current:
-        case.current_proposal_id = current  # the descriptor drops a cached proposal of another id
-    return Opened(current, {"name": name, "label": label, "parameters": parameters}, proposal_pk)
+@contextmanager
+def begin_transaction(case: Case) -> Iterator[Opened]:
+    """Begin's one transaction: the case lock (``case_lock``), and under it the case's current
+    proposal, policy and evidence (on PostgreSQL in the lock's round trip). The caller's
+    case object follows the row read, as ``refresh_from_db`` would."""
+    reads = [(_case_read_sql(connection.vendor), [case.pk]), (evidence_sql(), [case.pk, case.pk])]
+    with case_lock(case.case_id, reads=reads) as (rows, evidence):
+        if not rows:
+            raise NotFound(f"case {case.case_id} does not exist")
+        current, name, label, parameters, proposal_pk = rows[0]
+        if case.current_proposal_id != current:
+            case.current_proposal_id = current  # the descriptor drops a cached proposal of another id
+        field = Policy._meta.get_field("parameters")
+        policy = {
+            "name": name,
+            "label": label,
+            "parameters": field.from_db_value(parameters, field.cached_col, connection),
+        }
+        yield Opened(current, policy, evidence_rows(evidence), proposal_pk)
 
 
-def _case_row(case: Case):
-    rows = Case.objects.filter(pk=case.pk)
-    if connection.vendor == "postgresql":
-        # A sequence value only for a case without a proposal: its first one is built with it.
-        table = connection.ops.quote_name(Proposal._meta.db_table)
-        drawn = RawSQL("nextval(pg_get_serial_sequence(%s, 'id'))", [table], output_field=models.BigIntegerField())
-        rows = rows.annotate(next_pk=models.Case(models.When(current_proposal__isnull=True, then=drawn)))
-        return rows.values_list(
-            "current_proposal_id", "policy__name", "policy__label", "policy__parameters", "next_pk"
-        ).first()
-    found = rows.values_list("current_proposal_id", "policy__name", "policy__label", "policy__parameters").first()
-    return None if found is None else (*found, None)
+@functools.cache
+def _case_read_sql(vendor: str) -> str:
+    """The case's current proposal and policy; on PostgreSQL, for a case without a proposal,
+    also the id its first proposal will have, drawn from the table's sequence.
+
+    Written here rather than as a queryset: compiling that queryset cost more than the
+    database spent answering it (docs/PERFORMANCE.md, begin).
+    """
+    qn = connection.ops.quote_name
+    current = _column(Case, "current_proposal")
+    drawn = (
+        f"CASE WHEN c.{current} IS NULL THEN nextval(pg_get_serial_sequence("
+        f"'{qn(Proposal._meta.db_table)}', '{Proposal._meta.pk.column}')) END"
+        if vendor == "postgresql"
+        else "NULL"
+    )
+    columns = ", ".join(f"p.{_column(Policy, name)}" for name in ("name", "label", "parameters"))
+    return (
+        f"SELECT c.{current}, {columns}, {drawn} FROM {qn(Case._meta.db_table)} c "
+        f"JOIN {qn(Policy._meta.db_table)} p ON p.{_column(Policy, 'pk')} = c.{_column(Case, 'policy')} "
+        f"WHERE c.{_column(Case, 'pk')} = %s"
+    )
+
+
+def _column(model: type[Model], name: str) -> str:
+    """A field's column (``pk``: the primary key's), quoted for this database."""
+    (field,) = (f for f in model._meta.concrete_fields if f.name == name or (name == "pk" and f.primary_key))
+    return connection.ops.quote_name(str(field.column))
 
 
 def first_proposal_reserve(case: Case, proposal: Proposal, opened: Opened) -> bool:
@@ -104,7 +137,7 @@ def first_begin_write(
     checkpoint_sql, checkpoint_params = _insert(checkpoint)
     pending.checkpoint_at = checkpoint.created_at  # set by the insert's pre_save, just now
     pending_sql, pending_params = _insert(pending, returning=True)
-    pointer_sql, pointer_params = _pointer_sql(case, proposal)
+    pointer_sql, pointer_params = _pointer_sql(), (proposal.pk, case.pk)
     # Data-modifying CTEs all run, whatever the final SELECT reads; the foreign keys are
     # checked at the end of the statement, when every row is in.
     sql = (
@@ -132,26 +165,42 @@ def _pointer_update(case: Case, proposal: Proposal) -> int:
     return moved
 
 
-def _pointer_sql(case: Case, proposal: Proposal) -> tuple[str, tuple]:
-    """The ORM's compare-and-swap of the case's pointer, from none to ``proposal``."""
-    query = UpdateQuery(Case)
-    query.add_update_values({"current_proposal": proposal})
-    query.add_q(Q(pk=case.pk, current_proposal__isnull=True))
-    sql, params = query.get_compiler(connection=connection).as_sql()
-    return sql, tuple(params)
+@functools.cache
+def _pointer_sql() -> str:
+    """The compare-and-swap of a case's pointer, from none to its first proposal."""
+    current, table = _column(Case, "current_proposal"), connection.ops.quote_name(Case._meta.db_table)
+    return f"UPDATE {table} SET {current} = %s WHERE {_column(Case, 'pk')} = %s AND {current} IS NULL"
 
 
 def _insert(obj: Model, *, returning: bool = False) -> tuple[str, tuple]:
     """The ORM's own INSERT of one instance (what ``save(force_insert=True)`` sends): every
-    concrete field, an unset primary key left to the database, ``pre_save`` applied."""
-    model = type(obj)
-    fields = [f for f in model._meta.concrete_fields if not (f.primary_key and obj.pk is None)]
+    concrete field, an unset primary key left to the database, each value through the
+    field's ``pre_save`` and ``get_db_prep_save`` as the insert compiler does."""
+    fields = _insert_fields(type(obj), with_pk=obj.pk is not None)
+    values = [field.pre_save(obj, add=True) for field in fields]
+    if any(hasattr(value, "resolve_expression") for value in values):
+        raise ValueError(f"begin's insert of {type(obj).__name__} takes values, not expressions")
+    params = tuple(
+        field.get_db_prep_save(value, connection=connection) for field, value in zip(fields, values, strict=True)
+    )
+    return _insert_sql(type(obj), obj.pk is not None, returning), params
+
+
+def _insert_fields(model: type[Model], *, with_pk: bool) -> list:
+    return [f for f in model._meta.concrete_fields if with_pk or not f.primary_key]
+
+
+@functools.cache
+def _insert_sql(model: type[Model], with_pk: bool, returning: bool) -> str:
+    """The insert compiler's statement for ``model``, compiled once: its text depends only on
+    the columns (values are parameters)."""
+    fields = _insert_fields(model, with_pk=with_pk)
     query = InsertQuery(model)
-    query.insert_values(fields, [obj])
+    query.insert_values(fields, [model()])
     compiler = query.get_compiler(connection=connection)
     compiler.returning_fields = [model._meta.pk] if returning else None
-    ((sql, params),) = compiler.as_sql()
-    return sql, tuple(params)
+    ((sql, _params),) = compiler.as_sql()
+    return sql
 
 
 def _stored(obj: M) -> M:

@@ -164,11 +164,9 @@ def _counted_and_logged(fn):
     assert counted["statements"] == len([s for s in sql if s not in ("BEGIN", "COMMIT", "ROLLBACK")]), sql
     assert counted["commits"] - counted["autocommit_statements"] == sql.count("COMMIT"), sql
     assert counted["rollbacks"] == 0
-    # The ORM's checkpoint insert, or begin's one write statement on PostgreSQL (which also
-    # inserts the proposal and the pending review).
-    from workflow import begin as services
-
-    begin_write = f"EXECUTE {services._begin_write_statement().name} "
+    # The ORM's checkpoint insert, or a first begin's one write statement on PostgreSQL
+    # (workflow/store.py: it also inserts the proposal and the pending review).
+    begin_write = 'WITH proposal AS (INSERT INTO "reviews_proposal"'
     inserts = [s for s in counted["sql"] if s.startswith(('INSERT INTO "reviews_workflowcheckpoint"', begin_write))]
     assert counted["checkpoint_rows"] == len(inserts)
     assert 1 <= counted["durable_commits"] <= counted["commits"]

@@ -8,8 +8,10 @@ second connection.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -22,16 +24,45 @@ from core.locks import _advisory_key, case_lock
 from engine import graph as engine
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 from tests.conftest import database_url, held_elsewhere
-from tests.effects.test_commit_postgres import round_trips
 from workflow.begin import review_begin
 from workflow.decide import Outcome, decision_record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 # What one first begin of a case sends, on any session (nothing is prepared on it), as
-# ceilings that can fail: the lock, the case read, the evidence read, the one write.
-BEGIN_STATEMENTS = 4
-BEGIN_ROUND_TRIPS = 6  # those four, with psycopg's BEGIN and the COMMIT
+# ceilings that can fail: one query string (the lock timeout, the case lock, the case read,
+# the evidence read) and the one write.
+BEGIN_STATEMENTS = 2
+# psycopg's BEGIN, those two, and COMMIT.
+BEGIN_ROUND_TRIPS = 4
+
+
+@contextmanager
+def round_trips():
+    """What the client sends on the wire, one list of statements per round trip (an answer
+    that ends with "ReadyForQuery"), read from libpq's own trace once the block ends."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trips: list[list[str]] = []
+    with tempfile.TemporaryFile() as log:
+        pgconn.trace(log.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+        try:
+            yield trips
+        finally:
+            pgconn.untrace()
+        log.seek(0)
+        lines = log.read().decode().splitlines()
+    sent: list[str] = []
+    for fields in (line.split("\t", 3) for line in lines):
+        direction, message, rest = fields[0], fields[2] if len(fields) > 2 else "", fields[3:]
+        if direction == "F" and message in ("Query", "Parse"):
+            text = rest[0].strip()
+            sent.append(text.removeprefix('"" ').removesuffix(" 0").strip('"')[:400])
+        elif direction == "B" and message == "ReadyForQuery":
+            trips.append(sent)
+            sent = []
+    assert not sent, sent  # every statement was answered
 
 
 def fresh_case(t1042_data, case_id: str):
@@ -63,21 +94,26 @@ def held_by_another_session(case_id: str) -> bool:
         return not got
 
 
-def test_a_first_begin_is_four_statements_and_six_round_trips(t1042_data, reviewer):
+def test_a_first_begin_is_two_statements_and_four_round_trips(t1042_data, reviewer):
     review_begin(case=fresh_case(t1042_data, "T-WARM"))
     case = fresh_case(t1042_data, "T-COUNT")
     prepared = statements_prepared_on_this_session()  # the commit's, by earlier tests on this session
-    with round_trips() as sent, CaptureQueriesContext(connection) as captured:
+    with round_trips() as trips, CaptureQueriesContext(connection) as captured:
         begun = review_begin(case=case)
     statements = [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(statements) <= BEGIN_STATEMENTS, statements
-    assert len(sent) <= BEGIN_ROUND_TRIPS, sent
-    shape = [s.strip('"').split(" (", 1)[0].split(" ", 2)[:2] for s in sent]
-    assert shape[0] == ["BEGIN"] and shape[-1] == ["COMMIT"], sent
-    assert sent[1].startswith("\"SET LOCAL lock_timeout = '3000ms'; SELECT pg_advisory_xact_lock("), sent
-    assert sent[-2].startswith('"WITH proposal AS (INSERT INTO'), sent
+    assert len(trips) <= BEGIN_ROUND_TRIPS, trips
+    assert trips[0] == ["BEGIN"] and trips[-1] == ["COMMIT"], trips
+    # One query string: the lock timeout, the case lock, the case read, the evidence read.
+    (opening,) = trips[1]
+    statements_in_it = [part.strip() for part in opening.split("; ")]
+    assert statements_in_it[:2] == ["SET LOCAL lock_timeout = '3000ms'", statements_in_it[1]], trips
+    assert statements_in_it[1].startswith("SELECT pg_advisory_xact_lock("), trips
+    assert statements_in_it[2].startswith('SELECT c."current_proposal_id", p."name"'), trips
+    assert len(trips[2]) == 1 and trips[2][0].startswith('WITH proposal AS (INSERT INTO "reviews_proposal"'), trips
+    sent = [statement for trip in trips for statement in trip]
     # Nothing prepared, nothing to unlock: the case lock ended with the transaction.
-    assert not any(s.strip('"').startswith(("PREPARE", "EXECUTE")) for s in sent), sent
+    assert not any(s.startswith(("PREPARE", "EXECUTE", "DEALLOCATE")) for s in sent), sent
     assert statements_prepared_on_this_session() == prepared
     assert advisory_locks_of_this_session() == 0 and not held_by_another_session("T-COUNT")
     # What it wrote is what the general way writes: the proposal is current, the pause and

@@ -131,7 +131,7 @@ def test_begin_reads_the_case_once_and_its_first_proposal_takes_no_savepoint(cas
     with CaptureQueriesContext(connection) as captured:
         review_begin(case=case)
     sql = [q["sql"] for q in captured.captured_queries]
-    assert sum(s.startswith("SELECT") and 'FROM "cases_case"' in s for s in sql) == 1, sql
+    assert sum('FROM "cases_case"' in s for s in sql) == 1, sql
     assert sum("cases_selectedpassage" in s or "cases_finding" in s for s in sql) == 1, sql
     assert [s.split(" ", 1)[0] for s in sql].count("SAVEPOINT") == 1, sql
     writes = [s for s in sql if s.startswith(("INSERT", "UPDATE", "WITH"))]

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from cases.models import Case
 from core.commandline import Exit, WorkflowCommand
-from core.locks import DEFAULT_TIMEOUT, case_lock, reconcile_lock
+from core.locks import case_session_lock, reconcile_lock
 from core.observability import reconcile_observed
 from core.progress import CommandProgress, bar_wanted
 from core.text import shown
@@ -120,10 +120,10 @@ class Command(WorkflowCommand):
                     "(NoLocalEffectRecorded); run with --repair to write them"
                 )
             for row in unrepaired if repair else []:
-                # The repair writes: in one transaction under the same per-case lock as begin
-                # and edit. A bulk repair keeps its own, longer wait: it is not a person
-                # waiting on a page.
-                with case_lock(row.case_id, timeout=DEFAULT_TIMEOUT):
+                # The repair writes: under the per-case lock that begin and edit take, held
+                # around the repair's own transaction. A bulk repair keeps its own, longer
+                # wait: it is not a person waiting on a page.
+                with case_session_lock(row.case_id):
                     effects_repair(rows=[row], dry_run=False)
                 run.repaired += 1
                 self.report(operation_reconcile(row.operation_id), repaired=True)
