@@ -12,11 +12,11 @@ from bench import report
 from bench.data import bench_reviewer, make_cases, raw_connect, run_token
 from bench.measures import _floor_rows, bench_resume_floor, raw_floor_loop
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
 GOAL_LABEL = "| resume ÷ the raw floor (psycopg: BEGIN; the lock; one write statement; COMMIT; ms per resume) | "
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # the floor's own connection must see the cases
 def test_the_measure_produces_a_ratio_and_its_goal_row():
     res = bench_resume_floor(runs=1, n=2)
     assert res["key"] == "resume_floor" and res["kind"] == "cost" and res["goal"] == ("≤", 2.5)
@@ -29,6 +29,8 @@ def test_the_measure_produces_a_ratio_and_its_goal_row():
     assert sections["row:16"].startswith("| 16. resume ÷ the raw floor, PostgreSQL |")
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # the floor's own connection must see the cases
 def test_the_floor_writes_the_decision_and_effect_a_commit_writes():
     from effects.models import EffectRecord
     from effects.services import effect_commit
@@ -53,3 +55,9 @@ def test_the_floor_writes_the_decision_and_effect_a_commit_writes():
         )
 
     assert written(floor) == written(ours)
+
+
+def test_a_failed_floor_measure_says_why_in_its_goal_row():
+    failed = {"key": "resume_floor_postgresql", "kind": "error", "error": "Traceback ...\nAssertionError: no case row"}
+    (row,) = [line for line in report.goals_table({failed["key"]: failed}) if line.startswith(GOAL_LABEL)]
+    assert "not measured: AssertionError: no case row" in row
