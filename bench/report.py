@@ -14,6 +14,7 @@ ORDER = [
     "commit_concurrent",
     "replay_postgresql",
     "resume_postgresql",
+    "resume_floor",
     "begin_postgresql",
     "side_resume",
     "side_begin",
@@ -79,6 +80,17 @@ FINDINGS = {
         "channel authenticated (no permission queries). The engine's own checkpoints of the answered run "
         "stay in memory: once the commit has happened, recovery reads the effect store. Before issue 12: "
         "29 statements, six durable commits and four checkpoint rows per resume, two engine runs."
+    ),
+    "resume_floor": (
+        "The floor is the least any approval of a begun case must do, by hand in bare psycopg on its own "
+        "connection: one durable transaction that takes the case row lock (`FOR NO KEY UPDATE`, the lock the "
+        "commit takes, so two decisions on one case are serialised) and writes the decision and its effect (the "
+        "rows that make the approval durable and that reconcile reads) in one statement. BEGIN, the lock, the "
+        "write, COMMIT: four round trips, psycopg's defaults (it prepares a statement after five runs). Nothing "
+        "less keeps the guarantees. What a resume does above it: one statement reads the pending review with its "
+        "checkpoint, the binding checks and the engine run in Python, the attempt row and the pending review "
+        "completed in the commit statement, and the decision's JSON event line. Same rows checked: "
+        "tests/bench/test_resume_floor.py compares the floor's decision and effect with `effect_commit`'s."
     ),
     "begin_postgresql": (
         "Begin = `proposal_create` plus one engine run to the human step, in one transaction with the one "
@@ -224,6 +236,13 @@ def goals_table(by_key: dict) -> list[str]:
         _ratio_goal_row(by_key, "commit, 1 connection, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_postgresql"),
         _ratio_goal_row(by_key, "commit, 8 connections, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_concurrent"),
         _ratio_goal_row(by_key, "replay ÷ raw conflicting inserts (replays/s)", ("≥", 0.5), "replay_postgresql"),
+        _ratio_goal_row(
+            by_key,
+            "resume ÷ the raw floor (psycopg: BEGIN; the lock; one write statement; COMMIT; ms per resume)",
+            ("≤", 2.5),
+            "resume_floor",
+            "resume_floor_postgresql",  # the key bench.inproc gives the measure's error
+        ),
         *_count_goal_rows(by_key),
         "",
     ]
