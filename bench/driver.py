@@ -17,7 +17,8 @@ runs under each bridge, swapped in at the modules that cross:
 
 Timed per bridge, in one process, alternating the bridges' order round by round: one run with one ORM
 call, one run with ten (their difference is the cost per crossing), ``review_begin`` on a
-fresh case, and ``decision_record`` (resume + approve + commit) on a begun case. Each
+fresh case, and ``decision_record`` (resume + approve + commit) on a begun case, in wall
+time and in this process's CPU time (the latter hardly moves with the machine's load). Each
 database is its own, migrated first: a temporary SQLite file (in /dev/shm), and on PostgreSQL
 (BENCH_POSTGRES_URL, default postgres://postgres@127.0.0.1:5432) ``decisionflow_bench_driver``,
 dropped and recreated. Nothing here reads or writes a test database.
@@ -49,6 +50,7 @@ SCALES = {
 }
 BRIDGES = ("driver", "asgiref")  # timed; asyncio.run is only probed (asyncio_run_probe)
 MEASURES = ("run_1", "run_10", "begin", "resume")
+CPU = tuple(f"{m}_cpu" for m in MEASURES)
 # Every place a workflow run starts or one of its steps crosses to the ORM.
 RUN_SITES = ("workflow.begin", "workflow.answer")
 CALL_SITES = ("engine.graph", "engine.checkpoints")
@@ -148,19 +150,22 @@ def asyncio_run_probe() -> dict:
 # --- the measures ----------------------------------------------------------------------------
 
 
-def _interleaved(op: Callable[[Callable, Callable, int], object], n: int) -> dict[str, float]:
+def _interleaved(op: Callable[[Callable, Callable, int], object], n: int) -> dict[str, tuple[float, float]]:
     """``op(run, call, slot)`` ``n`` times under each bridge, the bridges taking turns op by op
-    (so both meet the same machine load); each bridge's median ms per op. ``slot`` numbers
-    the op among all of them (``len(BRIDGES) * n``), for ops that each need a case of their own."""
-    times: dict[str, list[float]] = {b: [] for b in BRIDGES}
+    (so both meet the same machine load); each bridge's median ms per op, of wall time and of
+    this process's CPU time (all its threads). ``slot`` numbers the op among all of them
+    (``len(BRIDGES) * n``), for ops that each need a case of their own."""
+    wall: dict[str, list[float]] = {b: [] for b in BRIDGES}
+    cpu: dict[str, list[float]] = {b: [] for b in BRIDGES}
     gc.collect()
     for i in range(n):
         for bridge in BRIDGES if i % 2 == 0 else BRIDGES[::-1]:
             with bridged(bridge) as (run, call):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 op(run, call, len(BRIDGES) * i + BRIDGES.index(bridge))
-                times[bridge].append(time.perf_counter() - t)
-    return {b: statistics.median(times[b]) * 1000 for b in BRIDGES}
+                wall[bridge].append(time.perf_counter() - t)
+                cpu[bridge].append(time.process_time() - c)
+    return {b: (statistics.median(wall[b]) * 1000, statistics.median(cpu[b]) * 1000) for b in BRIDGES}
 
 
 def bench_bridges(*, rounds: int, n: int, crossings: int, log=print) -> dict:
@@ -177,7 +182,7 @@ def bench_bridges(*, rounds: int, n: int, crossings: int, log=print) -> dict:
     load_before = os.getloadavg()[0]
     reviewer = bench_reviewer()
     token = run_token()
-    values: dict[str, dict[str, list[float]]] = {b: {m: [] for m in MEASURES} for b in BRIDGES}
+    values: dict[str, dict[str, list[float]]] = {b: {m: [] for m in MEASURES + CPU} for b in BRIDGES}
 
     async def orm_calls(call, k):
         for _ in range(k):
@@ -207,15 +212,16 @@ def bench_bridges(*, rounds: int, n: int, crossings: int, log=print) -> dict:
     one_round("w", min(n, 5), min(crossings, 10))  # warm-up: imports, loops, the resume workflow, caches
     for r in range(rounds):
         for measure, by_bridge in one_round(str(r), n, crossings).items():
-            for bridge, value in by_bridge.items():
-                values[bridge][measure].append(value)
+            for bridge, (wall, cpu) in by_bridge.items():
+                values[bridge][measure].append(wall)
+                values[bridge][f"{measure}_cpu"].append(cpu)
         log(f"driver bench ({vendor}): round {r + 1}/{rounds} done")
     per_crossing = {
         b: [(ten - one) / 9 for one, ten in zip(values[b]["run_1"], values[b]["run_10"], strict=True)] for b in BRIDGES
     }
     for b in BRIDGES:
         values[b]["crossing"] = per_crossing[b]
-    measures = (*MEASURES, "crossing")
+    measures = (*MEASURES, *CPU, "crossing")
     # Ratios within a round, where both bridges met the same machine load.
     ratios = {m: [a / d for a, d in zip(values["asgiref"][m], values["driver"][m], strict=True)] for m in measures}
     return {
@@ -239,6 +245,9 @@ LABELS = {
     "crossing": "each further ORM call",
     "begin": "`review_begin`",
     "resume": "`decision_record` (resume + approve + commit)",
+    "run_1_cpu": "a run with 1 ORM call, CPU",
+    "begin_cpu": "`review_begin`, CPU",
+    "resume_cpu": "`decision_record`, CPU",
 }
 
 
@@ -258,13 +267,14 @@ def render(results: list[dict]) -> str:
         db = "PostgreSQL" if r["vendor"] == "postgresql" else "SQLite"
         out.append(
             f"**{db}**: {r['rounds']} rounds of {r['n']} ops ({r['crossings']} for the bare runs) per bridge, "
-            f"load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; ms per op, median (range) of the rounds' medians"
+            f"load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; ms per op (wall time; CPU: this process's, all its threads), "
+            "median (range) of the rounds' medians"
         )
         out.append("")
         out.append("| measure | driver | asgiref | asgiref ÷ driver |")
         out.append("|---|---|---|---|")
         v, q = r["values"], r["ratios"]
-        for m in ("run_1", "run_10", "crossing", "begin", "resume"):
+        for m in LABELS:
             out.append(f"| {LABELS[m]} | {_ms(v['driver'][m])} | {_ms(v['asgiref'][m])} | {_ratio(q[m])} |")
         probe = r["asyncio_run"]
         out.append("")
