@@ -15,10 +15,12 @@ runs under each bridge, swapped in at the modules that cross:
   loop's context a connection of its own, outside the caller's transaction and locks. Both
   are checked (``asyncio_run_probe``); it is not timed, as it cannot run a begin.
 
-Timed per bridge, in one process, alternating the bridges' order round by round: one run with one ORM
-call, one run with ten (their difference is the cost per crossing), ``review_begin`` on a
-fresh case, and ``decision_record`` (resume + approve + commit) on a begun case, in wall
-time and in this process's CPU time (the latter hardly moves with the machine's load). Each
+Timed in one process, the two bridges taking turns op by op, each on cases of its own: a
+run with one ORM call, a run with ten (their difference is the cost per crossing),
+``review_begin`` on a fresh case, and ``decision_record`` (resume + approve + commit) on a
+begun case, in wall time and in this process's CPU time (the latter hardly moves with the
+machine's load). A round's figure is its median per op; the report gives the median and
+range of the rounds, and of the per-round ratios asgiref ÷ driver. Each
 database is its own, migrated first: a temporary SQLite file (in /dev/shm), and on PostgreSQL
 (BENCH_POSTGRES_URL, default postgres://postgres@127.0.0.1:5432) ``decisionflow_bench_driver``,
 dropped and recreated. Nothing here reads or writes a test database.
@@ -188,7 +190,7 @@ def bench_bridges(*, rounds: int, n: int, crossings: int, log=print) -> dict:
         for _ in range(k):
             await call(Case.objects.exists)
 
-    def one_round(label: str, n: int, crossings: int) -> dict[str, dict[str, float]]:
+    def one_round(label: str, n: int, crossings: int) -> dict[str, dict[str, tuple[float, float]]]:
         fresh = make_cases(len(BRIDGES) * n, prefix=f"{token}-{label}b", proposals=False)
         begun = [
             (c, _begin_result_op(review_begin(case=c), c))
@@ -267,8 +269,8 @@ def render(results: list[dict]) -> str:
         db = "PostgreSQL" if r["vendor"] == "postgresql" else "SQLite"
         out.append(
             f"**{db}**: {r['rounds']} rounds of {r['n']} ops ({r['crossings']} for the bare runs) per bridge, "
-            f"load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; ms per op (wall time; CPU: this process's, all its threads), "
-            "median (range) of the rounds' medians"
+            f"load average {r['load'][0]:.1f} → {r['load'][1]:.1f}; ms per op (wall time; CPU: this process's, "
+            "all its threads), median (range) of the rounds' medians"
         )
         out.append("")
         out.append("| measure | driver | asgiref | asgiref ÷ driver |")
