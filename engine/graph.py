@@ -12,7 +12,7 @@ Graph: ``prepare`` -> ``human-review-v1`` -> ``commit``.
   effect, and it yields the receipt as the workflow's output.
 
 Every message is a plain dict, so checkpoints are JSON only (see ``checkpoints.py``). The
-host functions that drive the graph are in ``services.py``.
+host functions that drive the graph are ``workflow/begin.py`` and ``workflow/answer.py``.
 """
 
 import contextvars
