@@ -27,6 +27,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django_tasks import task, task_backends
 
+from cases.models import Case
 from core.faults import crash_point
 from core.text import shown
 from reviews.models import Notification, NotificationKind, NotificationState
@@ -94,8 +95,6 @@ def enqueue(pk: int, *, delay: timedelta | None = None) -> None:
 
 
 def _text(notification: Notification) -> str:
-    from cases.models import Case
-
     case_id = Case.objects.filter(pk=notification.case_id).values_list("case_id", flat=True).first()
     what = {
         NotificationKind.REVIEW_BEGUN: "is waiting for a review",
