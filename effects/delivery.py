@@ -1,4 +1,4 @@
-"""The remote delivery of an approved reply to the customer's ticket (issue 15, docs/DELIVERY.md).
+"""The remote delivery of an approved reply to the customer's ticket (docs/DELIVERY.md).
 
 The commit writes one ``Delivery`` per new approval, in its own transaction (effects.services).
 From there on everything here is run by a task worker (effects.tasks) or by ``reconcile

@@ -344,7 +344,7 @@ def review_expire(*, pending: PendingReview) -> CommitResult:
     )
 
 
-# --- notifications (item 4; reviews/notifications.py) -------------------------------------
+# --- notifications (reviews/notifications.py) -------------------------------------------
 
 
 def sla_notifications(now: datetime | None = None) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The delivery worker against the reference helpdesk (issue 15, items 2 and 3): one reply on
+"""The delivery worker against the reference helpdesk: one reply on
 the helpdesk whatever fails in between, Unknown kept until a lookup or a resend with the same
 key settles it, and every try on the record."""
 
