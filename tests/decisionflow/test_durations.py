@@ -38,13 +38,21 @@ def test_a_bad_duration_is_refused_naming_the_setting_and_the_form(value):
         duration_parse(value, setting="DECISIONFLOW_X")
     assert repr(value) in str(refused.value)
     if value != "999999999999d":
-        assert "such as 90s, 15m, 1.5h or 2d" in str(refused.value)
+        assert "such as 90s, 15m, 1.5h or 2d (a bare number is seconds)" in str(refused.value)
 
 
 @pytest.mark.parametrize("value", ["0", "0s", "0.0h", 0, 0.0, -5, timedelta(0), timedelta(seconds=-1), float("nan")])
 def test_zero_and_less_are_refused(value):
     with pytest.raises(ImproperlyConfigured, match=r"^DECISIONFLOW_X: .* (must be longer than zero|is not a duration)"):
         duration_parse(value, setting="DECISIONFLOW_X")
+
+
+def test_a_bare_number_takes_the_unit_its_reader_names():
+    assert duration_parse("7", setting="--older-than", bare="d") == timedelta(days=7)
+    assert duration_parse(7, setting="--older-than", bare="d") == timedelta(days=7)
+    assert duration_parse("12h", setting="--older-than", bare="d") == timedelta(hours=12)
+    with pytest.raises(ImproperlyConfigured, match=r"\(a bare number is days\)$"):
+        duration_parse("7 days", setting="--older-than", bare="d")
 
 
 def test_an_unset_setting_takes_its_default(settings):
