@@ -84,7 +84,7 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
 
 
 def _review_request(message: dict, case: Case, proposal: Proposal) -> dict:
-    # Issue 7: killed once the proposal is made (written, or on PostgreSQL's first begin
+    # Killed once the proposal is made (written, or on PostgreSQL's first begin
     # built to be written with the pause), before anything records a pending review.
     crash_point("begin-after-proposal")
     return conform(

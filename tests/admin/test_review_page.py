@@ -323,8 +323,8 @@ def _rewrite_pause(begun, old: str, new: str):
 
 
 def _another_operation(begun):
-    # Signed correctly, but its request is for another operation: it used to be re-emitted
-    # and refused as stale; now the binding check refuses it before anything runs.
+    # Signed correctly, but its request is for another operation: the binding check refuses
+    # it before anything runs.
     _rewrite_pause(begun, begun.operation_id, "op-v1-" + "a" * 64)
     return "does not belong to case T-1042"
 

@@ -1,4 +1,5 @@
-"""The four scenarios of issue 5 in a real browser, plus HTML escaping.
+"""The review workplace in a real browser: approve and replay, a stale tab after an edit,
+an evidence-only change, a support lead who may only read, and HTML escaping.
 
 Each test drives Chromium against the live server, as a reviewer or a support lead would.
 """

@@ -331,7 +331,7 @@ def test_a_mid_commit_checkpoint_is_refused_even_for_its_own_case(transactional_
         raise SystemError("killed mid-commit")
 
     monkeypatch.setattr(engine, "effect_commit", killed)
-    storage = DatabaseCheckpointStorage()  # persists what the answered run saves, as the old design did
+    storage = DatabaseCheckpointStorage()  # keeps every checkpoint the run saves, mid-commit ones too
     workflow = engine.build_workflow(answer=engine.Answer(reviewer=reviewer))
     response = {"approved": True, "reviewer_pk": reviewer.pk, "channel": "test"}
 

@@ -1,4 +1,4 @@
-"""Issue 17, item 3: the graph fingerprint covers message schemas, and drain_workflow moves
+"""The graph fingerprint covers message schemas, and drain_workflow moves
 the pauses of an older version (or graph) onto the current one. Runs on SQLite and, with
 DATABASE_URL set, on PostgreSQL."""
 
@@ -37,7 +37,7 @@ def new_code(monkeypatch, role: str = "request", field: str = "priority"):
     """Deploy "new code": the ``role`` message gains an optional field, WORKFLOW_VERSION unchanged.
 
     Optional, so the running steps still conform; only the declaration changed, which is
-    exactly what the version label used to miss.
+    exactly what a version label alone cannot see.
     """
     declared = messages.MESSAGES[role]
     fields = dict(typing.get_type_hints(declared, include_extras=True), **{field: NotRequired[int]})

@@ -1,4 +1,4 @@
-"""Issue 13, items 3-5: honest attribution, four eyes, and an attempt row for every refusal.
+"""Honest attribution, four eyes, and an attempt row for every refusal.
 
 Four eyes is tested through the service, the admin (review page, forged click, bulk), the
 API and the CLI; every refusal reason of ``RefusalReason`` has its attempt row here or in

@@ -464,7 +464,7 @@ def test_a_checkpoint_that_fails_its_hmac_is_refused(case, begun, reviewer):
 
 
 def test_a_bare_sha256_digest_is_refused(case, begun, reviewer):
-    """The old digest (anyone who can write the table can compute it) no longer verifies."""
+    """A bare SHA-256 digest (anyone who can write the table can compute one) does not verify."""
     row = _pause_row(begun)
     WorkflowCheckpoint.objects.filter(pk=row.pk).update(digest=hashlib.sha256(row.payload.encode()).hexdigest())
     _refused_and_nothing_ran(case, begun, reviewer, "corrupt or was modified.*HMAC")
