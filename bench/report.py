@@ -101,15 +101,15 @@ FINDINGS = {
     ),
     "process_start": (
         "Profiled with `python -X importtime`: `resume` runs the workflow, so its module imports "
-        "`workflow.services` and through it the engine and agent-framework (~0.1 s of "
-        "imports on a quiet machine), even for `--help`. Nothing else does any more: since issue 16 the "
-        "admin autodiscovery and `api.services` import no workflow, so `reconcile`, `prune_checkpoints` "
-        "and `load_case` start without agent-framework (14 below). Report only; no goal."
+        "`workflow.decide` and through it the engine and agent-framework (~0.1 s of "
+        "imports on a quiet machine), even for `--help`. Nothing else does: the admin pages load with the "
+        "URLs (SimpleAdminConfig), never in a command, and `api.services` imports no workflow, so `reconcile`, "
+        "`prune_checkpoints` and `load_case` start without agent-framework (14 below). Report only; no goal."
     ),
     "cron_start": (
-        "Before issue 16 the admin autodiscovery imported workflow.services, and through it "
-        "agent-framework (~0.3 s), for every command: 1.40× (median of 5, same bench). The workflow admin now "
-        "imports the services inside the views that call them, so `reconcile`, `prune_checkpoints` and "
+        "An admin discovered at start-up would import the workflow, and through it agent-framework (~0.3 s), "
+        "for every command: 1.40× (median of 5, measured when it did). The admin pages load with the URLs "
+        "(SimpleAdminConfig; decisionflow/urls.py), so `reconcile`, `prune_checkpoints` and "
         "`load_case` import no agent-framework (tests/workflow/test_retention.py checks it with "
         "`-X importtime`). What remains is this project's own apps and django-environ, not the engine."
     ),
