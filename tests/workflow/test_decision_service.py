@@ -28,6 +28,7 @@ from django.urls import reverse
 from cases.models import Case
 from core.errors import WorkflowIncompatible
 from core.locks import case_lock
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import operation_reconcile
 from engine import graph as engine
@@ -35,7 +36,7 @@ from engine.checkpoints import DatabaseCheckpointStorage
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import held_elsewhere, load_fixture, snapshot
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workplace import review as workplace_admin
 
@@ -81,13 +82,14 @@ def via_admin(user, case: Case, op: str, approved: bool, fault: str | None = Non
         (r"^Committed:", "committed"),
         (r"^Declined:", "declined"),
         (r"^already (approved|declined) by .* no new record", "replay"),
-        (r"^conflict:", "conflict"),
+        # A refusal in its error's own words.
+        (r"^conflicting decision:", "conflict"),
         (r"^stale:", "stale"),
-        (r"^another action on this case is in progress; try again", "busy"),
-        (r"^outcome uncertain: reconciling", "uncertain"),
-        (r"^refused: .*review permission", "forbidden"),
-        (r"^refused: .*no pending review", "not_found"),
-        (r"^refused: .*(checkpoint|workflow)", "incompatible"),
+        (r"^another action on case \S+ is in progress; try again", "busy"),
+        (r"^outcome uncertain:", "uncertain"),
+        (r"review permission", "forbidden"),
+        (r"^no pending review", "not_found"),
+        (r"checkpoint|workflow", "incompatible"),
     ):
         if re.search(pattern, said):
             return outcome

@@ -22,11 +22,12 @@ from core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import snapshot
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db
