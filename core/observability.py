@@ -38,7 +38,7 @@ events = logging.getLogger("decisionflow.events")
 def metrics_enabled() -> bool:
     """``DECISIONFLOW_METRICS`` (on when ``PROMETHEUS_MULTIPROC_DIR`` is set): off, a
     process never imports prometheus_client, so a cron command without a metrics folder
-    (whose counts would die with it) starts as fast as before."""
+    (whose counts would die with it) does not pay for the import."""
     return bool(getattr(settings, "DECISIONFLOW_METRICS", False))
 
 

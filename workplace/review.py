@@ -788,9 +788,11 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         return TemplateResponse(request, "admin/cases/case/decide_selected_confirmation.html", context)
 
     def _act(self, request, cases, *, approved: bool):
-        # A row refused by four eyes goes through decide() like any other: the service
-        # refuses it, records the attempt, and the message names the reason.
-        """Each row on its own: a row whose shown identity is no longer current is skipped."""
+        """Each row on its own: a row whose shown identity is not the case's current one is refused.
+
+        A row refused by four eyes goes through decide() like any other: the service refuses
+        it, records the attempt, and the message is the refusal's own.
+        """
         done = skipped = 0
         for case in cases:
             operation_id = request.POST.get(f"operation_id_{case.pk}", "")
