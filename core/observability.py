@@ -30,7 +30,7 @@ from typing import Any
 from django.conf import settings
 
 from core.errors import CaseBusy, LockBusy
-from core.outcomes import DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
+from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
 
 events = logging.getLogger("decisionflow.events")
 
@@ -110,11 +110,12 @@ def Gauge(name, documentation, labelnames=(), **kwargs) -> Any:
 # lock timeout (3 s by default), a decision that begins its review first can take a second.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-# The outcome labels, from the enums: what a decision can end as, except that a failure is
-# counted by whether its commit may have happened (``Failure``) rather than as ``failed``,
-# which only the effect store can know. The docs' table and the tests read this.
+# The outcome labels, from the enums: what the service returns, then its refusals, then
+# its failures, counted by whether the commit may have happened (``Failure``) rather than as
+# ``failed``, which only the effect store can know. The docs' table and the tests read this.
 OUTCOMES: tuple[str, ...] = (
-    *(outcome.value for outcome in DecisionOutcome if outcome != DecisionOutcome.FAILED),
+    *(outcome.value for outcome in DECIDED),
+    *(outcome.value for outcome in DecisionOutcome if outcome not in DECIDED and outcome != DecisionOutcome.FAILED),
     *Failure.values,
 )
 RECONCILE_STATES: tuple[str, ...] = tuple(OperationState.values)
