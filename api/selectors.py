@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 
 from api.models import ApiToken
 from api.rows import Joined, Part
+from api.schemas import NOT_STARTED
 from cases.models import Case, Policy
 from cases.selectors import case_text_fields
 from core import text
@@ -260,7 +261,7 @@ def case_data(case: Case) -> dict:
         "case_id": case.case_id,
         "subject": case.subject,
         # Said at the top, as `manage.py begin` says it: a decided case is decided.
-        "status": reconcile["state"] if reconcile else "NotStarted",
+        "status": reconcile["state"] if reconcile else NOT_STARTED,
         "decidable": decision is None,
         "decision": decision,
         "warnings": warnings,

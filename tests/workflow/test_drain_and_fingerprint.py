@@ -15,12 +15,13 @@ from django.core.management import CommandError, call_command
 from cases.models import Case
 from cases.services import case_import
 from core.errors import DecisionflowError, WorkflowIncompatible
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import EffectRecord
 from engine import messages, names
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import load_fixture
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 
 FIXTURES = ("t1042.json", "t1077.json", "t1150.json")
 

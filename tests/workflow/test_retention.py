@@ -70,7 +70,7 @@ def _ids() -> set[str]:
 
 @pytest.mark.django_db
 def test_pruning_keeps_what_recovery_needs_and_nothing_else(reviewer, editor, lead):
-    from workflow.decide import Outcome
+    from core.outcomes import DecisionOutcome as Outcome
     from workflow.edit import review_edit
 
     decided, decided_pr = _begun("T-3001")  # approved 40 days ago: its pause goes

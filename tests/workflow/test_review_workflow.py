@@ -20,12 +20,13 @@ from core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import CommitAttempt, EffectRecord
 from engine import checkpoints as store
 from engine.graph import HUMAN_REVIEW_ID, WORKFLOW_VERSION, Commit, HumanReview
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.selectors import decidable_operation_id
 
