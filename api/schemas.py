@@ -3,13 +3,18 @@ boolean for ``approved``, are refused (400) before any service runs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from core import text
 from core.identity import OPERATION_ID_RE
+from core.outcomes import DECIDED, OperationState, ReceiptStatus
+from effects.models import DeliveryState, DeliveryTry
+from reviews.models import HUMAN_DECLINE_REASONS, Channel, Origin, PendingReview
 
 OPERATION_ID_PATTERN = OPERATION_ID_RE.pattern
 DEMO_OPERATION_ID = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fbfc"
@@ -29,6 +34,47 @@ def _integral_float(value):
 
 
 Version = Annotated[StrictInt, Field(ge=1, le=2_147_483_647), BeforeValidator(_integral_float)]
+
+
+def one_of(values: Iterable[str]) -> Any:
+    """The ``Literal`` of exactly these values, taken from the enum that owns them.
+
+    The OpenAPI document lists them as the field's ``enum``, and a value added to the enum
+    needs no edit here.
+    """
+    return Literal[tuple(str(value) for value in values)]
+
+
+# The case's status before its review is begun; afterwards it is the reconcile state.
+NOT_STARTED = "NotStarted"
+
+if TYPE_CHECKING:
+    # A Literal built at run time is opaque to mypy: to it these are strings.
+    DeclineReasonIn = str
+    ReceiptStatusOut = str
+    OutcomeOut = str
+    OriginOut = str
+    PendingStatusOut = str
+    ChannelOut = str
+    DeliveryTryKindOut = str
+    DeliveryTryOutcomeOut = str
+    DeliveryStateOut = str
+    OperationStateOut = str
+    CaseStatusOut = str
+    TextWarningKindOut = str
+else:
+    DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never "expired": that one is the system's
+    ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
+    OutcomeOut = one_of(DECIDED)
+    OriginOut = one_of(Origin.values)
+    PendingStatusOut = one_of(PendingReview.Status.values)
+    ChannelOut = one_of(Channel.values)
+    DeliveryTryKindOut = one_of(DeliveryTry.Kind.values)
+    DeliveryTryOutcomeOut = one_of(DeliveryTry.Outcome.values)
+    DeliveryStateOut = one_of(DeliveryState.values)
+    OperationStateOut = one_of(OperationState.values)
+    CaseStatusOut = one_of([NOT_STARTED, *OperationState.values])
+    TextWarningKindOut = one_of([text.INVISIBLE, text.MIXED_SCRIPT])
 
 
 class Strict(Schema):
@@ -53,7 +99,7 @@ class DecisionIn(Strict):
 
     operation_id: OperationId
     approved: StrictBool = Field(description="true approves, false declines; nothing else is consent")
-    reason: Literal["wrong_facts", "policy", "tone", "evidence", "other"] | None = Field(
+    reason: DeclineReasonIn | None = Field(
         default=None,
         description="with a decline: why (docs/QUEUE.md). A second decline is a replay: the first reason "
         "stands. Refused (400) with an approval; `expired` is reserved for the system",
@@ -120,11 +166,11 @@ class ErrorOut(Schema):
 
 
 class DecisionOut(Schema):
-    status: Literal["Committed", "Declined"]
+    status: ReceiptStatusOut
     replay: bool
     effect_count: int
     operation_id: str
-    outcome: Literal["committed", "declined", "replay"] = Field(
+    outcome: OutcomeOut = Field(
         description="the decision service's outcome: the first approval, the first decline, or the same decision again"
     )
     decline_reason: str | None = Field(
@@ -155,7 +201,7 @@ class TextWarningOut(Schema):
     """A character or word the text policy keeps but marks (docs/TEXT.md)."""
 
     field: str = Field(description='where it stands, e.g. "body", "passages[0].quotation", "proposal.body"')
-    kind: Literal["invisible_character", "mixed_script_word"]
+    kind: TextWarningKindOut
     index: int = Field(description="code point index in the field, from 0")
     line: int = Field(description="line in the field, from 1")
     column: int = Field(description="column in the line, from 1, in code points")
@@ -171,7 +217,7 @@ class TextWarningOut(Schema):
 class ProposalOut(Schema):
     operation_id: str
     action: str
-    origin: Literal["prepared", "human_edit", "evidence_change", "policy_change"]
+    origin: OriginOut
     parent_operation_id: str | None
     author: str | None = Field(
         description="the person who made this human edit or evidence change; null for a proposal the "
@@ -192,11 +238,11 @@ class ProposalOut(Schema):
 
 
 class PendingOut(Schema):
-    status: Literal["pending", "completed", "superseded"]
+    status: PendingStatusOut
     workflow_version: str
     created_at: datetime
     begun_by: str | None = Field(description="who began the review; null when a command began it without a user")
-    begun_channel: Literal["admin", "api", "command", "service"] | None = Field(
+    begun_channel: ChannelOut | None = Field(
         description="through which channel the review was begun (command: the CLI); null before this was recorded"
     )
 
@@ -215,8 +261,8 @@ class DecisionInfoOut(Schema):
 
 
 class DeliveryTryOut(Schema):
-    kind: Literal["send", "lookup"] = Field(description="send: POST {url}/replies; lookup: GET {url}/replies/{key}")
-    outcome: Literal["delivered", "rejected", "not_stored", "not_found", "unknown"] = Field(
+    kind: DeliveryTryKindOut = Field(description="send: POST {url}/replies; lookup: GET {url}/replies/{key}")
+    outcome: DeliveryTryOutcomeOut = Field(
         description="how the try ended (docs/DELIVERY.md): not_found from a lookup settles nothing by itself"
     )
     worker: str = Field(description="the worker (host:pid) that made the try")
@@ -227,7 +273,7 @@ class DeliveryTryOut(Schema):
 
 
 class DeliveryOut(Schema):
-    state: Literal["queued", "sending", "unknown", "delivered", "rejected"] = Field(
+    state: DeliveryStateOut = Field(
         description="where the approved reply stands on the helpdesk; unknown: a request went out and no answer "
         "came back, so the helpdesk may have stored it: reconcile --repair settles it (docs/DELIVERY.md)"
     )
@@ -242,7 +288,7 @@ class DeliveryOut(Schema):
 class OperationOut(Schema):
     operation_id: str
     case_id: str
-    state: Literal["Pending", "Committed", "Declined", "NoLocalEffectRecorded"]
+    state: OperationStateOut
     effect_count: int
     current: bool = Field(description="whether this is still the case's current proposal")
     decision: DecisionInfoOut | None
@@ -255,7 +301,7 @@ class OperationOut(Schema):
 class CaseOut(Schema):
     case_id: str
     subject: str
-    status: Literal["NotStarted", "Pending", "Committed", "Declined", "NoLocalEffectRecorded"] = Field(
+    status: CaseStatusOut = Field(
         description="where the case's current proposal stands: NotStarted before the review was begun, "
         "otherwise its reconcile state"
     )

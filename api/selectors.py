@@ -10,7 +10,8 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from api.models import ApiToken
-from api.rows import Columns
+from api.rows import Joined, Part
+from api.schemas import NOT_STARTED
 from cases.models import Case, Policy
 from cases.selectors import case_text_fields
 from core import text
@@ -45,32 +46,23 @@ def _who() -> tuple[str, str]:
     return user._meta.pk.attname, user.USERNAME_FIELD
 
 
-def _split(row, parts: tuple[Columns, ...]) -> list:
-    """One joined row as the instances of its parts (None for a part the join did not find)."""
-    found, start = [], 0
-    for part in parts:
-        found.append(part.build(row[start : start + len(part.fields)]))
-        start += len(part.fields)
-    return found
-
-
 @functools.cache
-def _case_sql() -> tuple[str, tuple[Columns, ...]]:
+def _case_sql() -> tuple[str, Joined]:
     # Raw SQL on every request: the ORM spent 7-14 times as much CPU compiling the same
     # select_related as the statement costs on a cursor (docs/PERFORMANCE.md, "third pass").
     user = get_user_model()
-    parts = (
-        Columns(Case, "c"),
-        Columns(Proposal, "p"),
-        Columns(Proposal, "pp", ("id", "operation_id")),
-        Columns(user, "u", _who()),
+    parts = Joined(
+        Part.of(Case, "c"),
+        Part.of(Proposal, "p"),
+        Part.of(Proposal, "pp", ("id", "operation_id")),
+        Part.of(user, "u", _who()),
         # The case's policy version: what a case never begun computes its decidable
         # operation from (and what begin, if this request begins it, prepares with).
-        Columns(Policy, "po"),
+        Part.of(Policy, "po"),
     )
     q = connection.ops.quote_name
     sql = (
-        f"SELECT {', '.join(part.sql for part in parts)} FROM {q(Case._meta.db_table)} c "
+        f"SELECT {parts.sql} FROM {q(Case._meta.db_table)} c "
         f"LEFT JOIN {q(Proposal._meta.db_table)} p ON p.id = c.current_proposal_id "
         f"LEFT JOIN {q(Proposal._meta.db_table)} pp ON pp.id = p.parent_id "
         f"LEFT JOIN {q(user._meta.db_table)} u ON u.{q(str(user._meta.pk.column))} = p.author_id "
@@ -89,7 +81,7 @@ def case_get(case_id: str) -> Case:
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"case {case_id[:100]} does not exist")
-    case, proposal, parent, author, policy = _split(row, parts)
+    case, proposal, parent, author, policy = parts.instances(row)
     Case.policy.field.set_cached_value(case, policy)
     if proposal is not None:
         Proposal.parent.field.set_cached_value(proposal, parent)
@@ -154,23 +146,23 @@ class _Operation(NamedTuple):
 
 
 @functools.cache
-def _operation_sql() -> tuple[str, tuple[Columns, ...]]:
+def _operation_sql() -> tuple[str, Joined]:
     # Each table is joined on the operation's key, as reconcile's own set-based query joins
     # them (effects/services.py); every key is unique, so a row or none from each.
     user = get_user_model()
     who = _who()
-    parts = (
-        Columns(ReviewDecision, "d"),
-        Columns(user, "r", who),
-        Columns(EffectRecord, "e", ("id",)),
-        Columns(Delivery, "dl"),
-        Columns(PendingReview, "pr"),
-        Columns(user, "b", who),
+    parts = Joined(
+        Part.of(ReviewDecision, "d"),
+        Part.of(user, "r", who),
+        Part.of(EffectRecord, "e", ("id",)),
+        Part.of(Delivery, "dl"),
+        Part.of(PendingReview, "pr"),
+        Part.of(user, "b", who),
     )
     q = connection.ops.quote_name
     user_pk = q(str(user._meta.pk.column))
     sql = (
-        f"SELECT {', '.join(part.sql for part in parts)} FROM (SELECT %s AS operation_id) k "
+        f"SELECT {parts.sql} FROM (SELECT %s AS operation_id) k "
         f"LEFT JOIN {q(ReviewDecision._meta.db_table)} d ON d.operation_id = k.operation_id "
         f"LEFT JOIN {q(user._meta.db_table)} r ON r.{user_pk} = d.reviewer_id "
         f"LEFT JOIN {q(EffectRecord._meta.db_table)} e ON e.operation_id = k.operation_id "
@@ -186,13 +178,13 @@ def _operation_read(operation_id: str) -> _Operation:
     and its pending review (with who began it): one statement, one snapshot.
 
     Read one by one (``operation_reconcile``, then the decision, the delivery again for its
-    panel, the pending review), they were six queries that could straddle a commit.
+    panel, the pending review), they would be six queries that could straddle a commit.
     """
     sql, parts = _operation_sql()
     with connection.cursor() as cursor:
         cursor.execute(sql, [operation_id])
         row = cursor.fetchone()
-    decision, reviewer, effect, delivery, pending, begun_by = _split(row, parts)
+    decision, reviewer, effect, delivery, pending, begun_by = parts.instances(row)
     if decision is not None:
         ReviewDecision.reviewer.field.set_cached_value(decision, reviewer)
     if pending is not None:
@@ -269,7 +261,7 @@ def case_data(case: Case) -> dict:
         "case_id": case.case_id,
         "subject": case.subject,
         # Said at the top, as `manage.py begin` says it: a decided case is decided.
-        "status": reconcile["state"] if reconcile else "NotStarted",
+        "status": reconcile["state"] if reconcile else NOT_STARTED,
         "decidable": decision is None,
         "decision": decision,
         "warnings": warnings,

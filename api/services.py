@@ -16,7 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from api.models import ApiToken
-from api.rows import Columns
+from api.rows import Joined, Part
 from core import faults
 from core.errors import InvalidInput, NotFound, PermissionRefused
 from effects.services import REVIEW_PERMISSION
@@ -148,9 +148,9 @@ def _token_sql() -> str:
 
 
 @functools.cache
-def _user_row() -> Columns:
-    """The user's columns in ``_token_sql``, and its rows read back as users."""
-    return Columns(get_user_model(), "u")
+def _user_row() -> Joined:
+    """The user's columns in ``_token_sql``, read back as the user."""
+    return Joined(Part.of(get_user_model(), "u"))
 
 
 def token_authenticate(plaintext: str):
@@ -176,8 +176,8 @@ def token_authenticate(plaintext: str):
         rows = cursor.fetchall()
     if not rows:
         return None
-    width = len(columns.fields)
-    user = columns.build(rows[0][:width])
+    width = len(columns)
+    (user,) = columns.instances(rows[0][:width])
     # The statement's own columns after the user's: token, stamp, then one permission a row.
     token_pk, stamp_stale = rows[0][width], rows[0][width + 1]
     if settings.AUTHENTICATION_BACKENDS == [MODEL_BACKEND] and not user.is_superuser:

@@ -27,6 +27,9 @@ SCALES = {
         "concurrent_per_worker": 200,
         "workers": 8,
         "workflow_n": 20,
+        # Resumes per round against the raw floor (and as many floor operations): the whole
+        # measure, set-up included, took 22 s on these 2 cores at a load average of 5.
+        "floor_n": 100,
         "storage_n": 50,
         "admin_requests": 15,
         "retention_n": 50,
@@ -40,6 +43,7 @@ SCALES = {
         "concurrent_per_worker": 1,
         "workers": 2,
         "workflow_n": 1,
+        "floor_n": 2,
         "storage_n": 1,
         "admin_requests": 1,
         "retention_n": 2,
@@ -77,6 +81,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     plan.append(("begin", lambda: [measures.bench_begin(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
     if pg:
         plan.append(("resume", lambda: [measures.bench_resume(runs=runs, n=scale["workflow_n"], vendor=vendor)]))
+        plan.append(("resume_floor", lambda: [measures.bench_resume_floor(runs=runs, n=scale["floor_n"])]))
         plan.append(("storage", lambda: [measures.bench_storage(n=scale["storage_n"], vendor=vendor)]))
     if pg and only and "pages" in only:
         # Only on request: bench.run runs it on its 10,000- and 1,000,000-case databases
@@ -99,7 +104,7 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     for name, fn in plan:
         if only and name not in only:
             continue
-        if name in ("begin", "resume", "storage", "retention") and not measures.workflow_available():
+        if name in ("begin", "resume", "resume_floor", "storage", "retention") and not measures.workflow_available():
             out.append(
                 {
                     "key": f"{name}_{vendor}",

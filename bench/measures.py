@@ -514,11 +514,23 @@ def _begin_result_op(begin_result, case) -> str:
     return case.current_proposal.operation_id
 
 
-def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
-    """``decision_record`` (approve) from the recorded checkpoint vs the bare ``effect_commit``."""
+def _begun_cases(n: int, *, prefix: str) -> list[tuple]:
+    """``n`` fresh cases, each begun with ``review_begin``: (case, operation_id) pairs."""
     from workflow.begin import review_begin
+
+    return [(c, _begin_result_op(review_begin(case=c), c)) for c in make_cases(n, prefix=prefix, proposals=False)]
+
+
+def _resume_loop(begun, reviewer) -> None:
+    """Resume + approve + commit each begun case through the one decision service."""
     from workflow.decide import decision_record
 
+    for c, op in begun:
+        decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="bench")
+
+
+def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
+    """``decision_record`` (approve) from the recorded checkpoint vs the bare ``effect_commit``."""
     reviewer = bench_reviewer()
     token = run_token()
     db = "PostgreSQL" if vendor == "postgresql" else "SQLite"
@@ -532,19 +544,9 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
         goal=("≤", 4.0),
         n=n,
     )
-    subject_sets = []
-    for i in range(runs):
-        cases = make_cases(n, prefix=f"{token}-rs{i}", proposals=False)
-        subject_sets.append([(c, _begin_result_op(review_begin(case=c), c)) for c in cases])
+    subject_sets = [_begun_cases(n, prefix=f"{token}-rs{i}") for i in range(runs)]
     baseline_sets = [make_cases(n, prefix=f"{token}-rb{i}", proposals=True) for i in range(runs)]
-    for c in make_cases(min(2, n), prefix=f"{token}-rw", proposals=False):
-        decision_record(
-            case=c,
-            operation_id=_begin_result_op(review_begin(case=c), c),
-            approved=True,
-            reviewer=reviewer,
-            channel="bench",
-        )
+    _resume_loop(_begun_cases(min(2, n), prefix=f"{token}-rw"), reviewer)
     _commit_loop(_ops(make_cases(min(2, n), prefix=f"{token}-rx", proposals=True)), reviewer, expect_replay=False)
 
     def b(i):
@@ -555,13 +557,106 @@ def bench_resume(*, runs: int, n: int, vendor: str) -> dict:
 
     def s(i):
         t = time.perf_counter()
-        for c, op in subject_sets[i]:
-            decision_record(case=c, operation_id=op, approved=True, reviewer=reviewer, channel="bench")
+        _resume_loop(subject_sets[i], reviewer)
         return (time.perf_counter() - t) / n * 1000
 
     for sv, bv in paired(runs, b, s):
         add_pair(res, sv, bv)
     _check_effects([[c for c, _ in cases] for cases in subject_sets])
+    return res
+
+
+# --- 16: resume against its raw floor ---------------------------------------------------
+
+
+def _floor_sql(conn) -> tuple[str, str]:
+    """The raw floor's two statements: the case row lock, and one statement that writes the
+    decision and its effect (the effect takes the decision's id from the same statement)."""
+    from psycopg import sql
+
+    from cases.models import Case
+    from effects.models import EffectRecord
+    from reviews.models import ReviewDecision
+
+    lock = sql.SQL("SELECT id FROM {case} WHERE id = %(case_id)s FOR NO KEY UPDATE").format(
+        case=sql.Identifier(Case._meta.db_table)
+    )
+    write = sql.SQL(
+        "WITH decision AS ("
+        " INSERT INTO {decision} (operation_id, proposal_id, approved, reviewer_id, decided_at)"
+        " VALUES (%(op)s, %(proposal)s, TRUE, %(reviewer)s, %(now)s) RETURNING id"
+        ") INSERT INTO {effect} (operation_id, decision_id, case_id, proposal_id, action, body, evidence_id,"
+        " source_versions, policy_id, policy_snapshot, reviewer_id, recorded_at)"
+        " SELECT %(op)s, decision.id, %(case_id)s, %(proposal)s, %(action)s, %(body)s, %(evidence)s,"
+        " %(sources)s::jsonb, %(policy)s, %(snapshot)s::jsonb, %(reviewer)s, %(now)s FROM decision"
+    ).format(decision=sql.Identifier(ReviewDecision._meta.db_table), effect=sql.Identifier(EffectRecord._meta.db_table))
+    return lock.as_string(conn), write.as_string(conn)
+
+
+def _floor_rows(cases, reviewer_id) -> list[dict]:
+    """Per operation: the raw floor's parameters, prepared before the clock starts."""
+    names = ("op", "proposal", "case_id", "action", "body", "evidence", "sources", "policy", "snapshot", "reviewer")
+    return [dict(zip(names, row, strict=True)) for row in _raw_rows(cases, reviewer_id)]
+
+
+def raw_floor_loop(conn, rows: list[dict]) -> None:
+    """What any resume must at least do, with bare psycopg: per operation BEGIN, the case
+    row lock, one write statement, COMMIT (psycopg sends the BEGIN before the first
+    statement of a transaction, so these are four round trips)."""
+    lock, write = _floor_sql(conn)
+    cur = conn.cursor()
+    for params in rows:
+        cur.execute(lock, params)
+        if cur.fetchone() is None:
+            raise AssertionError(f"the raw floor found no case row for {params['op']}")
+        cur.execute(write, {**params, "now": datetime.now(UTC)})
+        conn.commit()
+
+
+def bench_resume_floor(*, runs: int, n: int) -> dict:
+    """Resume + approve + commit of a begun case through ``decision_record`` vs the raw
+    floor of the same approval: the lock and the decision and effect rows, in bare psycopg
+    on its own connection. PostgreSQL only (the floor's lock is ``FOR NO KEY UPDATE``)."""
+    reviewer = bench_reviewer()
+    token = run_token()
+    res = result(
+        "resume_floor",
+        "16. resume ÷ the raw floor, PostgreSQL",
+        subject="`decision_record(approved=True)` on a begun case: pending review and checkpoint, bind, "
+        "engine run, commit (lock; decision, effect, attempt, pending review completed)",
+        baseline="raw psycopg (its defaults), own connection: BEGIN; `SELECT … FOR NO KEY UPDATE` of the case "
+        "row; one `WITH … INSERT` of the decision and its effect; COMMIT",
+        kind="cost",
+        unit="ms/op",
+        goal=("≤", 2.5),
+        n=n,
+    )
+    subject_sets = [_begun_cases(n, prefix=f"{token}-fs{i}") for i in range(runs)]
+    floor_sets = [make_cases(n, prefix=f"{token}-fb{i}", proposals=True) for i in range(runs)]
+    floor_rows = [_floor_rows(cases, reviewer.pk) for cases in floor_sets]
+    # Six of each before the clock: caches, and psycopg's automatic prepare of the floor's
+    # statements (after five runs of a statement, its default, the sixth prepares it).
+    warm_floor = make_cases(6, prefix=f"{token}-fx", proposals=True)
+    _resume_loop(_begun_cases(6, prefix=f"{token}-fw"), reviewer)
+    conn = raw_connect()
+    try:
+        raw_floor_loop(conn, _floor_rows(warm_floor, reviewer.pk))
+
+        def b(i):
+            t = time.perf_counter()
+            raw_floor_loop(conn, floor_rows[i])
+            return (time.perf_counter() - t) / n * 1000
+
+        def s(i):
+            t = time.perf_counter()
+            _resume_loop(subject_sets[i], reviewer)
+            return (time.perf_counter() - t) / n * 1000
+
+        for sv, bv in paired(runs, b, s):
+            add_pair(res, sv, bv)
+    finally:
+        conn.close()
+    _check_effects([warm_floor, *floor_sets] + [[c for c, _ in cases] for cases in subject_sets])
     return res
 
 

@@ -14,6 +14,7 @@ ORDER = [
     "commit_concurrent",
     "replay_postgresql",
     "resume_postgresql",
+    "resume_floor",
     "begin_postgresql",
     "side_resume",
     "side_begin",
@@ -80,6 +81,17 @@ FINDINGS = {
         "stay in memory: once the commit has happened, recovery reads the effect store. Before issue 12: "
         "29 statements, six durable commits and four checkpoint rows per resume, two engine runs."
     ),
+    "resume_floor": (
+        "The floor is the least any approval of a begun case must do, by hand in bare psycopg on its own "
+        "connection: one durable transaction that takes the case row lock (`FOR NO KEY UPDATE`, the lock the "
+        "commit takes, so two decisions on one case are serialised) and writes the decision and its effect (the "
+        "rows that make the approval durable and that reconcile reads) in one statement. BEGIN, the lock, the "
+        "write, COMMIT: four round trips, psycopg's defaults (it prepares a statement after five runs). Nothing "
+        "less keeps the guarantees. What a resume does above it: one statement reads the pending review with its "
+        "checkpoint, the binding checks and the engine run in Python, the attempt row and the pending review "
+        "completed in the commit statement, and the decision's JSON event line. Same rows checked: "
+        "tests/bench/test_resume_floor.py compares the floor's decision and effect with `effect_commit`'s."
+    ),
     "begin_postgresql": (
         "Begin = `proposal_create` plus one engine run to the human step, in one transaction with the one "
         "checkpoint row it writes (the pause; the engine's other checkpoints of the run stay in memory) and "
@@ -89,15 +101,15 @@ FINDINGS = {
     ),
     "process_start": (
         "Profiled with `python -X importtime`: `resume` runs the workflow, so its module imports "
-        "`workflow.services` and through it the engine and agent-framework (~0.1 s of "
-        "imports on a quiet machine), even for `--help`. Nothing else does any more: since issue 16 the "
-        "admin autodiscovery and `api.services` import no workflow, so `reconcile`, `prune_checkpoints` "
-        "and `load_case` start without agent-framework (14 below). Report only; no goal."
+        "`workflow.decide` and through it the engine and agent-framework (~0.1 s of "
+        "imports on a quiet machine), even for `--help`. Nothing else does: the admin pages load with the "
+        "URLs (SimpleAdminConfig), never in a command, and `api.services` imports no workflow, so `reconcile`, "
+        "`prune_checkpoints` and `load_case` start without agent-framework (14 below). Report only; no goal."
     ),
     "cron_start": (
-        "Before issue 16 the admin autodiscovery imported workflow.services, and through it "
-        "agent-framework (~0.3 s), for every command: 1.40× (median of 5, same bench). The workflow admin now "
-        "imports the services inside the views that call them, so `reconcile`, `prune_checkpoints` and "
+        "An admin discovered at start-up would import the workflow, and through it agent-framework (~0.3 s), "
+        "for every command: 1.40× (median of 5, measured when it did). The admin pages load with the URLs "
+        "(SimpleAdminConfig; decisionflow/urls.py), so `reconcile`, `prune_checkpoints` and "
         "`load_case` import no agent-framework (tests/workflow/test_retention.py checks it with "
         "`-X importtime`). What remains is this project's own apps and django-environ, not the engine."
     ),
@@ -224,6 +236,13 @@ def goals_table(by_key: dict) -> list[str]:
         _ratio_goal_row(by_key, "commit, 1 connection, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_postgresql"),
         _ratio_goal_row(by_key, "commit, 8 connections, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_concurrent"),
         _ratio_goal_row(by_key, "replay ÷ raw conflicting inserts (replays/s)", ("≥", 0.5), "replay_postgresql"),
+        _ratio_goal_row(
+            by_key,
+            "resume ÷ the raw floor (psycopg: BEGIN; the lock; one write statement; COMMIT; ms per resume)",
+            ("≤", 2.5),
+            "resume_floor",
+            "resume_floor_postgresql",  # the key bench.inproc gives the measure's error
+        ),
         *_count_goal_rows(by_key),
         "",
     ]

@@ -34,12 +34,8 @@ from core.text import one_line
 
 EXIT_OK = 0
 EXIT_ERROR = 1
-EXIT_CONFLICT = 3
-EXIT_STALE = 4
-EXIT_INCOMPATIBLE = 5
 EXIT_BUSY = 6
 EXIT_SAVED_NOT_BEGUN = 7
-EXIT_NO_RECEIPT = 42
 # Start-up failures, from the BSD sysexits.h vocabulary that cron and supervisors know, and
 # the shell's own code for a program stopped by a closed pipe (128 + SIGPIPE).
 EXIT_TEMPFAIL = 75

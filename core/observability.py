@@ -29,15 +29,8 @@ from typing import Any
 
 from django.conf import settings
 
-from core.errors import (
-    AlreadyDecided,
-    CaseBusy,
-    ConflictingDecision,
-    DecisionflowError,
-    LockBusy,
-    OutcomeUncertain,
-    StaleProposal,
-)
+from core.errors import CaseBusy, LockBusy
+from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
 
 events = logging.getLogger("decisionflow.events")
 
@@ -45,7 +38,7 @@ events = logging.getLogger("decisionflow.events")
 def metrics_enabled() -> bool:
     """``DECISIONFLOW_METRICS`` (on when ``PROMETHEUS_MULTIPROC_DIR`` is set): off, a
     process never imports prometheus_client, so a cron command without a metrics folder
-    (whose counts would die with it) starts as fast as before."""
+    (whose counts would die with it) does not pay for the import."""
     return bool(getattr(settings, "DECISIONFLOW_METRICS", False))
 
 
@@ -117,10 +110,22 @@ def Gauge(name, documentation, labelnames=(), **kwargs) -> Any:
 # lock timeout (3 s by default), a decision that begins its review first can take a second.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
+# The outcome labels, from the enums: what the service returns, then its refusals, then
+# its failures, counted by whether the commit may have happened (``Failure``) rather than as
+# ``failed``, which only the effect store can know. The docs' table and the tests read this.
+OUTCOMES: tuple[str, ...] = (
+    *(outcome.value for outcome in DECIDED),
+    *(outcome.value for outcome in DecisionOutcome if outcome not in DECIDED and outcome != DecisionOutcome.FAILED),
+    *Failure.values,
+)
+RECONCILE_STATES: tuple[str, ...] = tuple(OperationState.values)
+# The outcomes that count a refusal by its error code as well.
+_REFUSED = frozenset({DecisionOutcome.CONFLICT, DecisionOutcome.STALE, DecisionOutcome.REFUSED, Failure.UNCERTAIN})
+
+
 DECISIONS = Counter(
     "decisionflow_decisions",
-    "Decisions by channel and outcome (committed, declined, replay, conflict, stale, refused, "
-    "outcome_uncertain, error); every call of decision_record counts once.",
+    f"Decisions by channel and outcome ({', '.join(OUTCOMES)}); every call of decision_record counts once.",
     ["channel", "outcome"],
 )
 REFUSALS = Counter(
@@ -159,7 +164,7 @@ CHECKPOINT_REFUSED = Counter(
 )
 RECONCILE_RUNS = Counter(
     "decisionflow_reconcile_runs",
-    "reconcile runs by result: ok, unrepaired (NoLocalEffectRecorded found, exit 1), repaired, "
+    f"reconcile runs by result: ok, unrepaired ({OperationState.NO_LOCAL_EFFECT} found, exit 1), repaired, "
     "locked (another run held the lock), error.",
     ["result"],
 )
@@ -204,24 +209,11 @@ def sla_observed(*, breached: int, actions: dict[str, int]) -> None:
         SLA_ACTIONS.labels(action=action).inc(count)
 
 
-# The outcome labels, in one place: the docs' table and the tests read this.
-OUTCOMES = ("committed", "declined", "replay", "conflict", "stale", "refused", "outcome_uncertain", "error")
-RECONCILE_STATES = ("Pending", "Committed", "Declined", "NoLocalEffectRecorded")
-
-
 def outcome_of(result: Any = None, exc: BaseException | None = None) -> str:
     """The outcome label of a decision: its result's outcome, or what its error means."""
     if exc is None:
-        return str(getattr(result, "outcome", "error"))
-    if isinstance(exc, OutcomeUncertain):
-        return "outcome_uncertain"
-    if isinstance(exc, ConflictingDecision):
-        return "conflict"
-    if isinstance(exc, StaleProposal | AlreadyDecided):
-        return "stale"
-    if isinstance(exc, DecisionflowError) and type(exc) is not DecisionflowError:
-        return "refused"
-    return "error"
+        return str(getattr(result, "outcome", Failure.ERROR))
+    return error_outcome(exc).value
 
 
 def _code(exc: BaseException | None) -> str:
@@ -258,7 +250,7 @@ def observed_decision(service: Callable) -> Callable:
             channel = str(kwargs.get("channel") or "service")[:20]
             DECISIONS.labels(channel=channel, outcome=outcome).inc()
             DECISION_SECONDS.labels(outcome=outcome).observe(seconds)
-            if outcome in ("refused", "stale", "conflict", "outcome_uncertain"):
+            if outcome in _REFUSED:
                 REFUSALS.labels(code=_code(error)).inc()
             case = kwargs.get("case")
             approved = kwargs.get("approved")
@@ -287,15 +279,15 @@ def observed_commit(commit: Callable) -> Callable:
     @functools.wraps(commit)
     def wrapper(**kwargs):
         started = time.perf_counter()
-        outcome = "error"
+        outcome: str = Failure.ERROR
         try:
             result = commit(**kwargs)
-            if getattr(result, "status", None) == "ConflictingDecision":
-                outcome = "conflict"
+            if getattr(result, "status", None) == ReceiptStatus.CONFLICTING:
+                outcome = DecisionOutcome.CONFLICT
             elif getattr(result, "replay", False):
-                outcome = "replay"
+                outcome = DecisionOutcome.REPLAY
             else:
-                outcome = "committed" if kwargs.get("approved") is True else "declined"
+                outcome = DecisionOutcome.COMMITTED if kwargs.get("approved") is True else DecisionOutcome.DECLINED
             return result
         except BaseException as exc:
             outcome = outcome_of(exc=exc)
@@ -349,7 +341,7 @@ def reconcile_observed(*, scope: str, exit_error: type[BaseException]):
     ``scope`` is ``all`` or ``cases``; only a complete ``--all`` listing sets the last-run
     gauges (a run over a few cases would make them look like the whole store).
     ``exit_error`` is the command's "stop with exit code" exception: the run found
-    NoLocalEffectRecorded operations it did not repair.
+    ``NO_LOCAL_EFFECT`` operations it did not repair.
     """
     run = ReconcileRun(scope)
     result = "error"

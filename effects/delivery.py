@@ -1,4 +1,4 @@
-"""The remote delivery of an approved reply to the customer's ticket (issue 15, docs/DELIVERY.md).
+"""The remote delivery of an approved reply to the customer's ticket (docs/DELIVERY.md).
 
 The commit writes one ``Delivery`` per new approval, in its own transaction (effects.services).
 From there on everything here is run by a task worker (effects.tasks) or by ``reconcile
@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass
@@ -41,13 +40,13 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
 from cases.models import Case
+from core.durations import duration_setting
 from core.faults import crash_point
 from effects.models import Delivery, DeliveryState, DeliveryTry, EffectRecord
 
@@ -66,20 +65,6 @@ Outcome = DeliveryTry.Outcome
 NOT_STORED_STATUSES = frozenset({401, 403, 404, 405, 408, 429, 503})
 # Every other 4xx is a permanent refusal of this very request (400 bad input, 413 too
 # large, 422 the key is already used with another body): Rejected, with the reason.
-
-
-@cache
-def _duration_cached(name: str, value: str) -> timedelta:
-    match = re.fullmatch(r"(\d+)([smhd]?)", value.strip())
-    if not match or int(match[1]) == 0:
-        raise ImproperlyConfigured(f"{name}: {value!r} is not a duration such as 90s, 15m or 1h")
-    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-    return timedelta(seconds=int(match[1]) * unit)
-
-
-def duration_setting(name: str, default: str) -> timedelta:
-    """A duration setting (``90s``, ``5m``, ``1h``; a bare number is seconds)."""
-    return _duration_cached(name, str(getattr(settings, name, default)))
 
 
 def delivery_configured() -> bool:

@@ -8,6 +8,7 @@ from django.db import models
 from core.append_only import AppendOnlyModel
 from core.errors import RefusalReason
 from core.identity import short
+from core.outcomes import DecisionOutcome
 from reviews.models import DeclineReason
 
 
@@ -49,14 +50,7 @@ class CommitAttempt(AppendOnlyModel):
     This is the history support leads browse: every click and every retry is a row.
     """
 
-    class Outcome(models.TextChoices):
-        COMMITTED = "committed", "Committed"
-        REPLAY = "replay", "Replay"
-        DECLINED = "declined", "Declined"
-        CONFLICT = "conflict", "Conflicting decision"
-        STALE = "stale", "Stale"
-        REFUSED = "refused", "Refused"
-        FAILED = "failed", "Failed"
+    Outcome = DecisionOutcome
 
     # Indexed in Meta, not with db_index: that would add a varchar_pattern_ops twin on
     # PostgreSQL, for LIKE searches nothing makes (migration 0008).

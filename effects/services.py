@@ -40,6 +40,7 @@ from core.errors import (
 from core.faults import crash_point
 from core.locks import decision_lock_timeout
 from core.observability import observed_commit
+from core.outcomes import OperationState, ReceiptStatus
 from core.prepared import PreparedStatement, begin_in_query_string
 from effects.delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
@@ -50,12 +51,11 @@ log = logging.getLogger(__name__)
 
 REVIEW_PERMISSION = "reviews.review_proposal"
 
-COMMITTED = "Committed"
-DECLINED = "Declined"
-CONFLICTING = "ConflictingDecision"
-
-PENDING = "Pending"
-NO_LOCAL_EFFECT = "NoLocalEffectRecorded"
+# A receipt's status (``CommitResult.status``), and the reconcile state repair looks for.
+COMMITTED = ReceiptStatus.COMMITTED
+DECLINED = ReceiptStatus.DECLINED
+CONFLICTING = ReceiptStatus.CONFLICTING
+NO_LOCAL_EFFECT = OperationState.NO_LOCAL_EFFECT
 
 # PostgreSQL's lock_not_available: a lock wait outlasted lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -853,18 +853,18 @@ def operation_state(approved: bool | None, has_effect: bool) -> str:
     """An operation's reconcile state from its decision (None: undecided) and whether its
     effect exists. The one classification: ``_STATE_SQL`` says the same in SQL."""
     if approved is None:
-        return PENDING
+        return OperationState.PENDING
     if not approved:
-        return DECLINED
-    return COMMITTED if has_effect else NO_LOCAL_EFFECT
+        return OperationState.DECLINED
+    return OperationState.COMMITTED if has_effect else OperationState.NO_LOCAL_EFFECT
 
 
 # The same classification as operation_state, in SQL, so the set-based query returns finished rows.
 _STATE_SQL = f"""
-    CASE WHEN d.id IS NULL THEN '{PENDING}'
-         WHEN NOT d.approved THEN '{DECLINED}'
-         WHEN e.id IS NULL THEN '{NO_LOCAL_EFFECT}'
-         ELSE '{COMMITTED}' END
+    CASE WHEN d.id IS NULL THEN '{OperationState.PENDING}'
+         WHEN NOT d.approved THEN '{OperationState.DECLINED}'
+         WHEN e.id IS NULL THEN '{OperationState.NO_LOCAL_EFFECT}'
+         ELSE '{OperationState.COMMITTED}' END
 """
 
 

@@ -279,7 +279,7 @@ class DatabaseCheckpointStorage:
             digest=payload_digest(payload),
         )
         if checkpoint.pending_request_info_events:
-            # Issue 7: a process killed while the pause checkpoint is being saved, after the
+            # A process killed while the pause checkpoint is being saved, after the
             # insert and before it commits.
             crash_point("begin-during-checkpoint-save")
         return row

@@ -1,19 +1,23 @@
-"""Running the engine on the caller's thread: one crossing, no thread, the caller's connection.
+"""Running the engine on the caller's thread: no thread started, the caller's connection.
 
-asgiref's ``async_to_sync`` starts a thread and a new event loop for every call, and each
-``sync_to_async(thread_sensitive=True)`` inside it hops back to the calling thread and then
-to the loop's thread again. Measured per begin and per resume: about 0.3 ms on a quiet
-2-core machine, and over 1 ms on a busy one (every hop waits for the other thread to be
-scheduled).
+A workflow run is async and its steps' ORM work is sync, and that work must use the
+caller's connection: the case lock it holds, its ``transaction.atomic`` block and, in tests,
+the test transaction. Django keeps a thread's connection for code with no event loop
+running, and gives code under a running loop a connection of its own (and refuses it
+unless ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set), so the engine's own ``asyncio.run`` cannot
+carry that work. asgiref's ``async_to_sync`` with ``sync_to_async(thread_sensitive=True)``
+can, but it starts a thread and an event loop for every run, and each ORM call hops to the
+caller's thread and back; every hop waits for the other thread to be scheduled, which a
+busy machine makes worse. Side by side (``python -m bench.driver``, docs/PERFORMANCE.md,
+"The event-loop driver against asgiref"), a begin or a resume + approve + commit under
+asgiref takes 1.1–1.4× the wall time and 1.25–1.33× the CPU it takes here, on SQLite and
+on PostgreSQL.
 
-``run_on_caller`` runs the engine on an event loop in the calling thread instead (one per
-thread, kept for its next run), and ``on_caller`` runs the executors' ORM work on that same
-thread *between* loop iterations: the step asks for the call and stops the loop, the host
-runs the call while no loop is running (so Django's async-safety check holds, as it does
-under asgiref), hands back the result and runs the loop again. All database work therefore
-uses the caller's connection and transaction, exactly as under asgiref's thread-sensitive
-routing: the case lock the caller holds, its ``transaction.atomic`` block and, in tests,
-the test transaction.
+``run_on_caller`` runs the engine on an event loop of the calling thread (one per thread,
+kept for its next run), and ``on_caller`` runs the steps' ORM work on that same thread
+*between* loop iterations: the step queues the call and stops the loop, and the host makes
+the call while no loop is running (so the connection is the thread's own and Django's
+async-safety check holds), hands back the result and runs the loop again.
 
 Outside ``run_on_caller`` (a test driving ``workflow.run`` under ``async_to_sync`` itself),
 ``on_caller`` is ``sync_to_async(thread_sensitive=True)``: the same thread either way.
@@ -40,7 +44,9 @@ class _Driver:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.calls: collections.deque = collections.deque()
+        self.calls: collections.deque[tuple[contextvars.Context, Callable[..., Any], tuple, asyncio.Future]] = (
+            collections.deque()
+        )
 
 
 _DRIVER: contextvars.ContextVar[_Driver | None] = contextvars.ContextVar("decisionflow_engine_driver", default=None)
@@ -96,9 +102,9 @@ def run_on_caller(coroutine_fn: Callable[..., Coroutine[Any, Any, _T]], /, *args
         while True:
             loop.run_forever()
             while driver.calls:
-                context, fn, call_args, future = driver.calls.popleft()
+                call_context, fn, call_args, future = driver.calls.popleft()
                 try:
-                    result = context.run(fn, *call_args)
+                    result = call_context.run(fn, *call_args)
                 except BaseException as exc:  # noqa: BLE001 - handed to the step that asked, as sync_to_async does
                     if not future.cancelled():
                         future.set_exception(exc)

@@ -12,7 +12,7 @@ Graph: ``prepare`` -> ``human-review-v1`` -> ``commit``.
   effect, and it yields the receipt as the workflow's output.
 
 Every message is a plain dict, so checkpoints are JSON only (see ``checkpoints.py``). The
-host functions that drive the graph are in ``services.py``.
+host functions that drive the graph are ``workflow/begin.py`` and ``workflow/answer.py``.
 """
 
 import contextvars
@@ -84,7 +84,7 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
 
 
 def _review_request(message: dict, case: Case, proposal: Proposal) -> dict:
-    # Issue 7: killed once the proposal is made (written, or on PostgreSQL's first begin
+    # Killed once the proposal is made (written, or on PostgreSQL's first begin
     # built to be written with the pause), before anything records a pending review.
     crash_point("begin-after-proposal")
     return conform(

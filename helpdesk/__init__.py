@@ -1,4 +1,4 @@
-"""The reference helpdesk: the receiving side of decisionflow's reply delivery (issue 15).
+"""The reference helpdesk: the receiving side of decisionflow's reply delivery.
 
 A separate program with its own SQLite file, started as its own process
 (`python -m helpdesk`). It imports nothing of decisionflow and decisionflow imports

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import urllib.request
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import EmailMessage
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django_tasks import task, task_backends
 
+from cases.models import Case
+from core.durations import duration_setting
 from core.faults import crash_point
 from core.text import shown
 from reviews.models import Notification, NotificationKind, NotificationState
@@ -50,12 +50,7 @@ def channels() -> list[str]:
 
 
 def lease() -> timedelta:
-    value = str(getattr(settings, "DECISIONFLOW_NOTIFY_LEASE", "5m")).strip()
-    match = re.fullmatch(r"(\d+)([smhd]?)", value)
-    if not match or int(match[1]) == 0:
-        raise ImproperlyConfigured(f"DECISIONFLOW_NOTIFY_LEASE: {value!r} is not a duration such as 90s, 5m or 1h")
-    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-    return timedelta(seconds=int(match[1]) * unit)
+    return duration_setting("DECISIONFLOW_NOTIFY_LEASE", "5m")
 
 
 def message_id(operation_id: str, kind: str) -> str:
@@ -94,8 +89,6 @@ def enqueue(pk: int, *, delay: timedelta | None = None) -> None:
 
 
 def _text(notification: Notification) -> str:
-    from cases.models import Case
-
     case_id = Case.objects.filter(pk=notification.case_id).values_list("case_id", flat=True).first()
     what = {
         NotificationKind.REVIEW_BEGUN: "is waiting for a review",

@@ -26,11 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Length
 from django.utils import timezone
 
+from core.durations import duration_parse
 from core.errors import InvalidInput
 from core.faults import crash_point
 from core.locks import cron_lock
@@ -122,11 +124,8 @@ def checkpoints_prune(
 
 
 def parse_window(text: str) -> timedelta:
-    """``30d``, ``12h`` or ``90m`` (a bare number is days); ``InvalidInput`` otherwise."""
-    value = str(text).strip().lower()
-    units = {"d": "days", "h": "hours", "m": "minutes"}
-    unit = value[-1:] if value[-1:] in units else "d"
-    number = value[:-1] if value[-1:] in units else value
-    if not number.isdigit() or int(number) <= 0:
-        raise InvalidInput(f"--older-than {text!r}: give a positive whole number of days, hours or minutes, e.g. 30d")
-    return timedelta(**{units[unit]: int(number)})
+    """``30d``, ``12h``, ``1.5d`` (a bare number is days); ``InvalidInput`` otherwise."""
+    try:
+        return duration_parse(text, setting="--older-than", bare="d")
+    except ImproperlyConfigured as exc:
+        raise InvalidInput(str(exc)) from None

@@ -8,10 +8,6 @@ from core import identity
 from reviews.models import Proposal
 
 
-def proposal_by_operation(operation_id: str) -> Proposal | None:
-    return Proposal.objects.select_related("case", "parent").filter(operation_id=operation_id).first()
-
-
 def proposal_diff(proposal: Proposal) -> list[str]:
     """A unified diff of the body against the parent proposal (empty for a prepared one)."""
     if proposal.parent is None:

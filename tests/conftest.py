@@ -34,6 +34,15 @@ MAINTENANCE_FLUSH_OFF = "SET LOCAL decisionflow.maintenance_flush = 'off'"
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _admin_registered():
+    """The admin registers its pages when the URLs load (SimpleAdminConfig), as a web worker
+    does when it starts (decisionflow/wsgi.py); a test may read the registry first."""
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018 - loading is the point
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _flush_past_append_only_triggers():
     from django.db.backends.base.operations import BaseDatabaseOperations
 

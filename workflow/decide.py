@@ -30,7 +30,6 @@ thread started.
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
 
@@ -49,6 +48,7 @@ from core.errors import (
 )
 from core.locks import sqlite_bounded_wait
 from core.observability import observed_decision
+from core.outcomes import DecisionOutcome
 from effects.models import CommitAttempt
 from effects.services import (
     CONFLICTING,
@@ -70,17 +70,9 @@ from workflow.selectors import decidable_operation_id
 log = logging.getLogger(__name__)
 
 
-class Outcome(enum.StrEnum):
-    """How a decision ended, for every channel. A refusal is an error class instead."""
-
-    COMMITTED = "committed"  # the first approval: decision and effect written
-    DECLINED = "declined"  # the first decline: decision written, no effect
-    REPLAY = "replay"  # the same decision again: nothing new written
-
-
 @dataclass(frozen=True)
 class DecisionResult:
-    outcome: Outcome
+    outcome: DecisionOutcome  # one of DECIDED; a refusal is an error class instead
     commit: CommitResult  # the review core's receipt, exactly as it returned it
     checkpoint_id: str  # the pause checkpoint the answer was bound to
     begun: bool  # this call began the review first
@@ -99,10 +91,10 @@ def _check_fault(fault: str | None) -> None:
         raise InvalidInput(f"the fault {fault} is accepted only when DECISIONFLOW_FAULT_INJECTION=1")
 
 
-def _outcome(commit: CommitResult) -> Outcome:
+def _outcome(commit: CommitResult) -> DecisionOutcome:
     if commit.replay:
-        return Outcome.REPLAY
-    return Outcome.DECLINED if commit.status == DECLINED else Outcome.COMMITTED
+        return DecisionOutcome.REPLAY
+    return DecisionOutcome.DECLINED if commit.status == DECLINED else DecisionOutcome.COMMITTED
 
 
 def _conflict(commit: CommitResult) -> ConflictingDecision:

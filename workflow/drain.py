@@ -169,6 +169,6 @@ def workflow_drain(
             if progress is not None:
                 progress(1)
         result.batches += 1
-        # Issue 17: killed between two batches (each case already committed on its own).
+        # Killed between two batches (each case already committed on its own).
         crash_point(f"drain-workflow-batch-{result.batches}")
     return result

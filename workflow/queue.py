@@ -20,7 +20,6 @@ claims, and what happens when a review waits too long.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -32,6 +31,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from core import identity
+from core.durations import duration_parse, duration_setting
 from core.errors import ClaimHeld, InvalidInput
 from effects.services import CommitResult, effect_commit, reviewer_check
 from reviews import notifications
@@ -58,34 +58,14 @@ class OnBreach(models.TextChoices):
     DECLINE = "decline", "Decline as expired (fail closed)"
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value, *, setting: str) -> timedelta:
-    """``"90s"``, ``"15m"``, ``"4h"``, ``"2d"``, a number of seconds, or a timedelta."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if match is None:
-            raise ImproperlyConfigured(f"{setting}: {value!r} is not a duration such as 90s, 15m, 4h or 2d")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds <= 0:
-        raise ImproperlyConfigured(f"{setting}: {value!r} must be longer than zero")
-    return timedelta(seconds=seconds)
-
-
 def sla_default() -> timedelta:
-    return parse_duration(getattr(settings, "DECISIONFLOW_REVIEW_SLA", "4h"), setting="DECISIONFLOW_REVIEW_SLA")
+    return duration_setting("DECISIONFLOW_REVIEW_SLA", "4h")
 
 
 def sla_by_policy() -> dict[str, timedelta]:
     targets = getattr(settings, "DECISIONFLOW_REVIEW_SLA_BY_POLICY", {}) or {}
     return {
-        str(name): parse_duration(value, setting=f"DECISIONFLOW_REVIEW_SLA_BY_POLICY[{name!r}]")
+        str(name): duration_parse(value, setting=f"DECISIONFLOW_REVIEW_SLA_BY_POLICY[{name!r}]")
         for name, value in targets.items()
     }
 
@@ -102,9 +82,7 @@ def sla_target(policy_name: str | None) -> timedelta:
 
 
 def claim_lease() -> timedelta:
-    return parse_duration(
-        getattr(settings, "DECISIONFLOW_REVIEW_CLAIM_LEASE", "15m"), setting="DECISIONFLOW_REVIEW_CLAIM_LEASE"
-    )
+    return duration_setting("DECISIONFLOW_REVIEW_CLAIM_LEASE", "15m")
 
 
 def on_breach(policy_name: str | None) -> OnBreach:
@@ -366,7 +344,7 @@ def review_expire(*, pending: PendingReview) -> CommitResult:
     )
 
 
-# --- notifications (item 4; reviews/notifications.py) -------------------------------------
+# --- notifications (reviews/notifications.py) -------------------------------------------
 
 
 def sla_notifications(now: datetime | None = None) -> dict[str, int]:

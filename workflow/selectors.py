@@ -14,6 +14,7 @@ from django.db.models import Case as Conditional
 from django.db.models import CharField, Exists, Model, OuterRef, QuerySet, Subquery, Value, When
 
 from cases.models import Case
+from core.outcomes import DecisionOutcome
 from core.text import when
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, operations_reconcile
@@ -27,14 +28,14 @@ if TYPE_CHECKING:
 
 NOT_STARTED = "not_started"
 PENDING_REVIEW = "pending_review"
-COMMITTED = "committed"
-DECLINED = "declined"
+COMMITTED = DecisionOutcome.COMMITTED.value
+DECLINED = DecisionOutcome.DECLINED.value
 NEEDS_ATTENTION = "needs_attention"
 
 STATUS_CHOICES = [
     (PENDING_REVIEW, "Pending review"),
-    (COMMITTED, "Committed"),
-    (DECLINED, "Declined"),
+    (COMMITTED, DecisionOutcome.COMMITTED.label),
+    (DECLINED, DecisionOutcome.DECLINED.label),
     (NEEDS_ATTENTION, "Needs attention"),
     (NOT_STARTED, "Not started"),
 ]

@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.utils.html import format_html
 
 from core import text
-from effects.models import CommitAttempt
+from core.outcomes import DECIDED, DecisionOutcome
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when
 
 
@@ -59,12 +59,7 @@ class EffectRecordAdmin(ViewOnlyAdmin):
 
 
 # Outcomes where the decision asked for did not take effect: shown in red, never with a tick.
-REFUSED_OUTCOMES = {
-    CommitAttempt.Outcome.CONFLICT,
-    CommitAttempt.Outcome.STALE,
-    CommitAttempt.Outcome.REFUSED,
-    CommitAttempt.Outcome.FAILED,
-}
+REFUSED_OUTCOMES = frozenset(DecisionOutcome) - frozenset(DECIDED)
 
 
 class AskedFilter(admin.SimpleListFilter):

@@ -34,6 +34,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from cases.models import Case
 from core import identity
+from core.outcomes import DecisionOutcome, Failure, OperationState
 from effects.models import CommitAttempt, EffectRecord
 from engine.graph import GRAPH_SIGNATURE_HASH, build_workflow
 from engine.names import COMMIT_ID, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_VERSION
@@ -51,22 +52,26 @@ INSTALL_HINT = "install Graphviz (Debian: `apt-get install graphviz`, or `make g
 
 
 class Standing(models.TextChoices):
-    """Where one proposal stands in the review workflow."""
+    """Where one proposal stands in the review workflow.
+
+    The commit step's outcomes say the decision's own words (``DecisionOutcome``,
+    ``Failure``); the values are the node names the SVG marks, so they stay short.
+    """
 
     NOT_STARTED = "not_started", "Not started"
     PREPARED = "prepared", "Prepared"
     WAITING = "waiting", f"Waiting at {HUMAN_REVIEW_ID}"
-    COMMITTED = "committed", "Committed"
-    DECLINED = "declined", "Declined"
+    COMMITTED = DecisionOutcome.COMMITTED.value, DecisionOutcome.COMMITTED.label
+    DECLINED = DecisionOutcome.DECLINED.value, DecisionOutcome.DECLINED.label
     SUPERSEDED = "superseded", "Superseded by a newer proposal"
-    UNCERTAIN = "uncertain", "Outcome uncertain"
+    UNCERTAIN = "uncertain", Failure.UNCERTAIN.label
 
 
 # The host's nodes, drawn after the engine's: outcomes of the commit step, and superseded.
 OUTCOME_NODES = {
-    Standing.COMMITTED: ("committed", "Committed\\neffect recorded"),
-    Standing.DECLINED: ("declined", "Declined\\nno effect"),
-    Standing.UNCERTAIN: ("uncertain", "Outcome uncertain\\nreconcile decides"),
+    Standing.COMMITTED: (Standing.COMMITTED.value, f"{Standing.COMMITTED.label}\\neffect recorded"),
+    Standing.DECLINED: (Standing.DECLINED.value, f"{Standing.DECLINED.label}\\nno effect"),
+    Standing.UNCERTAIN: (Standing.UNCERTAIN.value, f"{Standing.UNCERTAIN.label}\\nreconcile decides"),
 }
 SUPERSEDED_NODE = ("superseded", "Superseded\\na newer proposal\\nis reviewed instead")
 ENGINE_LABELS = {
@@ -259,7 +264,7 @@ def _standing(
             proposal,
             Standing.UNCERTAIN,
             Standing.UNCERTAIN.label,
-            f"approved by {who}, but no effect record exists (reconcile: NoLocalEffectRecorded)",
+            f"approved by {who}, but no effect record exists (reconcile: {OperationState.NO_LOCAL_EFFECT})",
             decision.decided_at,
         )
     if proposal.pk != current_pk:

@@ -29,8 +29,6 @@ from cases.selectors import case_text_fields
 from core import identity
 from core import text as text_policy
 from core.errors import (
-    CaseBusy,
-    ConflictingDecision,
     DecisionflowError,
     DecisionOmitted,
     FourEyesRefused,
@@ -39,6 +37,7 @@ from core.errors import (
     PermissionRefused,
     StaleProposal,
 )
+from core.outcomes import DecisionOutcome, OperationState
 from effects.models import EffectRecord
 from effects.selectors import case_delivery_panels, delivery_panel
 from effects.services import operation_reconcile
@@ -46,7 +45,7 @@ from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, policy_change, proposal_diff, proposal_text_fields
 from workflow import selectors
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record, refusal_record
+from workflow.decide import DecisionResult, decision_record, refusal_record
 from workflow.edit import review_edit
 from workflow.four_eyes import four_eyes_refusal
 from workflow.selectors import decidable_operation_id
@@ -70,7 +69,7 @@ def current_proposal_link(operation_id: str | None):
     return format_html('<a href="{}" class="df-current-link">{}</a>', review_url(pk), identity.short(operation_id))
 
 
-def _uncertain_state(operation_id: str) -> tuple[int, str]:
+def _reconciled(operation_id: str) -> tuple[int, str]:
     """After an uncertain outcome: what the effect store says now, read, never guessed."""
     op = identity.short(operation_id)
     try:
@@ -90,8 +89,73 @@ def _uncertain_state(operation_id: str) -> tuple[int, str]:
         )
     if row is None:
         return messages.WARNING, format_html("reconciled from the effect store: op {} is unknown", op)
-    level = messages.INFO if row.state in ("Committed", "Declined") else messages.WARNING
+    # A decision that stands is news; Pending or a missing effect needs the reader's action.
+    settled = row.state in (OperationState.COMMITTED, OperationState.DECLINED)
+    level = messages.INFO if settled else messages.WARNING
     return level, format_html("reconciled from the effect store: op {} state={} effects={}", op, row.state, row.effects)
+
+
+def _uncertain(operation_id: str, said: str) -> list[tuple[int, str]]:
+    """The uncertain outcome as it was said, then what reconcile reads."""
+    return [(messages.WARNING, said), _reconciled(operation_id)]
+
+
+def _refused(case, exc: DecisionflowError) -> str:
+    """The refusal in the error's own words; a stale one links the proposal to review instead."""
+    if isinstance(exc, StaleProposal):
+        current = current_proposal_link(exc.current_operation_id or decidable_operation_id(case))
+        return format_html("{} (open the current proposal: {})", exc.message, current)
+    return exc.message
+
+
+def _committed(decided: DecisionResult) -> str:
+    commit, op = decided.commit, identity.short(decided.operation_id)
+    effect = EffectRecord.objects.filter(operation_id=decided.operation_id).values_list("pk", flat=True).first()
+    link = format_html(
+        '<a href="{}">effect record {}</a>',
+        reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
+        op,
+    )
+    return format_html("{}: {} receipt={} ({})", DecisionOutcome.COMMITTED.label, op, _receipt(commit), link)
+
+
+def _declined(decided: DecisionResult) -> str:
+    commit, op = decided.commit, identity.short(decided.operation_id)
+    why = commit.decision.get_decline_reason_display() if commit.decision and commit.decision.decline_reason else None
+    return format_html(
+        "{}: {} receipt={}{}. A decline writes no effect record.",
+        DecisionOutcome.DECLINED.label,
+        op,
+        _receipt(commit),
+        format_html(" reason={}", why) if why else "",
+    )
+
+
+def _replayed(decided: DecisionResult) -> str:
+    decision = decided.commit.decision
+    assert decision is not None  # a replay is a decision that was already recorded
+    text = format_html(
+        "already {} by {} at {}, no new record ({})",
+        "approved" if decision.approved else "declined",
+        decision.reviewer.get_username(),
+        when(decision.decided_at),
+        identity.short(decided.operation_id),
+    )
+    if decision.decline_reason:
+        text = format_html("{}; the reason that stands: {}", text, decision.get_decline_reason_display())
+    return text
+
+
+def _receipt(commit) -> str:
+    return json.dumps(commit.receipt(), separators=(",", ":"))
+
+
+# What the admin says for each outcome the decision service returns, and at which level.
+SAID = {
+    DecisionOutcome.COMMITTED: (messages.SUCCESS, _committed),
+    DecisionOutcome.DECLINED: (messages.SUCCESS, _declined),
+    DecisionOutcome.REPLAY: (messages.INFO, _replayed),
+}
 
 
 def decide(
@@ -99,10 +163,9 @@ def decide(
 ) -> tuple[bool, list[tuple[int, str]]]:
     """Call the one decision service; whether it acted, and what happened as (level, safe HTML) pairs.
 
-    Every value is escaped. A refusal says that nothing was written; an uncertain outcome
-    says so and shows what reconcile reads, never a guess.
+    A refusal is shown in its error's own words (``exc.message``); an uncertain outcome says
+    so and shows what reconcile reads, never a guess. Every value is escaped.
     """
-    op = identity.short(operation_id)
     try:
         decided = decision_record(
             case=case,
@@ -112,95 +175,21 @@ def decide(
             channel=Channel.ADMIN,
             **(decline or {}),
         )
-    except StaleProposal as exc:
-        return False, [
-            (
-                messages.ERROR,
-                format_html(
-                    "{}stale: you reviewed {}, but the case's current proposal is now {}. Nothing was written; "
-                    "open the current proposal and review it.",
-                    prefix,
-                    op,
-                    current_proposal_link(exc.current_operation_id or decidable_operation_id(case)),
-                ),
-            )
-        ]
-    except ConflictingDecision as exc:
-        decision = exc.result.decision if exc.result is not None else None
-        if decision is None:
-            return False, [(messages.ERROR, format_html("{}conflict: {} Nothing was written.", prefix, exc.message))]
-        return False, [
-            (
-                messages.ERROR,
-                format_html(
-                    "{}conflict: {} was already {} by {} at {}; your {} was refused and nothing was written.",
-                    prefix,
-                    op,
-                    "approved" if decision.approved else "declined",
-                    decision.reviewer.get_username(),
-                    when(decision.decided_at),
-                    "approval" if approved else "decline",
-                ),
-            )
-        ]
-    except CaseBusy:
-        return False, [(messages.ERROR, format_html("{}another action on this case is in progress; try again", prefix))]
-    except FourEyesRefused as exc:
-        return False, [(messages.ERROR, format_html("{}refused: {}", prefix, exc.message))]
     except OutcomeUncertain as exc:
-        level, state = _uncertain_state(operation_id)
-        return False, [
-            (
-                messages.WARNING,
-                format_html(
-                    "{}outcome uncertain: reconciling ({})", prefix, exc.message.removeprefix("outcome uncertain: ")
-                ),
-            ),
-            (level, format_html("{}{}", prefix, state)),
-        ]
+        return False, _prefixed(prefix, _uncertain(operation_id, exc.message))
     except DecisionflowError as exc:
-        # permission, workflow version or checkpoint, not found, invalid input
-        return False, [(messages.ERROR, format_html("{}refused: {} Nothing was written.", prefix, exc.message))]
+        return False, _prefixed(prefix, [(messages.ERROR, _refused(case, exc))])
     except Exception as exc:  # noqa: BLE001 - anything unexpected: the effect store decides, not the exception
         log.exception("admin decision on %s failed; reconciling", operation_id)
-        level, state = _uncertain_state(operation_id)
-        return False, [
-            (
-                messages.WARNING,
-                format_html("{}outcome uncertain: reconciling ({}: {})", prefix, type(exc).__name__, exc),
-            ),
-            (level, format_html("{}{}", prefix, state)),
-        ]
-    commit = decided.commit
-    receipt = json.dumps(commit.receipt(), separators=(",", ":"))
-    if decided.outcome == Outcome.REPLAY:
-        decision = commit.decision
-        assert decision is not None  # a replay is a decision that was already recorded
-        verb = "approved" if decision.approved else "declined"
-        who, at = decision.reviewer.get_username(), when(decision.decided_at)
-        text = format_html("{}already {} by {} at {}, no new record ({})", prefix, verb, who, at, op)
-        if decision.decline_reason:
-            text = format_html("{}; the reason that stands: {}", text, decision.get_decline_reason_display())
-        return True, [(messages.INFO, text)]
-    if decided.outcome == Outcome.DECLINED:
-        why = (
-            commit.decision.get_decline_reason_display() if commit.decision and commit.decision.decline_reason else None
-        )
-        text = format_html(
-            "{}Declined: {} receipt={}{}. A decline writes no effect record.",
-            prefix,
-            op,
-            receipt,
-            format_html(" reason={}", why) if why else "",
-        )
-        return True, [(messages.SUCCESS, text)]
-    effect = EffectRecord.objects.filter(operation_id=operation_id).values_list("pk", flat=True).first()
-    link = format_html(
-        '<a href="{}">effect record {}</a>',
-        reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
-        op,
-    )
-    return True, [(messages.SUCCESS, format_html("{}Committed: {} receipt={} ({})", prefix, op, receipt, link))]
+        said = f"outcome uncertain: reconciling ({type(exc).__name__}: {exc})"
+        return False, _prefixed(prefix, _uncertain(operation_id, said))
+    level, say = SAID[decided.outcome]
+    return True, _prefixed(prefix, [(level, say(decided))])
+
+
+def _prefixed(prefix: str, said: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    # The bulk action names the case before each line; the review page names none.
+    return [(level, format_html("{}{}", prefix, text)) for level, text in said]
 
 
 def _four_eyes_sentence(refusal: FourEyesRefused | None):
@@ -401,17 +390,11 @@ class ProposalAdmin(ViewOnlyAdmin):
         proposal = get_object_or_404(Proposal.objects.select_related("case").only("id", "case"), pk=pk)
         form = DecisionForm(request.POST)
         if not form.is_valid():
-            omitted = "decision" in form.errors
-            self._refused_click(
-                request,
-                pk,
-                (DecisionOmitted if omitted else InvalidInput)(
-                    "; ".join(str(e) for errors in form.errors.values() for e in errors)
-                ),
+            refusal = (DecisionOmitted if "decision" in form.errors else InvalidInput)(
+                "; ".join(str(e) for errors in form.errors.values() for e in errors)
             )
-            for errors in form.errors.values():
-                for error in errors:
-                    self.message_user(request, f"refused: {error}. Nothing was written.", messages.ERROR)
+            self._refused_click(request, pk, refusal)
+            self.message_user(request, refusal.message, messages.ERROR)
             return HttpResponseRedirect(review_url(pk))
         _acted, said = decide(
             case=proposal.case,
@@ -445,21 +428,8 @@ class ProposalAdmin(ViewOnlyAdmin):
                         editor=request.user,
                         channel=Channel.ADMIN,
                     )
-                except StaleProposal as exc:
-                    self.message_user(
-                        request,
-                        format_html(
-                            "stale: this edit started from {}, but the case's current proposal is now {}. "
-                            "Nothing was written; open the current proposal and edit that one.",
-                            identity.short(expected),
-                            current_proposal_link(exc.current_operation_id),
-                        ),
-                        messages.ERROR,
-                    )
-                except CaseBusy:
-                    self.message_user(request, "another action on this case is in progress; try again", messages.ERROR)
                 except DecisionflowError as exc:
-                    self.message_user(request, f"refused: {exc.message} Nothing was written.", messages.ERROR)
+                    self.message_user(request, _refused(case, exc), messages.ERROR)
                 else:
                     new = edited.revision.proposal
                     if not edited.revision.changed:
@@ -655,7 +625,7 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         try:
             begun = review_begin(case=case, actor=request.user, channel=Channel.ADMIN)
         except DecisionflowError as exc:
-            self.message_user(request, f"refused: {exc.message}", messages.ERROR)
+            self.message_user(request, exc.message, messages.ERROR)
             return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
         case.refresh_from_db(fields=["current_proposal"])
         if begun.decision is not None:
@@ -818,9 +788,11 @@ class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         return TemplateResponse(request, "admin/cases/case/decide_selected_confirmation.html", context)
 
     def _act(self, request, cases, *, approved: bool):
-        # A row refused by four eyes goes through decide() like any other: the service
-        # refuses it, records the attempt, and the message names the reason.
-        """Each row on its own: a row whose shown identity is no longer current is skipped."""
+        """Each row on its own: a row whose shown identity is not the case's current one is refused.
+
+        A row refused by four eyes goes through decide() like any other: the service refuses
+        it, records the attempt, and the message is the refusal's own.
+        """
         done = skipped = 0
         for case in cases:
             operation_id = request.POST.get(f"operation_id_{case.pk}", "")

@@ -1,4 +1,4 @@
-"""Indexes for the case list at a million cases (issue 14; workplace/listing.py).
+"""Indexes for the case list at a million cases (workplace/listing.py).
 
 - ``case_list_order``: the list's order, ``created_at DESC, case_id``, then ``id``: a page
   finds its rows' ids on the index alone (an index-only scan), instead of sorting the table.

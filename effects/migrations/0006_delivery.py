@@ -1,4 +1,4 @@
-"""The remote delivery of an approved reply (issue 15): Delivery and DeliveryTry.
+"""The remote delivery of an approved reply: Delivery and DeliveryTry.
 
 Besides the tables, the database itself enforces what the models promise (docs/DELIVERY.md):
 - Delivery's identity (operation, case, decision, effect, created_at) never changes, its

@@ -3,8 +3,7 @@
 Each foreign key of an attempt row ran a check at COMMIT that took ``FOR KEY SHARE`` on the
 referenced row: on every click and every replay, two trigger calls, and a lock (with its WAL
 record) on the reviewer's user row that every commit of that reviewer shares. The case's
-also made a refusal's audit row wait behind the very lock being reported (issue 12, "quiet
-waits"), which attempt_record had to dodge with SKIP LOCKED, losing the case from the row.
+also made a refusal's audit row wait behind the very lock being reported, which attempt_record had to dodge with SKIP LOCKED, losing the case from the row.
 
 What the constraint guaranteed is kept another way: every writer takes the case from a row
 it has just read (the commit statement from the proposal it locked, attempt_record from a

@@ -1,4 +1,4 @@
-"""The review queue (issue 18): claims, decline reasons, the system actor, the queue index.
+"""The review queue: claims, decline reasons, the system actor, the queue index.
 
 The two CHECK constraints on ``reviews_reviewdecision`` make Django rebuild that table on
 SQLite (copy, drop, rename), which drops its append-only triggers; the last step puts them

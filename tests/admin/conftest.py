@@ -49,6 +49,26 @@ def messages_of(response) -> list[str]:
     return [html.unescape(str(m)) for m in response.context["messages"]] if response.context else []
 
 
+@pytest.fixture
+def raised(monkeypatch) -> list:
+    """The errors the decision service raises while the test runs, to compare each page's
+    message with the error's own ``message``."""
+    from workplace import review
+
+    seen: list = []
+    service = review.decision_record
+
+    def recording(**kwargs):
+        try:
+            return service(**kwargs)
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    monkeypatch.setattr(review, "decision_record", recording)
+    return seen
+
+
 def counts() -> dict:
     """Rows in every table a decision or an edit could write."""
     from effects.models import CommitAttempt, EffectRecord

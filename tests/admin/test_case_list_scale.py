@@ -1,4 +1,4 @@
-"""The case list at any size (issue 14): index order, a fixed number of queries, no full
+"""The case list at any size: index order, a fixed number of queries, no full
 count, search by part of a case ID, and (on PostgreSQL) index plans, not sequential scans.
 
 The timings at 10,000 and 1,000,000 cases are `make bench BENCH_ARGS="--only pages"`'s

@@ -1,4 +1,4 @@
-"""What people see of the reply's delivery to the helpdesk (issue 15, docs/DELIVERY.md): the
+"""What people see of the reply's delivery to the helpdesk (docs/DELIVERY.md): the
 panel on the review and history pages, and the view-only list of deliveries with their tries.
 
 The delivery rows are made here directly and moved through the states the database allows

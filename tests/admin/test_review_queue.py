@@ -1,4 +1,4 @@
-"""The review queue (issue 18): order, ages and SLA states with a frozen clock; filters; the
+"""The review queue: order, ages and SLA states with a frozen clock; filters; the
 query budget; the admin index's count; claims; decline reasons through the admin."""
 
 from __future__ import annotations

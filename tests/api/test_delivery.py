@@ -1,5 +1,5 @@
-"""`GET /api/operations/{id}` says where the reply's delivery to the helpdesk stands (issue 15,
-docs/API.md): null when there is none, else its state, reference or reason, tries, and the
+"""`GET /api/operations/{id}` says where the reply's delivery to the helpdesk stands
+(docs/API.md): null when there is none, else its state, reference or reason, tries, and the
 newest try."""
 
 from __future__ import annotations

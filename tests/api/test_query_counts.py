@@ -118,13 +118,11 @@ def count(api, method, path, body=None) -> tuple[int, int]:
 
 # (what, ceiling) per backend: PostgreSQL commits in one statement (effects/services.py);
 # SQLite keeps the ORM path. Counted as Django logs them (SAVEPOINTs, and on PostgreSQL BEGIN
-# and COMMIT, included), inside the test transaction. Before this file: 2 more per request.
-# A begun case's GET reads its delivery twice since issue 15 (the reconcile row and the
-# decision's panel): 7 -> 9. Then (the load's third pass) the case with its proposal, parent
-# and author and the case's policy in one statement, and the decision, effect, delivery and
-# pending review in another: 9 -> 3 (a case never begun: 5 -> 3, a decision that begins:
-# 25 -> 21); an edit answers with the pending review its begin returned.
-# The ceilings are now the counts themselves: one more query anywhere fails.
+# and COMMIT, included), inside the test transaction. A case's GET reads the case with its
+# proposal, parent, author and policy in one statement, and the decision, effect, delivery
+# and pending review in another (docs/PERFORMANCE.md, "third pass"); an edit answers with
+# the pending review its begin returned. The ceilings are the counts themselves: one more
+# query anywhere fails.
 CEILINGS = {
     "postgresql": {"get_unbegun": 3, "get_begun": 3, "approve_begins": 21, "replay": 6, "edit": 32, "stale": 9},
     "sqlite": {"get_unbegun": 3, "get_begun": 3, "approve_begins": 24, "replay": 14, "edit": 30, "stale": 13},

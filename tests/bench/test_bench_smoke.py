@@ -27,7 +27,8 @@ def _check_measured(results, keys):
 
 def test_in_process_benchmarks_run_once():
     """Commit, replay and begin on any database; on PostgreSQL also identity, 8-worker
-    commit (2 workers here), resume, storage and the admin pages of section 9."""
+    commit (2 workers here), resume, resume against its raw floor, storage and the admin
+    pages of section 9."""
     from django.db import connection
 
     if connection.vendor == "postgresql":
@@ -44,7 +45,7 @@ def test_in_process_benchmarks_run_once():
         f"begin_{connection.vendor}",
     ]
     if connection.vendor == "postgresql":
-        keys += ["identity", "identity_nonascii", "commit_concurrent", "resume_postgresql"]
+        keys += ["identity", "identity_nonascii", "commit_concurrent", "resume_postgresql", "resume_floor"]
     by_key = _check_measured(results, keys)
     if connection.vendor == "postgresql":
         storage = by_key["storage_postgresql"]

@@ -1,4 +1,4 @@
-"""Issue 14, item 7: axe-core finds no serious or critical violation on any page of ours.
+"""axe-core finds no serious or critical violation on any page of ours.
 
 axe-core is the pinned copy in tests/browser/vendor/ (see its README there), injected into
 each page after it loaded; nothing is fetched from a network. Every page is checked in the

@@ -1,4 +1,4 @@
-"""The delivery panel in a browser (issue 15, docs/DELIVERY.md), end to end: a reviewer
+"""The delivery panel in a browser (docs/DELIVERY.md), end to end: a reviewer
 approves T-1042 on its review page while the reference helpdesk (its own process) is set to
 store the reply and drop the answer. The worker's try leaves the delivery Unknown, and the
 page says so plainly; the lookup that ``reconcile --repair`` runs finds it, and the page

@@ -1,4 +1,4 @@
-"""Issue 14, item 1: the picture of where a case stands, on the review and history pages.
+"""The picture of where a case stands, on the review and history pages.
 
 One case goes paused -> superseded (an edit) -> committed; another is declined. Each state is
 read from the page as a reviewer sees it: the marked node of the SVG, the walked edges, the

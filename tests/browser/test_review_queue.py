@@ -1,4 +1,4 @@
-"""The review queue and claims in a real browser (issue 18): the queue from the admin index,
+"""The review queue and claims in a real browser: the queue from the admin index,
 a claim renewed by the page's ping, the warning a second reviewer sees, and the lapse."""
 
 from __future__ import annotations

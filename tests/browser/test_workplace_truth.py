@@ -1,4 +1,4 @@
-"""Issue 14 in a real browser: self-service tokens used against the API, the API docs with
+"""The workplace in a real browser: self-service tokens used against the API, the API docs with
 no network, the bulk confirmation's counts, and the lists at 1280 px."""
 
 from __future__ import annotations

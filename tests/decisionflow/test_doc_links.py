@@ -1,5 +1,5 @@
-"""Every pointer to a project file is to a file the project has (`demo --help` once named a
-DESIGN.md that does not exist)."""
+"""Every pointer to a project file, in the docs and in each command's help, is to a file the
+project has: a reader sent to a missing file is left with nothing."""
 
 from __future__ import annotations
 

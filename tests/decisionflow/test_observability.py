@@ -215,7 +215,7 @@ def test_a_command_writes_its_decision_event_to_the_file_and_keeps_stderr_for_er
 
 
 def test_sla_report_feeds_its_metrics(world, settings):  # noqa: F811
-    """Issue 18: the breached count after a run, and what was done, for /metrics."""
+    """The breached count after a run, and what was done, for /metrics."""
     from datetime import timedelta
 
     from django.utils import timezone

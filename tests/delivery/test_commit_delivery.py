@@ -1,4 +1,4 @@
-"""The delivery row in the commit (issue 15, item 1): written by the commit's own statement
+"""The delivery row in the commit: written by the commit's own statement
 (PostgreSQL) or transaction (SQLite), only for a new approval and only with a helpdesk
 configured; a replay, a decline or a conflict writes none, and racing approvals write one."""
 

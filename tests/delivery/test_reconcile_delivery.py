@@ -1,4 +1,4 @@
-"""reconcile and deliveries (issue 15, item 5): each delivery's state on its operation's line,
+"""reconcile and deliveries: each delivery's state on its operation's line,
 one exit bit per finding (16 Unknown past the threshold, 32 Rejected, 64 Queued past the
 threshold, on top of NoLocalEffectRecorded's 1), nothing written without --repair, and
 --repair settling Unknown by a lookup or a resend with the same key, in agreement with the

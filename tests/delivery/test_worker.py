@@ -1,4 +1,4 @@
-"""The delivery worker against the reference helpdesk (issue 15, items 2 and 3): one reply on
+"""The delivery worker against the reference helpdesk: one reply on
 the helpdesk whatever fails in between, Unknown kept until a lookup or a resend with the same
 key settles it, and every try on the record."""
 
@@ -253,17 +253,3 @@ def test_a_bad_answer_is_an_error_on_the_try_and_never_delivered(proposal, revie
     assert deliver.call(op) == "unknown"
     assert row(op).state == State.UNKNOWN and row(op).reference == ""
     assert [t[:2] for t in tries(op)] == [("send", "unknown"), ("lookup", "unknown"), ("send", "unknown")]
-
-
-def test_delivery_status_reads_what_the_worker_wrote(proposal, reviewer, delivering):
-    from effects.selectors import delivery_status, delivery_tries
-
-    op = approve(proposal, reviewer)
-    queued = delivery_status(op)
-    assert queued is not None and (queued["state"], queued["reference"], queued["tries"]) == ("queued", None, 0)
-    deliver.call(op)
-    done = delivery_status(op)
-    assert done is not None and done["state"] == "delivered" and done["label"] == "Delivered"
-    assert done["reference"] == row(op).reference and done["next_try_at"] is None
-    assert [t.kind for t in delivery_tries(op)] == ["send"]
-    assert delivery_status("op-v1-" + "0" * 64) is None

@@ -310,7 +310,7 @@ def test_a_locked_case_row_answers_case_busy_then_commits(proposal, reviewer, se
 
 def test_attempt_record_never_waits_for_the_case_row(proposal, reviewer):
     with connection.cursor() as cursor:
-        # Were the row's foreign key back, its check would wait here: fail instead of hanging.
+        # A foreign key check on the case row would wait here: fail rather than hang.
         cursor.execute("SET lock_timeout = '2s'")
     with case_row_locked(proposal.case_id, "FOR UPDATE"):
         started = time.monotonic()

@@ -192,7 +192,7 @@ def test_on_sqlite_another_writer_past_the_busy_timeout_is_case_busy(live_propos
 
 
 def test_two_reviewers_claiming_at_once_one_claim_one_named_refusal(live_proposal, make_user):
-    """Issue 18: of two claims at the same moment exactly one wins; the other is told who."""
+    """Of two claims at the same moment exactly one wins; the other is told who."""
     from core.errors import ClaimHeld
     from reviews.models import ReviewClaimEvent
     from workflow.queue import review_claim

@@ -114,6 +114,6 @@ def test_reconcile_json_lines_match_json_dumps_for_awkward_case_ids(db, reviewer
     *lines, summary = capsys.readouterr().out.splitlines()
     expected = [json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")) for row in operations_reconcile()]
     assert lines == expected and len(lines) == 4
-    # --all ends with one summary object (issue 17), told apart by its "summary" key.
+    # --all ends with one summary object, told apart by its "summary" key.
     assert json.loads(summary)["summary"] == "reconcile" and json.loads(summary)["operations"] == 4
     assert {json.loads(line)["case"] for line in lines} == set(ids)

@@ -1,4 +1,4 @@
-"""Delivery battery (issue 15): the sending side against the reference helpdesk, each case run
+"""Delivery battery: the sending side against the reference helpdesk, each case run
 ``iterations()`` times (1 in ``make test``, 20 on PostgreSQL in ``make reliability``).
 
 - the task worker (``manage.py db_worker``, a real process) SIGKILLed at each delivery crash

@@ -21,11 +21,12 @@ from django.test.utils import CaptureQueriesContext
 from cases.services import case_import
 from core.errors import CaseBusy, DecisionflowError
 from core.locks import _advisory_key, case_lock
+from core.outcomes import DecisionOutcome as Outcome
 from engine import graph as engine
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 from tests.conftest import database_url, held_elsewhere
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

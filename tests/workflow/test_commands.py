@@ -97,7 +97,7 @@ def test_an_unknown_fault_is_refused_before_anything_runs(manage, committed_case
 
 
 def test_resume_on_a_never_begun_case_begins_it_and_commits(manage, committed_case):
-    """The CLI begins a never-begun case like the admin and the API do, instead of asking for `begin`."""
+    """The CLI begins a never-begun case and decides it, as the admin and the API do."""
     from workflow.selectors import decidable_operation_id
 
     op = decidable_operation_id(committed_case)

@@ -28,6 +28,7 @@ from django.urls import reverse
 from cases.models import Case
 from core.errors import WorkflowIncompatible
 from core.locks import case_lock
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import operation_reconcile
 from engine import graph as engine
@@ -35,7 +36,7 @@ from engine.checkpoints import DatabaseCheckpointStorage
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import held_elsewhere, load_fixture, snapshot
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workplace import review as workplace_admin
 
@@ -81,13 +82,14 @@ def via_admin(user, case: Case, op: str, approved: bool, fault: str | None = Non
         (r"^Committed:", "committed"),
         (r"^Declined:", "declined"),
         (r"^already (approved|declined) by .* no new record", "replay"),
-        (r"^conflict:", "conflict"),
+        # A refusal in its error's own words.
+        (r"^conflicting decision:", "conflict"),
         (r"^stale:", "stale"),
-        (r"^another action on this case is in progress; try again", "busy"),
-        (r"^outcome uncertain: reconciling", "uncertain"),
-        (r"^refused: .*review permission", "forbidden"),
-        (r"^refused: .*no pending review", "not_found"),
-        (r"^refused: .*(checkpoint|workflow)", "incompatible"),
+        (r"^another action on case \S+ is in progress; try again", "busy"),
+        (r"^outcome uncertain:", "uncertain"),
+        (r"review permission", "forbidden"),
+        (r"^no pending review", "not_found"),
+        (r"checkpoint|workflow", "incompatible"),
     ):
         if re.search(pattern, said):
             return outcome
@@ -144,6 +146,8 @@ def via_command(user, case: Case, op: str, approved: bool, fault: str | None = N
 
 
 CHANNELS = {"admin": via_admin, "api": via_api, "command": via_command}
+# What a decision that went through reports; everything else is a refusal or a failure.
+DECIDED_HERE = ("committed", "declined", "replay")
 
 
 # --- scenarios ---------------------------------------------------------------------------
@@ -295,6 +299,83 @@ def test_every_channel_gives_the_same_outcome(world, scenario, channel):
         assert CommitAttempt.objects.exists()
 
 
+# --- every channel shows the refusal's own message ---------------------------------------
+
+
+def said_by_admin(user, case: Case, op: str, approved: bool, fault: str | None = None) -> str:
+    client = _admin_client(user)
+    proposal = Proposal.objects.filter(case=case).order_by("-id").first()
+    assert proposal is not None
+    url = reverse("admin:reviews_proposal_decide", args=[proposal.pk])
+    data = {"operation_id": op, "decision": "approve" if approved else "decline"}
+    service = workplace_admin.decision_record
+    if fault:
+        workplace_admin.decision_record = functools.partial(service, fault=fault)  # type: ignore[assignment]
+    try:
+        response = client.post(url, data, follow=True)
+    finally:
+        workplace_admin.decision_record = service  # type: ignore[assignment]
+    return [html.unescape(str(m)) for m in response.context["messages"]][0]
+
+
+def said_by_api(user, case: Case, op: str, approved: bool, fault: str | None = None) -> str:
+    headers = {**_api_headers(user), **({"X-Decisionflow-Fault": fault} if fault else {})}
+    body = json.dumps({"operation_id": op, "approved": approved})
+    response = Client().post(
+        f"/api/cases/{case.case_id}/decision", body, content_type="application/json", headers=headers
+    )
+    assert response.status_code >= 400
+    return response.json()["message"]
+
+
+def said_by_command(user, case: Case, op: str, approved: bool, fault: str | None = None) -> str:
+    err = io.StringIO()
+    argv = ["resume", case.case_id, "--operation-id", op, "--approve" if approved else "--decline"]
+    argv += ["--reviewer", user.get_username()] + (["--fault", fault] if fault else [])
+    with pytest.raises(CommandError):
+        call_command(*argv, stdout=io.StringIO(), stderr=err)
+    return err.getvalue().splitlines()[0]
+
+
+# The modules each channel calls the decision service from.
+SAID_BY = {"admin": (said_by_admin, "workplace.review"), "api": (said_by_api, "api.api")}
+SAID_BY["command"] = (said_by_command, "workflow.management.commands.resume")
+REFUSED = [name for name, (_run, expected, _effects) in SCENARIOS.items() if expected not in DECIDED_HERE]
+
+
+@pytest.fixture
+def raised(monkeypatch) -> list:
+    """The errors ``decision_record`` raises, as each channel module sees it."""
+    import importlib
+
+    seen: list = []
+
+    def recording(**kwargs):
+        try:
+            return decision_record(**kwargs)
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    for _said, module in SAID_BY.values():
+        monkeypatch.setattr(importlib.import_module(module), "decision_record", recording)
+    return seen
+
+
+@pytest.mark.parametrize("channel", sorted(SAID_BY))
+@pytest.mark.parametrize("scenario", REFUSED)
+def test_every_channel_shows_the_refusals_own_message(world, raised, scenario, channel):
+    """A channel shows ``exc.message`` as the error class wrote it: the admin may add a link,
+    the API where to look after an uncertain outcome; none rewrites it."""
+    run, expected, _effects = SCENARIOS[scenario]
+    if expected == "forbidden" and channel != "command":
+        pytest.skip("the admin and the API refuse a user without the permission before the service")
+    said, _module = SAID_BY[channel]
+    shown = run(world, said)
+    assert len(raised) == 1, raised
+    assert shown.startswith(raised[0].message), (shown, raised[0].message)
+
+
 # --- bind before running -----------------------------------------------------------------
 
 
@@ -331,7 +412,7 @@ def test_a_mid_commit_checkpoint_is_refused_even_for_its_own_case(transactional_
         raise SystemError("killed mid-commit")
 
     monkeypatch.setattr(engine, "effect_commit", killed)
-    storage = DatabaseCheckpointStorage()  # persists what the answered run saves, as the old design did
+    storage = DatabaseCheckpointStorage()  # keeps every checkpoint the run saves, mid-commit ones too
     workflow = engine.build_workflow(answer=engine.Answer(reviewer=reviewer))
     response = {"approved": True, "reviewer_pk": reviewer.pk, "channel": "test"}
 

@@ -1,4 +1,4 @@
-"""Issue 17, item 3: the graph fingerprint covers message schemas, and drain_workflow moves
+"""The graph fingerprint covers message schemas, and drain_workflow moves
 the pauses of an older version (or graph) onto the current one. Runs on SQLite and, with
 DATABASE_URL set, on PostgreSQL."""
 
@@ -15,12 +15,13 @@ from django.core.management import CommandError, call_command
 from cases.models import Case
 from cases.services import case_import
 from core.errors import DecisionflowError, WorkflowIncompatible
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import EffectRecord
 from engine import messages, names
 from reviews.models import PendingReview, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import load_fixture
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 
 FIXTURES = ("t1042.json", "t1077.json", "t1150.json")
 
@@ -37,7 +38,7 @@ def new_code(monkeypatch, role: str = "request", field: str = "priority"):
     """Deploy "new code": the ``role`` message gains an optional field, WORKFLOW_VERSION unchanged.
 
     Optional, so the running steps still conform; only the declaration changed, which is
-    exactly what the version label used to miss.
+    exactly what a version label alone cannot see.
     """
     declared = messages.MESSAGES[role]
     fields = dict(typing.get_type_hints(declared, include_extras=True), **{field: NotRequired[int]})

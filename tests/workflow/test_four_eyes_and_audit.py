@@ -1,4 +1,4 @@
-"""Issue 13, items 3-5: honest attribution, four eyes, and an attempt row for every refusal.
+"""Honest attribution, four eyes, and an attempt row for every refusal.
 
 Four eyes is tested through the service, the admin (review page, forged click, bulk), the
 API and the CLI; every refusal reason of ``RefusalReason`` has its attempt row here or in
@@ -22,11 +22,12 @@ from core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from tests.conftest import snapshot
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 from workflow.edit import review_edit
 
 pytestmark = pytest.mark.django_db
@@ -197,7 +198,7 @@ def test_admin_review_page_shows_why_instead_of_approve_and_a_forged_click_is_re
         follow=True,
     )
     text = " ".join(str(m) for m in response.context["messages"])
-    assert text.startswith("refused: four eyes: editor made the human edit")
+    assert text.startswith("four eyes: editor made the human edit")
     assert ReviewDecision.objects.count() == 0
     assert (last_attempt().reason, last_attempt().channel) == ("four_eyes", "admin")
 
@@ -233,7 +234,7 @@ def test_admin_bulk_approve_says_which_rows_four_eyes_refuses_and_skips_them(cas
         f"operation_id_{other_case.pk}": other.operation_id,
     }
     text = " ".join(str(m) for m in client.post(url, data, follow=True).context["messages"])
-    assert "T-1042: refused: four eyes: editor made the human edit" in text
+    assert "T-1042: four eyes: editor made the human edit" in text
     assert "T-1077: Committed:" in text and "1 done, 1 skipped or refused" in text
     assert list(EffectRecord.objects.values_list("case__case_id", flat=True)) == ["T-1077"]
     refused = CommitAttempt.objects.get(reason="four_eyes")

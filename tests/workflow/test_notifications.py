@@ -1,4 +1,4 @@
-"""Notifications sent by the task workers (issue 18, item 4; docs/QUEUE.md).
+"""Notifications sent by the task workers (docs/QUEUE.md).
 
 Through a real SMTP server (aiosmtpd) and a local webhook receiver (http.server), both
 started here: one message per (operation, kind) with a retry and with two workers at once,

@@ -1,4 +1,4 @@
-"""Issue 17, item 2: the bulk commands show a progress bar on a terminal, and in cron (a pipe)
+"""The bulk commands show a progress bar on a terminal, and in cron (a pipe)
 or with --json one summary line instead, with no bar."""
 
 from __future__ import annotations

@@ -20,12 +20,13 @@ from core.errors import (
     StaleProposal,
     WorkflowIncompatible,
 )
+from core.outcomes import DecisionOutcome as Outcome
 from effects.models import CommitAttempt, EffectRecord
 from engine import checkpoints as store
 from engine.graph import HUMAN_REVIEW_ID, WORKFLOW_VERSION, Commit, HumanReview
 from reviews.models import PendingReview, Proposal, ReviewDecision, WorkflowCheckpoint
 from workflow.begin import review_begin
-from workflow.decide import Outcome, decision_record
+from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.selectors import decidable_operation_id
 
@@ -460,7 +461,7 @@ def test_a_checkpoint_that_fails_its_hmac_is_refused(case, begun, reviewer):
 
 
 def test_a_bare_sha256_digest_is_refused(case, begun, reviewer):
-    """The old digest (anyone who can write the table can compute it) no longer verifies."""
+    """A bare SHA-256 digest (anyone who can write the table can compute one) does not verify."""
     row = _pause_row(begun)
     WorkflowCheckpoint.objects.filter(pk=row.pk).update(digest=hashlib.sha256(row.payload.encode()).hexdigest())
     _refused_and_nothing_ran(case, begun, reviewer, "corrupt or was modified.*HMAC")

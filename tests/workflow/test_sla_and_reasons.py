@@ -1,4 +1,4 @@
-"""Escalation (issue 18, item 5) and decline reasons through the CLI: the SLA report's exit
+"""Escalation and decline reasons through the CLI: the SLA report's exit
 codes, expiry under the fail-closed policy (SQLite and PostgreSQL alike), the database's
 rule that only the system actor declines as expired, and `resume --decline --reason`."""
 

@@ -33,12 +33,6 @@ def text_markers_cell(warnings):
 
 
 @register.simple_tag
-def diff_warnings(lines, field="diff"):
-    """The markers of diff lines (one list for the history's banner)."""
-    return text.warnings((f"{field} line {i + 1}", line) for i, line in enumerate(lines or []))
-
-
-@register.simple_tag
 def history_warnings(history):
     """The markers of every diff and person-written sentence shown in a case's history."""
     fields = []

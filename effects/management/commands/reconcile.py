@@ -9,6 +9,7 @@ from cases.models import Case
 from core.commandline import Exit, WorkflowCommand
 from core.locks import case_session_lock, reconcile_lock
 from core.observability import reconcile_observed
+from core.outcomes import OperationState
 from core.progress import CommandProgress, bar_wanted
 from core.text import shown
 from effects.models import DeliveryState
@@ -38,13 +39,13 @@ class Command(WorkflowCommand):
         "`*/5 * * * * cd /srv/decisionflow && .venv/bin/python manage.py reconcile --all --json >> "
         "var/log/reconcile.jsonl`. A non-zero exit means someone should look (cron mails it). "
         "Reads the decision and effect tables and reruns nothing. For each operation it prints "
-        "`reconcile: case=<id> op=<op> state=<Pending|Committed|Declined|NoLocalEffectRecorded> effects=<n>` "
+        f"`reconcile: case=<id> op=<op> state=<{'|'.join(OperationState.values)}> effects=<n>` "
         "(with --json, one JSON object per line with the keys case, operation_id, state, effects, decline_reason). "
         "Give CASE_IDs or --all (one of them is required). Without --repair it exits 1 when any operation "
-        "is NoLocalEffectRecorded (approved, but no effect); --repair writes those effects (idempotent) and "
+        f"is {NO_LOCAL_EFFECT} (approved, but no effect); --repair writes those effects (idempotent) and "
         "prints each repaired operation again with its new state. Only one reconcile runs at a time: a "
         "second run exits 1 at once with a message instead of waiting. Exit codes: 0 ok; 1 usage error, "
-        "lock held, unknown case, or NoLocalEffectRecorded found without --repair; with a helpdesk configured, "
+        f"lock held, unknown case, or {NO_LOCAL_EFFECT} found without --repair; with a helpdesk configured, "
         "these bits are added: 16 a delivery Unknown past DECISIONFLOW_DELIVERY_UNKNOWN_ALERT, 32 a delivery "
         "Rejected, 64 a delivery Queued or Sending past DECISIONFLOW_DELIVERY_QUEUED_ALERT. --repair also "
         "looks up each Unknown delivery and resends it with the same key (docs/COMMANDS.md). "
@@ -63,7 +64,7 @@ class Command(WorkflowCommand):
         parser.add_argument(
             "--repair",
             action="store_true",
-            help="Write the missing effect of NoLocalEffectRecorded operations; look up (and resend with the same "
+            help=f"Write the missing effect of {NO_LOCAL_EFFECT} operations; look up (and resend with the same "
             "key) each Unknown delivery; run the delivery sweep.",
         )
 
@@ -117,7 +118,7 @@ class Command(WorkflowCommand):
                 code |= EXIT_NO_LOCAL_EFFECT
                 messages.append(
                     f"reconcile: {len(unrepaired)} operation(s) approved with no local effect recorded "
-                    "(NoLocalEffectRecorded); run with --repair to write them"
+                    f"({NO_LOCAL_EFFECT}); run with --repair to write them"
                 )
             for row in unrepaired if repair else []:
                 # The repair writes: under the per-case lock that begin and edit take, held

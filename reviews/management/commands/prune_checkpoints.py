@@ -25,7 +25,7 @@ class Command(WorkflowCommand):
             "--older-than",
             required=True,
             metavar="WINDOW",
-            help="The retention window: 30d, 12h or 90m (a bare number is days).",
+            help="The retention window: 30d, 12h, 1.5d or 90m (a bare number is days).",
         )
         parser.add_argument(
             "--batch-size",

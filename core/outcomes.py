@@ -1,0 +1,89 @@
+"""The words for how a decision ended and where an operation stands, one enum per concept.
+
+They live on the ground floor because every layer says them: the effect store writes them
+(attempt rows, reconcile), the decision service returns them, the metrics count by them
+(core/observability.py), and the channels show them (the admin, the API's schema, the
+commands). Each copy elsewhere is derived from these, and tests/decisionflow/test_vocabulary.py
+fails when one drifts.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from core.errors import (
+    AlreadyDecided,
+    ConflictingDecision,
+    DecisionflowError,
+    OutcomeUncertain,
+    StaleProposal,
+)
+
+
+class DecisionOutcome(models.TextChoices):
+    """How one call to decide an operation ended: the commit attempt's ``outcome`` column.
+
+    The decision service returns one of ``DECIDED``; every other outcome is a refusal (an
+    error class, ``error_outcome``) or a failure. The stored values are the database's:
+    they never change.
+    """
+
+    COMMITTED = "committed", "Committed"  # the first approval: decision and effect written
+    REPLAY = "replay", "Replay"  # the same decision again: nothing new written
+    DECLINED = "declined", "Declined"  # the first decline: decision written, no effect
+    CONFLICT = "conflict", "Conflicting decision"  # the opposite decision stands
+    STALE = "stale", "Stale"  # the operation is not the case's current one
+    REFUSED = "refused", "Refused"  # any other refusal: permission, input, checkpoint, busy
+    FAILED = "failed", "Failed"  # the commit's transaction failed and is known rolled back
+
+
+# What the decision service returns; the decision asked for stands. Every other outcome
+# means it did not take effect.
+DECIDED: tuple[DecisionOutcome, ...] = (DecisionOutcome.COMMITTED, DecisionOutcome.DECLINED, DecisionOutcome.REPLAY)
+
+
+class Failure(models.TextChoices):
+    """How a decision that raised something other than a refusal is counted (metrics, events).
+
+    The caller cannot know that a failed commit rolled back (a ``failed`` attempt row is
+    written only when the effect store knows it), so a failed call says whether the commit
+    may have happened.
+    """
+
+    UNCERTAIN = "outcome_uncertain", "Outcome uncertain"  # the commit may have happened: reconcile decides
+    ERROR = "error", "Error"  # a failure of ours before the commit
+
+
+def error_outcome(exc: BaseException) -> DecisionOutcome | Failure:
+    """What a decision that raised ``exc`` is counted as: a refusal's outcome, or a failure."""
+    if isinstance(exc, OutcomeUncertain):
+        return Failure.UNCERTAIN
+    if isinstance(exc, ConflictingDecision):
+        return DecisionOutcome.CONFLICT
+    if isinstance(exc, StaleProposal | AlreadyDecided):
+        return DecisionOutcome.STALE
+    if isinstance(exc, DecisionflowError) and type(exc) is not DecisionflowError:
+        return DecisionOutcome.REFUSED
+    return Failure.ERROR
+
+
+class OperationState(models.TextChoices):
+    """Where an operation stands in the decision and effect tables: what reconcile reads.
+
+    Its own concept, apart from ``DecisionOutcome``: a state is read at any time from the
+    tables, an outcome is what one call did.
+    """
+
+    PENDING = "Pending", "Pending"  # no decision yet
+    COMMITTED = "Committed", "Committed"  # approved, and its effect exists
+    DECLINED = "Declined", "Declined"  # declined: there is no effect
+    NO_LOCAL_EFFECT = "NoLocalEffectRecorded", "NoLocalEffectRecorded"  # approved, no effect: repair writes it
+
+
+class ReceiptStatus(models.TextChoices):
+    """The receipt's ``Status`` (docs/COMMANDS.md): the state the call left the operation in,
+    or ``ConflictingDecision`` when the opposite decision stands and nothing was written."""
+
+    COMMITTED = OperationState.COMMITTED.value, OperationState.COMMITTED.label
+    DECLINED = OperationState.DECLINED.value, OperationState.DECLINED.label
+    CONFLICTING = "ConflictingDecision", "ConflictingDecision"

@@ -1,0 +1,228 @@
+"""One vocabulary per concept: every copy of an enum's values says exactly the enum's values.
+
+Each test takes one enum (core/outcomes.py, reviews/models.py) and reads every place that
+lists its values: the model's choices and migrations, the API's OpenAPI document, the metric
+labels, the admin's filters, the picture's words, the commands' help, and the docs' tables.
+A value added, removed or renamed in the enum fails here until each copy says the same.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+
+from core import errors, observability
+from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
+from effects.models import CommitAttempt
+from effects.services import _STATE_SQL, CommitResult, operation_state
+from reviews.models import HUMAN_DECLINE_REASONS, Channel, DeclineReason, PendingReview
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _doc(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def _ticked(text: str) -> list[str]:
+    """The `code` spans of a piece of Markdown, in order."""
+    return re.findall(r"`([^`]+)`", text)
+
+
+def _line(doc: str, starting: str) -> str:
+    """The one line of ``doc`` that starts with ``starting``."""
+    found = [line for line in _doc(doc).splitlines() if line.startswith(starting)]
+    assert len(found) == 1, f"{doc}: {len(found)} lines start with {starting!r}"
+    return found[0]
+
+
+def _table(doc: str, header: str, after: str = "") -> list[str]:
+    """The first column of the Markdown table under ``header`` (after the line ``after``)."""
+    text = _doc(doc)
+    text = text[text.index(after) :] if after else text
+    lines = text[text.index(header) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append(line.split("|")[1].strip())
+    return rows
+
+
+def _listed(text: str, label: str) -> list[str]:
+    """The `code` spans of the parenthesis that follows ``label`` in ``text``."""
+    found = re.search(re.escape(label) + r"\s*\(([^)]*)\)", text)
+    assert found, f"no list after {label!r}"
+    return _ticked(found.group(1))
+
+
+@pytest.fixture
+def openapi(client, db) -> dict:
+    return client.get("/api/openapi.json").json()["components"]["schemas"]
+
+
+def _enum(schema: dict, model: str, field: str) -> list[str]:
+    """A schema field's allowed values, whether the field may also be null or not."""
+    prop = schema[model]["properties"][field]
+    for choice in [prop, *prop.get("anyOf", [])]:
+        if "enum" in choice:
+            return choice["enum"]
+    raise AssertionError(f"{model}.{field} lists no values: {prop}")
+
+
+# --- the decision's outcome --------------------------------------------------------------
+
+
+def test_the_attempt_row_stores_the_outcome_enum_and_its_migrations_agree(db):
+    assert CommitAttempt.Outcome is DecisionOutcome
+    assert CommitAttempt._meta.get_field("outcome").choices == DecisionOutcome.choices
+    # The migrations hold the same choices: no enum change goes unmigrated.
+    call_command("makemigrations", "effects", "reviews", "--check", "--dry-run", stdout=io.StringIO())
+
+
+def test_the_service_returns_the_decided_outcomes_and_the_api_lists_them(openapi):
+    assert _enum(openapi, "DecisionOut", "outcome") == [outcome.value for outcome in DECIDED]
+    assert set(DECIDED) < set(DecisionOutcome)
+    # docs/API.md says what each returned outcome means.
+    paragraph = _doc("API.md").split("`outcome` is what this request did", 1)[1].split("\n- ", 1)[0]
+    assert _ticked(paragraph) == [outcome.value for outcome in DECIDED]
+
+
+def test_the_metric_labels_are_the_outcomes_and_the_docs_list_them():
+    counted = [outcome.value for outcome in DecisionOutcome if outcome != DecisionOutcome.FAILED]
+    assert sorted(observability.OUTCOMES) == sorted([*counted, *Failure.values])
+    assert len(set(observability.OUTCOMES)) == len(observability.OUTCOMES)
+    # Every refusal class is counted under one of them.
+    for refusal in errors.REFUSALS:
+        assert error_outcome(refusal("x")) in observability.OUTCOMES, refusal
+    assert error_outcome(RuntimeError("a bug")) == Failure.ERROR
+    metric = _line("DEPLOY.md", "| `decisionflow_decisions_total` |")
+    assert _ticked(metric)[3:] == list(observability.OUTCOMES)
+    event = _line("DEPLOY.md", "| `outcome` | as the metric:")
+    assert _ticked(event)[1:] == list(observability.OUTCOMES)
+
+
+def test_the_admin_filters_and_colours_every_outcome(admin_client):
+    from workplace.effects import REFUSED_OUTCOMES
+
+    page = admin_client.get(reverse("admin:effects_commitattempt_changelist")).content.decode()
+    for outcome in DecisionOutcome:
+        assert f"?outcome__exact={outcome.value}" in page and outcome.label in page, outcome
+    # Every outcome is either one the decision took effect in (a tick) or not (red).
+    assert REFUSED_OUTCOMES | set(DECIDED) == set(DecisionOutcome)
+    assert not REFUSED_OUTCOMES & set(DECIDED)
+
+
+def test_the_picture_says_the_outcomes_words():
+    from workplace.picture import OUTCOME_NODES, Standing
+
+    assert (Standing.COMMITTED.value, Standing.COMMITTED.label) == (
+        DecisionOutcome.COMMITTED.value,
+        DecisionOutcome.COMMITTED.label,
+    )
+    assert (Standing.DECLINED.value, Standing.DECLINED.label) == (
+        DecisionOutcome.DECLINED.value,
+        DecisionOutcome.DECLINED.label,
+    )
+    assert Standing.UNCERTAIN.label == Failure.UNCERTAIN.label
+    for standing, (node, label) in OUTCOME_NODES.items():
+        assert node == standing.value and label.startswith(standing.label)
+
+
+def test_the_case_list_status_says_the_outcomes_words():
+    from workflow.selectors import STATUS_LABELS
+
+    for outcome in (DecisionOutcome.COMMITTED, DecisionOutcome.DECLINED):
+        assert STATUS_LABELS[outcome.value] == outcome.label
+
+
+# --- an operation's reconcile state ------------------------------------------------------
+
+
+def test_reconcile_classifies_into_the_states_and_says_them_in_sql():
+    found = {operation_state(approved, effect) for approved in (None, True, False) for effect in (True, False)}
+    assert found == set(OperationState)
+    for state in OperationState:
+        assert f"'{state.value}'" in _STATE_SQL
+    assert list(observability.RECONCILE_STATES) == OperationState.values
+
+
+def test_the_api_lists_the_states(openapi):
+    assert _enum(openapi, "OperationOut", "state") == OperationState.values
+    assert _enum(openapi, "CaseOut", "status") == ["NotStarted", *OperationState.values]
+
+
+def test_the_reconcile_command_and_the_docs_list_the_states():
+    from effects.management.commands.reconcile import Command as Reconcile
+
+    assert f"state=<{'|'.join(OperationState.values)}>" in Reconcile.help
+    ticked = [f"`{state.value}`" for state in OperationState]
+    assert _table("COMMANDS.md", "| state | meaning |") == ticked
+    assert _table("API.md", "| state | meaning |") == ticked
+    assert _listed(_line("DEPLOY.md", "| `decisionflow_reconcile_last_operations` |"), "`state`") == (
+        OperationState.values
+    )
+    assert _listed(_doc("ADMIN.md"), "read from the decision and effect tables\n ") == OperationState.values
+    assert _listed(_doc("DELIVERY.md"), "beside each operation's local state\n ") == OperationState.values
+
+
+# --- the receipt's status ----------------------------------------------------------------
+
+
+def test_the_receipt_is_byte_for_byte_the_documented_one():
+    receipt = CommitResult(ReceiptStatus.COMMITTED, False, 1, "op").receipt()
+    assert json.dumps(receipt, separators=(",", ":")) == '{"Status":"Committed","Replay":false,"EffectCount":1}'
+    assert ReceiptStatus.COMMITTED == OperationState.COMMITTED and ReceiptStatus.DECLINED == OperationState.DECLINED
+    lines = _table("COMMANDS.md", "| situation | result line | exit |")
+    assert len(lines) == 5
+    table = _doc("COMMANDS.md").split("| situation | result line | exit |", 1)[1].split("\n\n", 1)[0]
+    assert sorted(set(re.findall(r'"Status":"(\w+)"', table))) == sorted(ReceiptStatus.values)
+
+
+def test_the_api_lists_the_statuses_a_decision_answers(openapi):
+    # A conflict is a 409 with its receipt in the message, never a 200.
+    assert _enum(openapi, "DecisionOut", "status") == [ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED]
+
+
+# --- decline reasons ---------------------------------------------------------------------
+
+
+def test_every_channel_offers_the_human_decline_reasons(openapi):
+    from workflow.management.commands.resume import Command as Resume
+    from workplace.forms import DECLINE_REASON_CHOICES
+
+    human = [reason.value for reason in DeclineReason if reason != DeclineReason.EXPIRED]
+    assert list(HUMAN_DECLINE_REASONS) == human
+    assert _enum(openapi, "DecisionIn", "reason") == human
+    assert [value for value, _label in DECLINE_REASON_CHOICES] == human
+    parser = Resume().create_parser("manage.py", "resume")
+    reason = next(action for action in parser._actions if action.dest == "reason")
+    assert list(reason.choices) == human
+
+
+def test_the_docs_list_the_decline_reasons():
+    rows = _doc("QUEUE.md").split("| value | label | meaning |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    cells = [[cell.strip() for cell in row.split("|")[1:3]] for row in rows]
+    assert cells == [[f"`{reason.value}`", reason.label] for reason in DeclineReason]
+    human = list(HUMAN_DECLINE_REASONS)
+    api = _doc("API.md").split('optionally `"reason"` (one of', 1)[1].split(";", 1)[0]
+    assert _ticked(api) == human
+    commands = _doc("COMMANDS.md").split("`--reason` is one of", 1)[1].split("(", 1)[0]
+    assert _ticked(commands) == human
+
+
+# --- channels ----------------------------------------------------------------------------
+
+
+def test_every_copy_of_the_channels(openapi, admin_client):
+    assert _enum(openapi, "PendingOut", "begun_channel") == Channel.values
+    assert PendingReview._meta.get_field("begun_channel").choices == Channel.choices
+    page = admin_client.get(reverse("admin:reviews_pendingreview_changelist")).content.decode()
+    for channel in Channel:
+        assert f"begun_channel__exact={channel.value}" in page, channel
