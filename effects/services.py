@@ -295,6 +295,7 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
         # audit row, which may skip the WAL flush (docs/PERFORMANCE.md); a new decision,
         # effect or state change is always flushed.
         flush=new or target.pending_open,
+        complete_pending=target.decision is None or target.pending_open,
     )
     return writes, decision
 
@@ -348,7 +349,7 @@ def _commit(call: _Call) -> CommitResult:
                     raise StaleProposal.superseded(
                         operation_id=operation_id,
                         case_id=target.case_label,
-                        current_operation_id=target.current_operation_id,
+                        current_operation_id=store.current_operation(target),
                     )
                 crash_point("commit-before-decision")
                 outcome = _outcome(target, approved)

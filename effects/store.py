@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from django.contrib.auth import get_user_model
 from django.db import OperationalError, connection, transaction
-from django.db.models import Model, Subquery
+from django.db.models import Exists, Model, OuterRef, Subquery
 from django.db.models.constants import OnConflict
 from django.db.models.functions import Now
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
@@ -45,8 +45,9 @@ class Target:
     proposal: Proposal  # with the fields its effect copies
     case_label: str  # the case's own id (T-1042)
     current_proposal_id: int | None
-    current_operation_id: str | None
     decision: ReviewDecision | None  # the decision that stands, its reviewer's username loaded
+    # Known only with a decision: without one there is no effect (it references the
+    # decision), and a new decision completes any pending review anyway.
     effect_exists: bool
     pending_open: bool  # the operation has a pending review still pending
 
@@ -61,6 +62,8 @@ class Writes:
     delivery: bool = False  # the new effect's delivery row
     # False when nothing but the attempt row is new: the transaction may skip the WAL flush.
     flush: bool = True
+    # The operation has a pending review to complete.
+    complete_pending: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class CommitStore(Protocol):
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
         """Lock the case of ``operation_id`` and read the target; None: no such proposal.
         ``lock_timeout_ms`` None: a plain read, no lock, in the caller's transaction if any."""
+
+    def current_operation(self, target: Target) -> str | None:
+        """The operation of the case's current proposal (for a stale answer)."""
 
     def write(self, writes: Writes) -> Written:
         """Insert the rows of ``writes`` and complete the operation's pending review."""
@@ -185,8 +191,9 @@ def _statements(writes: Writes, *, ignore_conflicts: bool) -> list[tuple[str, li
             out.append((insert.sql, insert.params_for(Delivery(**delivery_fields(writes.effect)), operation_id), False))
     insert = _insert(CommitAttempt, False, False)
     out.append((insert.sql, insert.params_for(writes.attempt, operation_id), False))
-    completion = _completion()
-    out.append((completion.sql, list(completion.params_for(operation_id)), False))
+    if writes.complete_pending:
+        completion = _completion()
+        out.append((completion.sql, list(completion.params_for(operation_id)), False))
     return out
 
 
@@ -196,32 +203,36 @@ _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "d
 
 
 @cache
-def _reads() -> tuple[_Query, ...]:
-    """What a commit reads of its operation, one simple statement each (each is planned
-    anew on every call, and a join of them all cost more to plan than to run): the proposal
-    with its case and the case's current proposal's operation; the standing decision with
-    its reviewer's username; whether the effect exists; whether a pending review is open."""
-    username = f"reviewer__{get_user_model().USERNAME_FIELD}"
-    return (
-        _Query(
-            Proposal.objects.filter(operation_id=_OPERATION)
-            .order_by()
-            .values_list(
-                *_PROPOSAL, "case__case_id", "case__current_proposal_id", "case__current_proposal__operation_id"
-            )
-            .query
-        ),
-        _Query(
-            ReviewDecision.objects.filter(operation_id=_OPERATION).order_by().values_list(*_DECISION, username).query
-        ),
-        _Query(EffectRecord.objects.filter(operation_id=_OPERATION).order_by().values_list("pk").query),
-        _Query(
-            PendingReview.objects.filter(operation_id=_OPERATION, status=PendingReview.Status.PENDING)
-            .order_by()
-            .values_list("pk")
-            .query
-        ),
+def _reads(locked: bool) -> tuple[_Query, _Query]:
+    """What a commit reads of its operation, in two simple statements (each is planned anew
+    on every call): the case with the operation's proposal; the standing decision with its reviewer's
+    username, whether its effect exists and whether a pending review is still open.
+    ``locked``: the first one locks the case row FOR NO KEY UPDATE (not FOR UPDATE: it
+    leaves the FOR KEY SHARE that the foreign keys of the commit's own rows take on the case
+    row, while commits and edits, which update the row, still exclude each other). A locked
+    row is read at its latest version, and the proposal beside it never changes, so what it
+    returns is what the lock protects; the decision is read by the next statement, whose
+    snapshot is taken once the lock is granted. Compiled inside a transaction, as the ORM
+    requires of select_for_update()."""
+    proposal = (
+        Case.objects.filter(proposals__operation_id=_OPERATION)
+        .order_by()
+        .values_list(*(f"proposals__{name}" for name in _PROPOSAL), "case_id", "current_proposal_id")
     )
+    if locked:
+        proposal = proposal.select_for_update(no_key=True, of=("self",))
+    decision = (
+        ReviewDecision.objects.filter(operation_id=_OPERATION)
+        .order_by()
+        .annotate(
+            effect_exists=Exists(EffectRecord.objects.filter(operation_id=OuterRef("operation_id"))),
+            pending_open=Exists(
+                PendingReview.objects.filter(operation_id=OuterRef("operation_id"), status=PendingReview.Status.PENDING)
+            ),
+        )
+        .values_list(*_DECISION, f"reviewer__{get_user_model().USERNAME_FIELD}", "effect_exists", "pending_open")
+    )
+    return _Query(proposal.query), _Query(decision.query)
 
 
 def _instance(model: type[Model], values: dict[str, Any]) -> Model:
@@ -237,17 +248,17 @@ def stored(obj: Model, pk: int) -> Model:
     return _instance(type(obj), {**values, type(obj)._meta.pk.attname: pk})
 
 
-def _target(results: list[list]) -> Target | None:
-    """The target from the rows of ``_reads()``, each converted by its own query."""
-    proposals, decisions, effects, pending = (query.rows(raw) for query, raw in zip(_reads(), results, strict=True))
+def _target(reads: tuple[_Query, _Query], results: list[list]) -> Target | None:
+    """The target from the rows of ``reads``, each converted by its own query."""
+    proposals, decisions = (query.rows(raw) for query, raw in zip(reads, results, strict=True))
     if not proposals:
         return None
     width = len(_PROPOSAL)
     proposal = _instance(Proposal, dict(zip(_PROPOSAL, proposals[0][:width], strict=True)))
-    case_label, current_proposal_id, current_operation_id = proposals[0][width:]
-    decision = None
+    case_label, current_proposal_id = proposals[0][width:]
+    decision, effect_exists, pending_open = None, False, False
     if decisions:
-        *decided, username = decisions[0]
+        *decided, username, effect_exists, pending_open = decisions[0]
         values = dict(zip(_DECISION, decided, strict=True))
         decision = _instance(
             ReviewDecision, {**values, "operation_id": proposal.operation_id, "proposal_id": proposal.pk}
@@ -258,36 +269,27 @@ def _target(results: list[list]) -> Target | None:
         proposal=proposal,
         case_label=case_label,
         current_proposal_id=current_proposal_id,
-        current_operation_id=current_operation_id,
         decision=decision,
-        effect_exists=bool(effects),
-        pending_open=bool(pending),
+        effect_exists=bool(effect_exists),
+        pending_open=bool(pending_open),
     )
+
+
+class _Store:
+    def current_operation(self, target: Target) -> str | None:
+        if target.current_proposal_id is None:
+            return None
+        return Proposal.objects.filter(pk=target.current_proposal_id).values_list("operation_id", flat=True).first()
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
-
-
-@cache
-def _lock() -> _Query:
-    """The case row lock, FOR NO KEY UPDATE and not FOR UPDATE: it leaves the FOR KEY SHARE
-    that the foreign keys of the commit's own rows take on the case row, while commits and
-    edits (which update the row) still exclude each other. Compiled inside a transaction,
-    as the ORM requires of select_for_update()."""
-    return _Query(
-        Case.objects.filter(proposals__operation_id=_OPERATION)
-        .order_by()
-        .select_for_update(no_key=True, of=("self",))
-        .values_list("pk")
-        .query
-    )
 
 
 def _is_lock_timeout(exc: BaseException) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
-class PostgresCommitStore:
+class PostgresCommitStore(_Store):
     """Two query strings inside Django's durable transaction: the lock and the reads, then
     every write. Django's psycopg cursor binds parameters client-side, so several statements
     share one query and one round trip; the server runs them in order, and under READ
@@ -301,14 +303,10 @@ class PostgresCommitStore:
         return transaction.atomic(durable=durable)
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        statements = []
+        reads = _reads(lock_timeout_ms is not None)
+        statements = [(query.sql, query.params_for(operation_id)) for query in reads]
         if lock_timeout_ms is not None:
-            lock = _lock()
-            statements += [
-                ("SET LOCAL lock_timeout = %s", (f"{lock_timeout_ms}ms",)),
-                (lock.sql, lock.params_for(operation_id)),
-            ]
-        statements += [(query.sql, query.params_for(operation_id)) for query in _reads()]
+            statements.insert(0, ("SET LOCAL lock_timeout = %s", (f"{lock_timeout_ms}ms",)))
         with connection.cursor() as cursor:
             try:
                 cursor.execute("; ".join(s for s, _ in statements), [p for _, ps in statements for p in ps])
@@ -319,12 +317,11 @@ class PostgresCommitStore:
             raw = cursor.cursor
             if lock_timeout_ms is not None:
                 raw.nextset()  # past SET
-                raw.nextset()  # past the lock, to the reads
             results = []
-            for _ in _reads():
+            for _ in reads:
                 results.append(raw.fetchall())
                 raw.nextset()
-        return _target(results)
+        return _target(reads, results)
 
     def write(self, writes: Writes) -> Written:
         statements = _statements(writes, ignore_conflicts=True)
@@ -367,11 +364,13 @@ def _written(writes: Writes, returned: list) -> Written:
 # -- SQLite ----------------------------------------------------------------------------------
 
 
-class SqliteCommitStore:
+class SqliteCommitStore(_Store):
     """One statement at a time. Settings open every transaction with BEGIN IMMEDIATE, so the
     transaction holds the database's write lock from its first statement: it is the case
-    lock, and no other writer runs between the read and the writes. The inserts are plain
-    ones: the unique keys still refuse a second row, and under that lock none can come."""
+    lock, and no other writer runs between the read and the writes. (SQLite's form of a
+    skipped insert, INSERT OR IGNORE, skips a row that any constraint refuses; the commit
+    takes any skipped insert for a lost race and reads again, so a refusal other than the
+    unique key's still ends in an error.)"""
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[None]:
@@ -388,17 +387,17 @@ class SqliteCommitStore:
             raise CaseLocked from exc
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        results = []
+        reads, results = _reads(False), []
         with connection.cursor() as cursor:
-            for query in _reads():
+            for query in reads:
                 cursor.execute(query.sql, query.params_for(operation_id))
                 results.append(cursor.fetchall())
-        return _target(results)
+        return _target(reads, results)
 
     def write(self, writes: Writes) -> Written:
         returned = []
         with connection.cursor() as cursor:
-            for sql, params, returns in _statements(writes, ignore_conflicts=False):
+            for sql, params, returns in _statements(writes, ignore_conflicts=True):
                 cursor.execute(sql, params)
                 if returns:
                     row = cursor.fetchone()
