@@ -269,6 +269,7 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
     detail = ""
     if outcome == CommitAttempt.Outcome.CONFLICT:
         standing = target.decision
+        assert standing is not None  # a conflict is with the decision that stands
         detail = ConflictingDecision.standing(approved=standing.approved, by=standing.reviewer.get_username())
     decision = target.decision
     if decision is None:
@@ -365,7 +366,7 @@ def _commit(call: _Call) -> CommitResult:
             continue
         except CaseLocked:
             raise _busy(call) from None
-        if writes.decision is not None:
+        if written.decision_pk is not None:
             decision = stored(decision, written.decision_pk)
         return _answer(call, target, outcome, writes, decision)
     raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
@@ -683,8 +684,10 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
             # Not durable: the rows may stream from reconcile's own open transaction.
             with store.transaction(durable=False):
                 target = store.read(row.operation_id, lock_timeout_ms=_lock_timeout_ms())
-                decision = target.decision if target is not None else None
-                if decision is None or operation_state(decision.approved, target.effect_exists) != NO_LOCAL_EFFECT:
+                if target is None or target.decision is None:
+                    continue
+                decision = target.decision
+                if operation_state(decision.approved, target.effect_exists) != NO_LOCAL_EFFECT:
                     continue
                 effect = EffectRecord(**_effect_fields(target.proposal, decision))
                 attempt = _attempt_row(

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from django.contrib.auth import get_user_model
 from django.db import OperationalError, connection, transaction
@@ -32,6 +32,8 @@ from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
 
+M = TypeVar("M", bound=Model)
+
 
 class CaseLocked(Exception):
     """Another transaction held the case (its row, or the whole SQLite database) past the
@@ -40,7 +42,8 @@ class CaseLocked(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    """What a commit of one operation depends on, read under the case row lock."""
+    """What a commit of one operation depends on: read under the case row lock, or by a
+    plain read for the answers that need none (effects.services._settled)."""
 
     proposal: Proposal  # with the fields its effect copies
     case_label: str  # the case's own id (T-1042)
@@ -128,7 +131,7 @@ class _Query:
 def _row_of(model: type[Model], operation_id: str) -> Subquery:
     """The id of ``model``'s row of ``operation_id``: a row written earlier in the same
     transaction, whose id the client does not know yet."""
-    return Subquery(model.objects.filter(operation_id=operation_id).order_by().values("pk"))
+    return Subquery(model._default_manager.filter(operation_id=operation_id).order_by().values("pk"))
 
 
 class _Insert:
@@ -147,7 +150,6 @@ class _Insert:
         self.compiler = query.get_compiler(connection=connection)
         self.compiler.returning_fields = [model._meta.pk] if returning else None
         [(self.sql, _)] = self.compiler.as_sql()
-        self.returning = returning
 
     def params_for(self, obj: Model, operation_id: str) -> list:
         params: list = []
@@ -169,25 +171,26 @@ def _completion() -> _Query:
     """Complete the operation's pending review: ``QuerySet.update()``'s own statement.
     (update() skips auto_now: updated_at is the database's clock.)"""
     pending = PendingReview.objects.filter(operation_id=_OPERATION, status=PendingReview.Status.PENDING)
-    query = pending.query.chain(UpdateQuery)
+    query = cast(UpdateQuery, pending.query.chain(UpdateQuery))
     query.add_update_values({"status": PendingReview.Status.COMPLETED, "updated_at": Now()})
     return _Query(query)
 
 
-def _statements(writes: Writes, *, ignore_conflicts: bool) -> list[tuple[str, list, bool]]:
-    """The commit's writes in order: (sql, params, returns a row)."""
+def _statements(writes: Writes) -> list[tuple[str, list, bool]]:
+    """The commit's writes in order: (sql, params, returns a row). The unique keys stay the
+    atomic step: a row they refuse is skipped, and the caller is told (``Written``)."""
     out = []
     operation_id = writes.attempt.operation_id
     new_decision = writes.decision is not None
     if writes.decision is not None:
-        insert = _insert(ReviewDecision, ignore_conflicts, True)
+        insert = _insert(ReviewDecision, True, True)
         out.append((insert.sql, insert.params_for(writes.decision, operation_id), True))
     if writes.effect is not None:
         decided = (("decision_id", ReviewDecision),) if new_decision else ()
-        insert = _insert(EffectRecord, ignore_conflicts, True, decided)
+        insert = _insert(EffectRecord, True, True, decided)
         out.append((insert.sql, insert.params_for(writes.effect, operation_id), True))
         if writes.delivery:
-            insert = _insert(Delivery, ignore_conflicts, False, (*decided, ("effect_id", EffectRecord)))
+            insert = _insert(Delivery, True, False, (*decided, ("effect_id", EffectRecord)))
             out.append((insert.sql, insert.params_for(Delivery(**delivery_fields(writes.effect)), operation_id), False))
     insert = _insert(CommitAttempt, False, False)
     out.append((insert.sql, insert.params_for(writes.attempt, operation_id), False))
@@ -205,8 +208,8 @@ _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "d
 @cache
 def _reads(locked: bool) -> tuple[_Query, _Query]:
     """What a commit reads of its operation, in two simple statements (each is planned anew
-    on every call): the case with the operation's proposal; the standing decision with its reviewer's
-    username, whether its effect exists and whether a pending review is still open.
+    on every call): the case with the operation's proposal; the standing decision with its
+    reviewer's username, whether its effect exists and whether a pending review is open.
     ``locked``: the first one locks the case row FOR NO KEY UPDATE (not FOR UPDATE: it
     leaves the FOR KEY SHARE that the foreign keys of the commit's own rows take on the case
     row, while commits and edits, which update the row, still exclude each other). A locked
@@ -235,14 +238,14 @@ def _reads(locked: bool) -> tuple[_Query, _Query]:
     return _Query(proposal.query), _Query(decision.query)
 
 
-def _instance(model: type[Model], values: dict[str, Any]) -> Model:
+def _instance(model: type[M], values: dict[str, Any]) -> M:
     """A model instance of a row read from the database (``from_db`` takes the values in
     the model's own field order; the fields not given are deferred)."""
     names = [f.attname for f in model._meta.concrete_fields if f.attname in values]
     return model.from_db(connection.alias, names, [values[name] for name in names])
 
 
-def stored(obj: Model, pk: int) -> Model:
+def stored(obj: M, pk: int) -> M:
     """``obj`` as the row it was inserted as, with the id the database gave it."""
     values = {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
     return _instance(type(obj), {**values, type(obj)._meta.pk.attname: pk})
@@ -324,9 +327,9 @@ class PostgresCommitStore(_Store):
         return _target(reads, results)
 
     def write(self, writes: Writes) -> Written:
-        statements = _statements(writes, ignore_conflicts=True)
+        statements = _statements(writes)
         if not writes.flush:
-            statements.insert(0, ("SET LOCAL synchronous_commit = off", (), False))
+            statements.insert(0, ("SET LOCAL synchronous_commit = off", [], False))
         returned = []
         with connection.cursor() as cursor:
             try:
@@ -397,7 +400,7 @@ class SqliteCommitStore(_Store):
     def write(self, writes: Writes) -> Written:
         returned = []
         with connection.cursor() as cursor:
-            for sql, params, returns in _statements(writes, ignore_conflicts=True):
+            for sql, params, returns in _statements(writes):
                 cursor.execute(sql, params)
                 if returns:
                     row = cursor.fetchone()
