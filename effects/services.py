@@ -36,7 +36,7 @@ from core.observability import observed_commit
 from core.outcomes import OperationState, ReceiptStatus
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
-from effects.store import CaseLocked, CommitStore, Target, Writes, attempt_append, commit_store, stored
+from effects.store import CaseLocked, Target, Writes, attempt_append, commit_store, stored
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision, SystemActor
 
@@ -301,27 +301,6 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
     return writes, decision
 
 
-def _settled(call: _Call, store: CommitStore) -> CommitResult | None:
-    """The answer to a replay or a conflict, read without the case lock; None otherwise.
-
-    Decisions and effects are write-once, so a decision and an effect that a plain read
-    finds committed stand for good: the verdict on them cannot change, and no lock can make
-    it truer. Such a call writes its attempt row only (a replay or a conflict that would
-    also complete a pending review takes the locked path, as does everything else).
-    """
-    target = store.read(call.operation_id, lock_timeout_ms=None)
-    if target is None or target.decision is None or target.pending_open or _is_stale(target):
-        return None
-    outcome = _outcome(target, call.approved)
-    if outcome not in (CommitAttempt.Outcome.REPLAY, CommitAttempt.Outcome.CONFLICT):
-        return None
-    call.case_known, call.case_pk = True, target.proposal.case_id
-    writes, decision = _decided(call, target, outcome)
-    store.append(writes.attempt)
-    call.recorded = True
-    return _answer(call, target, outcome, writes, decision)
-
-
 def _answer(call: _Call, target: Target, outcome: str, writes: Writes, decision: ReviewDecision) -> CommitResult:
     if decision.reviewer_id == call.reviewer.pk:
         decision.reviewer = call.reviewer
@@ -335,9 +314,6 @@ def _commit(call: _Call) -> CommitResult:
     """The commit's one durable transaction: read under the case lock, decide, write."""
     store = commit_store()
     operation_id, approved = call.operation_id, call.approved
-    settled = _settled(call, store)
-    if settled is not None:
-        return settled
     for _ in range(2):
         try:
             with store.transaction():

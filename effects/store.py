@@ -42,8 +42,7 @@ class CaseLocked(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    """What a commit of one operation depends on: read under the case row lock, or by a
-    plain read for the answers that need none (effects.services._settled)."""
+    """What a commit of one operation depends on, read under the case row lock."""
 
     proposal: Proposal  # with the fields its effect copies
     case_label: str  # the case's own id (T-1042)
@@ -84,17 +83,13 @@ class CommitStore(Protocol):
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
         """Lock the case of ``operation_id`` and read the target; None: no such proposal.
-        ``lock_timeout_ms`` None: a plain read, no lock, in the caller's transaction if any."""
+        ``lock_timeout_ms`` None: a plain read, without the lock."""
 
     def current_operation(self, target: Target) -> str | None:
         """The operation of the case's current proposal (for a stale answer)."""
 
     def write(self, writes: Writes) -> Written:
         """Insert the rows of ``writes`` and complete the operation's pending review."""
-
-    def append(self, attempt: CommitAttempt) -> None:
-        """Append the attempt row of a commit that writes nothing else, in a transaction of
-        its own that may skip the WAL flush (the caller's transaction, if it is in one)."""
 
 
 def attempt_append(attempt: CommitAttempt) -> None:
@@ -120,12 +115,18 @@ class _Query:
         self.compiler = query.get_compiler(connection=connection)
         sql, params = self.compiler.as_sql()
         self.sql, self.params = sql, tuple(params)
+        # What results_iter() would look up on every call, looked up once (a statement that
+        # selects nothing has none).
+        selected = [s[0] for s in (self.compiler.select or [])[: getattr(self.compiler, "col_count", 0)]]
+        self.converters = self.compiler.get_converters(selected) if selected else {}
 
     def params_for(self, operation_id: str) -> tuple:
         return tuple(operation_id if p == _OPERATION else p for p in self.params)
 
     def rows(self, raw: list) -> list[tuple]:
-        return list(self.compiler.results_iter(results=[raw], tuple_expected=True))
+        if not raw or not self.converters:
+            return raw
+        return [tuple(row) for row in self.compiler.apply_converters(raw, self.converters)]
 
 
 def _row_of(model: type[Model], operation_id: str) -> Subquery:
@@ -346,16 +347,6 @@ class PostgresCommitStore(_Store):
                 raw.nextset()
         return _written(writes, returned)
 
-    def append(self, attempt: CommitAttempt) -> None:
-        insert = _insert(CommitAttempt, False, False)
-        sql, params = insert.sql, insert.params_for(attempt, attempt.operation_id)
-        if not connection.in_atomic_block:
-            # Django is in autocommit, so the query string is one implicit transaction of
-            # its own, and the setting is that transaction's alone.
-            sql = f"SELECT set_config('synchronous_commit', 'off', true); {sql}"
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-
 
 def _written(writes: Writes, returned: list) -> Written:
     found = iter(returned)
@@ -406,9 +397,6 @@ class SqliteCommitStore(_Store):
                     row = cursor.fetchone()
                     returned.append(row[0] if row else None)
         return _written(writes, returned)
-
-    def append(self, attempt: CommitAttempt) -> None:
-        attempt_append(attempt)
 
 
 def commit_store() -> CommitStore:

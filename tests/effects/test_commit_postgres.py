@@ -28,16 +28,15 @@ from tests.conftest import database_url
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 # What one commit sends, round trip by round trip (round_trips() below reads the wire):
-# a plain read of the operation (a replay or a conflict is answered from it); then Django's
-# durable transaction: BEGIN, one query string that sets the lock timeout, locks the case row
-# and reads again under the lock, one query string with every write, and COMMIT. Nothing is
-# prepared, and nothing but SET LOCAL touches the session.
-READ = 'SELECT "reviews_proposal"."id"'
+# Django's durable transaction: BEGIN, one query string that sets the lock timeout, locks
+# the case row and reads the operation, one query string with every write, and COMMIT. The
+# raw floor sends as many (psycopg's BEGIN, two inserts, COMMIT). Nothing is prepared, and
+# nothing but SET LOCAL touches the session.
 LOCKED_READ = "SET LOCAL lock_timeout"
-COMMIT_SHAPE = [READ, "BEGIN", LOCKED_READ, "INSERT INTO", "COMMIT"]
-# A replay or a conflict: the plain read, then its attempt row in a transaction of its own.
-SETTLED = "SELECT set_config('synchronous_commit', 'off', true); INSERT INTO \"effects_commitattempt\""
-SETTLED_SHAPE = [READ, SETTLED]
+QUIET = "SET LOCAL synchronous_commit = off"
+COMMIT_SHAPE = ["BEGIN", LOCKED_READ, "INSERT INTO", "COMMIT"]
+# A replay or a conflict writes nothing but its attempt row, without waiting for the flush.
+QUIET_SHAPE = ["BEGIN", LOCKED_READ, QUIET, "COMMIT"]
 
 
 def shape(captured) -> list[str]:
@@ -45,7 +44,7 @@ def shape(captured) -> list[str]:
     out = []
     for query in captured.captured_queries:
         sql = " ".join(query["sql"].split())
-        for prefix in [READ, LOCKED_READ, SETTLED, "BEGIN", "COMMIT", "SELECT", "ROLLBACK", "INSERT INTO"]:
+        for prefix in [LOCKED_READ, QUIET, "BEGIN", "COMMIT", "SELECT", "ROLLBACK", "INSERT INTO"]:
             if sql.startswith(prefix):
                 out.append(prefix)
                 break
@@ -103,7 +102,7 @@ def statements(query: str) -> list[str]:
     return [s.strip() for s in re.split(r";\s*(?=(?:SET|SELECT|INSERT|UPDATE) )", query.strip('"'))]
 
 
-def test_a_first_approval_is_five_round_trips_and_prepares_nothing(proposal, warm):
+def test_a_first_approval_is_four_round_trips_and_prepares_nothing(proposal, warm):
     reviewer, _ = warm
     with CaptureQueriesContext(connection) as log:
         result, logged, sent = measured(
@@ -113,15 +112,13 @@ def test_a_first_approval_is_five_round_trips_and_prepares_nothing(proposal, war
     assert logged == COMMIT_SHAPE
     sql = [query["sql"] for query in log.captured_queries]
     assert all(query.strip('"').startswith(start) for query, start in zip(sent, COMMIT_SHAPE, strict=True)), sent
-    # The plain read: the case with the proposal; the decision, with whether its effect and
-    # an open pending review exist.
-    assert len(statements(sql[0])) == 2
-    # Under the lock: the lock timeout, the same two reads, the first one locking the case row.
-    locked = statements(sql[2])
+    # The lock timeout; the case with the proposal, locking the case row; the decision, with
+    # whether its effect and an open pending review exist.
+    locked = statements(sql[1])
     assert locked[0] == "SET LOCAL lock_timeout = '3000ms'" and locked[1].endswith('FOR NO KEY UPDATE OF "cases_case"')
     assert len(locked) == 3
     # Every write in one query string: the decision, the effect, the attempt, the pending review.
-    writes = statements(sql[3])
+    writes = statements(sql[2])
     assert [w.split(" (")[0] for w in writes] == [
         'INSERT INTO "reviews_reviewdecision"',
         'INSERT INTO "effects_effectrecord"',
@@ -143,29 +140,30 @@ def test_a_first_approval_is_five_round_trips_and_prepares_nothing(proposal, war
         (False, True, {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 0}),
     ],
 )
-def test_a_replay_and_a_conflict_are_two_round_trips(proposal, warm, first, then, receipt):
+def test_a_replay_and_a_conflict_are_four_round_trips_too(proposal, warm, first, then, receipt):
     reviewer, other = warm
     effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
     result, logged, sent = measured(
         lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
     )
     assert result.receipt() == receipt
-    assert logged == SETTLED_SHAPE and len(sent) == 2
+    assert logged == QUIET_SHAPE and len(sent) == 4
+    assert [w.split(" (")[0] for w in statements(sent[2])] == [QUIET, 'INSERT INTO "effects_commitattempt"']
     # The setting is that transaction's own: the session is back to the server's default.
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
 
 
-def test_a_first_decline_is_five_round_trips(proposal, warm):
+def test_a_first_decline_is_four_round_trips(proposal, warm):
     reviewer, _ = warm
     with CaptureQueriesContext(connection) as log:
         result, logged, sent = measured(
             lambda: effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
         )
     assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
-    assert logged == COMMIT_SHAPE and len(sent) == 5
-    assert [w.split(" (")[0] for w in statements(log.captured_queries[3]["sql"])][:2] == [
+    assert logged == COMMIT_SHAPE and len(sent) == 4
+    assert [w.split(" (")[0] for w in statements(log.captured_queries[2]["sql"])][:2] == [
         'INSERT INTO "reviews_reviewdecision"',
         'INSERT INTO "effects_commitattempt"',
     ]
@@ -196,8 +194,8 @@ def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal,
     # operation was read for the answer; nothing was written, the transaction rolled back,
     # then the attempt row was appended.
     assert result.details["current_operation_id"] == edited.proposal.operation_id
-    assert logged == [READ, "BEGIN", LOCKED_READ, "SELECT", "ROLLBACK", "INSERT INTO"]
-    assert len(sent) == 6
+    assert logged == ["BEGIN", LOCKED_READ, "SELECT", "ROLLBACK", "INSERT INTO"]
+    assert len(sent) == 5
     assert list(CommitAttempt.objects.values_list("outcome", "case_id")) == [("stale", proposal.case_id)]
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
 
@@ -239,20 +237,18 @@ def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flush
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.COMPLETED
     assert seen == ["on", "on"]
-    # Once completed, the next replay writes nothing but its attempt row: the settled path.
-    assert effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer).replay
-    assert seen == ["on", "on"]
 
 
-def test_a_replay_found_under_the_lock_skips_the_wal_flush_too(proposal, warm, monkeypatch):
-    """A replay that the plain read could not settle (the decision committed in between)
-    writes only its attempt row under the lock, and does not wait for the flush."""
-    reviewer, _ = warm
+def test_only_a_commit_that_wrote_nothing_but_its_attempt_skips_the_wal_flush(proposal, warm, monkeypatch):
+    """A fresh decision or effect is flushed before COMMIT returns; a replay or a conflict,
+    whose only write is its own attempt row, does not wait for the flush."""
+    reviewer, other = warm
     seen = _synchronous_commit_at_commit(monkeypatch)
-    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    monkeypatch.setattr(services, "_settled", lambda call, store: None)
-    assert effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer).replay
-    assert seen == ["on", "off"]
+    op = proposal.operation_id
+    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is False
+    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is True
+    assert effect_commit(operation_id=op, approved=False, reviewer=other).status == "ConflictingDecision"
+    assert seen == ["on", "off", "off"]
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
