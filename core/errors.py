@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from core.identity import short
+
 
 class RefusalReason(models.TextChoices):
     """Why a decision was refused: the one vocabulary of the audit (``CommitAttempt.reason``).
@@ -96,6 +98,17 @@ class StaleProposal(DecisionflowError):
         super().__init__(message, current_operation_id=current_operation_id, **details)
         self.current_operation_id = current_operation_id
 
+    @classmethod
+    def superseded(cls, *, operation_id: str, case_id: str, current_operation_id: str | None) -> StaleProposal:
+        """``operation_id`` names a proposal of case ``case_id`` that is no longer its
+        current one (``current_operation_id``, None when the case has none)."""
+        return cls(
+            f"stale: {short(operation_id)} is not the current proposal of case {case_id}; "
+            f"the current one is {short(current_operation_id or '')}",
+            current_operation_id=current_operation_id,
+            case_id=case_id,
+        )
+
 
 class AlreadyDecided(DecisionflowError):
     code = "already_decided"
@@ -117,6 +130,24 @@ class ConflictingDecision(DecisionflowError):
     def __init__(self, message: str, *, result=None, **details):
         super().__init__(message, **details)
         self.result = result
+
+    @staticmethod
+    def standing(*, approved: bool | None, by: str | None) -> str:
+        """What already stands: ``already approved by X`` (the attempt row's detail too);
+        ``approved`` None when the decision is not known."""
+        if approved is None:
+            return "already decided the other way"
+        return f"already {'approved' if approved else 'declined'} by {by}"
+
+    @classmethod
+    def of(cls, *, operation_id: str, approved: bool | None, by: str | None, result=None) -> ConflictingDecision:
+        """The refusal of a decision on ``operation_id`` against the one that stands."""
+        return cls(
+            f"conflicting decision: {short(operation_id)} was {cls.standing(approved=approved, by=by)}; "
+            "no decision or effect was written",
+            result=result,
+            operation_id=operation_id,
+        )
 
 
 class WorkflowIncompatible(DecisionflowError):

@@ -1,14 +1,9 @@
 """Commit (decision + effect in one transaction), reconciliation, and repair.
 
-The unique constraints on ``operation_id`` are the atomic step of commit: every insert is
-attempted, and a conflict is read back as a replay or a conflict. Nothing checks first and
-writes later.
-
-On PostgreSQL a commit is two round trips, half as many as two bare inserts: one query
-string with BEGIN, ``SET LOCAL lock_timeout``, the statement that locks the case row and
-the one data-modifying statement (proposal lookup, decision, effect, attempt row, pending
-review), both prepared once per session; then COMMIT. SQLite runs the same steps through
-the ORM in one IMMEDIATE transaction.
+The commit reads what it depends on under the case row lock (effects/store.py), decides
+here, in Python, what that makes it (not found, stale, a first decision, a replay, a
+conflict), and has the store write exactly that. The unique constraints on
+``operation_id`` stay the atomic step: an insert they refuse is read back, never assumed.
 """
 
 from __future__ import annotations
@@ -16,18 +11,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, NamedTuple
 
-import psycopg
-from django.contrib.auth import get_user_model
-from django.db import DEFAULT_DB_ALIAS, Error, OperationalError, connection, connections, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from cases.models import Case
 from core import identity, text
 from core.errors import (
     CaseBusy,
+    ConflictingDecision,
     DecisionflowError,
     DecisionOmitted,
     InvalidInput,
@@ -41,11 +34,11 @@ from core.faults import crash_point
 from core.locks import decision_lock_timeout
 from core.observability import observed_commit
 from core.outcomes import OperationState, ReceiptStatus
-from core.prepared import PreparedStatement, begin_in_query_string
-from effects.delivery import delivery_attempt, delivery_configured, delivery_fields, duration_setting, worker_name
+from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
+from effects.store import CaseLocked, Target, Writes, attempt_append, commit_store, stored
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
-from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, PendingReview, Proposal, ReviewDecision, SystemActor
+from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision, SystemActor
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +49,6 @@ COMMITTED = ReceiptStatus.COMMITTED
 DECLINED = ReceiptStatus.DECLINED
 CONFLICTING = ReceiptStatus.CONFLICTING
 NO_LOCAL_EFFECT = OperationState.NO_LOCAL_EFFECT
-
-# PostgreSQL's lock_not_available: a lock wait outlasted lock_timeout.
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 @dataclass(frozen=True)
@@ -81,34 +71,24 @@ def reviewer_check(reviewer) -> None:
         raise PermissionRefused(f"{reviewer.get_username()} does not have the review permission")
 
 
-def _attempt(
+def _attempt_row(
     *, operation_id, case_id, approved, reviewer, outcome, channel, detail="", reason=None, decline=(None, None)
-):
-    # Every call appends one row, through the one-statement insert (no ORM save machinery:
-    # this is on every commit's path).
-    _insert_row(
-        CommitAttempt,
-        _attempt_fields(operation_id, case_id, approved, reviewer, outcome, channel, detail, reason, decline),
-    )
-
-
-def _attempt_fields(
-    operation_id, case_id, approved, reviewer, outcome, channel, detail, reason=None, decline=(None, None)
-) -> dict:
+) -> CommitAttempt:
+    """One attempt row, cut to its columns: a refused attempt may carry anything at all."""
     decline_reason, decline_note = decline
-    return {
-        "operation_id": str(operation_id)[:200],
-        "case_id": case_id,
-        "approved": approved if isinstance(approved, bool) else None,
-        "reviewer": reviewer if getattr(reviewer, "pk", None) else None,
-        "outcome": outcome,
-        "channel": channel,
-        "detail": detail[:2000],
-        "reason": RefusalReason(reason).value if reason else None,
-        # Only a known reason is kept: a refused attempt may carry anything at all.
-        "decline_reason": decline_reason if decline_reason in DeclineReason.values else None,
-        "decline_note": decline_note[:2000] if isinstance(decline_note, str) else None,
-    }
+    return CommitAttempt(
+        operation_id=str(operation_id)[:200],
+        case_id=case_id,
+        approved=approved if isinstance(approved, bool) else None,
+        reviewer_id=getattr(reviewer, "pk", None),
+        outcome=outcome,
+        channel=channel,
+        detail=detail[:2000],
+        reason=RefusalReason(reason).value if reason else None,
+        # Only a known reason is kept.
+        decline_reason=decline_reason if decline_reason in DeclineReason.values else None,
+        decline_note=decline_note[:2000] if isinstance(decline_note, str) else None,
+    )
 
 
 DECLINE_NOTE_MAX = 2000
@@ -152,29 +132,31 @@ def attempt_record(
     """Append one ``CommitAttempt`` for a call that ended before a commit could record it.
 
     It never waits for the case row, which is often the very reason the call was refused
-    (``CaseBusy``): the row's references are not checked by the database (migration 0009),
-    so no lock is taken on the case or the user. One statement, in the caller's transaction
-    if there is one (autocommit otherwise).
+    (``CaseBusy``): the row's references are not checked by the database, so no lock is
+    taken on the case or the user. One statement, in the caller's transaction if there is
+    one (autocommit otherwise).
     """
-    _attempt(
-        operation_id=operation_id,
-        case_id=case.pk if case is not None else None,
-        approved=approved,
-        reviewer=reviewer,
-        channel=channel,
-        outcome=outcome,
-        detail=detail,
-        reason=reason,
+    attempt_append(
+        _attempt_row(
+            operation_id=operation_id,
+            case_id=case.pk if case is not None else None,
+            approved=approved,
+            reviewer=reviewer,
+            channel=channel,
+            outcome=outcome,
+            detail=detail,
+            reason=reason,
+        )
     )
 
 
 def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
-    # PostgreSQL's commit statement builds the same row in SQL (_commit_sql); keep them alike.
+    """The effect of an approval: what was approved, copied, so that it stands on its own."""
     return {
         "operation_id": proposal.operation_id,
-        "decision": decision,
+        "decision_id": decision.pk,
         "case_id": proposal.case_id,
-        "proposal": proposal,
+        "proposal_id": proposal.pk,
         "action": proposal.action,
         "body": proposal.body,
         "evidence_id": proposal.evidence_id,
@@ -183,43 +165,6 @@ def _effect_fields(proposal: Proposal, decision: ReviewDecision) -> dict:
         "policy_snapshot": proposal.policy_snapshot,
         "reviewer_id": decision.reviewer_id,
     }
-
-
-def _insert_once(model, **fields):
-    """Insert a write-once row and return it; None when the unique key already holds one.
-
-    One statement, ``INSERT ... ON CONFLICT (operation_id) DO NOTHING RETURNING id``: the
-    unique key is still the atomic step, but the database absorbs the conflict instead of
-    raising it, so no savepoint is needed to keep the transaction usable. Any other
-    violation still raises. (RETURNING needs SQLite 3.35 or later.)
-    """
-    return _insert_row(model, fields, on_conflict="operation_id")
-
-
-def _insert_row(model, fields: dict, *, on_conflict: str | None = None):
-    """One INSERT ... RETURNING id for a new row of ``model`` (a write-once model: no save()
-    logic or signals to skip); with ``on_conflict``, a conflict on that unique column
-    inserts nothing and returns None."""
-    obj = model(**fields)
-    opts = model._meta
-    columns = [f for f in opts.local_concrete_fields if not f.primary_key]
-    qn = connection.ops.quote_name
-    # pre_save fills auto_now_add timestamps on obj, exactly as Model.save() would.
-    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in columns]
-    conflict = f"ON CONFLICT ({qn(opts.get_field(on_conflict).column)}) DO NOTHING " if on_conflict else ""
-    sql = (
-        f"INSERT INTO {qn(opts.db_table)} ({', '.join(qn(f.column) for f in columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))}) {conflict}RETURNING {qn(opts.pk.column)}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    obj.pk = row[0]
-    obj._state.adding = False
-    obj._state.db = connection.alias
-    return obj
 
 
 @dataclass
@@ -240,12 +185,8 @@ class _Call:
     # True once COMMIT may have been sent: from then on only the effect store knows.
     commit_sent: bool = False
 
-    def record(self, outcome: str, detail: str = "", reason: str | None = None) -> None:
-        if not self.case_known and identity.is_operation_id(self.operation_id):
-            # Only refusals before the commit get here; the commit learns the case itself.
-            found = Proposal.objects.filter(operation_id=self.operation_id).order_by()
-            self.case_pk = next(iter(found.values_list("case_id", flat=True)[:1]), None)
-        _attempt(
+    def attempt(self, outcome: str, detail: str = "", reason: str | None = None) -> CommitAttempt:
+        return _attempt_row(
             operation_id=self.operation_id,
             case_id=self.case_pk,
             approved=self.approved,
@@ -256,7 +197,49 @@ class _Call:
             reason=reason,
             decline=(self.decline_reason, self.decline_note),
         )
+
+    def record(self, outcome: str, detail: str = "", reason: str | None = None) -> None:
+        if not self.case_known and identity.is_operation_id(self.operation_id):
+            # Only refusals before the commit get here; the commit learns the case itself.
+            found = Proposal.objects.filter(operation_id=self.operation_id).order_by()
+            self.case_pk = next(iter(found.values_list("case_id", flat=True)[:1]), None)
+        attempt_append(self.attempt(outcome, detail, reason))
         self.recorded = True
+
+
+# -- the rules of a commit, each decided once ------------------------------------------------
+
+
+def _not_found(operation_id: str) -> NotFound:
+    """No proposal has this operation."""
+    return NotFound(f"no proposal has operation {operation_id}")
+
+
+def _is_stale(target: Target) -> bool:
+    """The operation's proposal is no longer its case's current one: it cannot be decided.
+    Read under the case row lock, which every edit takes too, so it cannot change before
+    the commit ends."""
+    return target.current_proposal_id != target.proposal.pk
+
+
+def _is_conflict(standing: ReviewDecision | None, approved: bool) -> bool:
+    """The opposite decision stands: refused, never an update."""
+    return standing is not None and standing.approved != approved
+
+
+def _is_replay(standing: ReviewDecision | None, approved: bool, effect_exists: bool) -> bool:
+    """The same decision stands, with everything it implies: nothing new to write. An
+    approval whose effect is missing is not a replay: the commit writes the effect."""
+    return standing is not None and standing.approved == approved and (effect_exists or not approved)
+
+
+def _outcome(target: Target, approved: bool) -> str:
+    """What a commit of ``approved`` on ``target`` is (a ``CommitAttempt.Outcome``)."""
+    if _is_conflict(target.decision, approved):
+        return CommitAttempt.Outcome.CONFLICT
+    if _is_replay(target.decision, approved, target.effect_exists):
+        return CommitAttempt.Outcome.REPLAY
+    return CommitAttempt.Outcome.COMMITTED if approved else CommitAttempt.Outcome.DECLINED
 
 
 def _result(outcome: str, *, approved: bool, effect_count: int, operation_id: str, decision) -> CommitResult:
@@ -266,22 +249,13 @@ def _result(outcome: str, *, approved: bool, effect_count: int, operation_id: st
     return CommitResult(status, outcome == CommitAttempt.Outcome.REPLAY, effect_count, operation_id, decision)
 
 
-def _stale(operation_id: str, case_label: str, current: str | None) -> StaleProposal:
-    return StaleProposal(
-        f"stale: {identity.short(operation_id)} is not the current proposal of case "
-        f"{case_label}; the current one is {identity.short(current or '')}",
-        current_operation_id=current,
-        case_id=case_label,
-    )
+# -- the commit ------------------------------------------------------------------------------
 
 
-def _not_found(operation_id: str) -> NotFound:
-    return NotFound(f"no proposal has operation {operation_id}")
-
-
-class _CaseLockTimeout(Exception):
-    """The case row stayed locked past lock_timeout; raised inside the transaction so that
-    it rolls back, and answered as CaseBusy outside it."""
+class _LostRace(Exception):
+    """An insert the read said was free was refused by its unique key: a writer that does
+    not take the case lock committed the row after the read. Raised inside the transaction,
+    so that it rolls back; the commit is then decided again from a fresh read."""
 
 
 def _lock_timeout_ms() -> int:
@@ -289,322 +263,97 @@ def _lock_timeout_ms() -> int:
     return max(1, round(decision_lock_timeout() * 1000))
 
 
-def _is_lock_timeout(exc: BaseException) -> bool:
-    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
-
-
-# FOR NO KEY UPDATE, not FOR UPDATE: it does not block the FOR KEY SHARE that the foreign
-# keys of the commit's own rows (decision, effect, delivery) and of other tables take on the
-# case row. Commits and edits (which update the row) still exclude each other. It returns
-# the case row's id only to say that the lock was granted; what the commit needs of the
-# case and the proposal, the commit statement reads after it.
-_LOCK_SQL = f"""
-    SELECT c.id
-    FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
-    WHERE p.operation_id = %(operation_id)s
-    FOR NO KEY UPDATE OF c
-"""
-
-# Outcomes that write nothing but their attempt row (see _commit_sql's last column).
-_NOTHING_NEW = (CommitAttempt.Outcome.REPLAY.value, CommitAttempt.Outcome.CONFLICT.value)
-
-
-@cache
-def _commit_sql() -> str:
-    """The decision, its effect, the attempt row and the pending review, in one statement.
-
-    It runs right after the case row lock, in the same round trip, so the checks the lock
-    protects are made here, in SQL: target is the proposal named by the operation, with its
-    case; current is target only while it is still the case's current proposal (empty when
-    the operation is unknown or stale, and then nothing below writes). new_decision is the
-    atomic step; standing is the decision that holds (just inserted, or the one already
-    there); new_effect is written only for an approval whose standing decision is an
-    approval; the attempt's outcome is computed from both; and the pending review is
-    completed for every outcome that reaches a decision. One write-once CTE per row; a new
-    row of the commit joins as one more CTE.
-
-    The statement always returns one row: the target (NULLs when unknown), the current
-    proposal's operation for a stale answer, then the outcome (NULL when nothing was
-    decided). Its last column turns ``synchronous_commit`` off for this transaction only when
-    the outcome wrote nothing but its audit row (a replay or a conflict that completed no
-    pending review): see docs/PERFORMANCE.md. A fresh decision or effect is always flushed.
-    A new CTE that can write on a replay or a conflict must join that condition; a new
-    parameter goes into _PARAMETER_TYPES.
-    """
-    user = get_user_model()
-    username = next(f.column for f in user._meta.concrete_fields if f.name == user.USERNAME_FIELD)
-    outcome = CommitAttempt.Outcome
-    return _compact(f"""
-    WITH target AS (
-        SELECT p.id, p.case_id, p.action, p.body, p.evidence_id, p.passages, p.policy_id, p.policy_snapshot,
-               c.case_id AS case_label, c.current_proposal_id
-        FROM {Proposal._meta.db_table} p JOIN {Case._meta.db_table} c ON c.id = p.case_id
-        WHERE p.operation_id = %(operation_id)s
-    ), current AS (
-        SELECT * FROM target WHERE current_proposal_id = id
-    ), new_decision AS (
-        INSERT INTO {ReviewDecision._meta.db_table} (
-            operation_id, proposal_id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
+def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewDecision]:
+    """The rows a commit with ``outcome`` writes, and the decision that will stand."""
+    approved, proposal = call.approved, target.proposal
+    detail = ""
+    if outcome == CommitAttempt.Outcome.CONFLICT:
+        standing = target.decision
+        assert standing is not None  # a conflict is with the decision that stands
+        detail = ConflictingDecision.standing(approved=standing.approved, by=standing.reviewer.get_username())
+    decision = target.decision
+    if decision is None:
+        decision = ReviewDecision(
+            operation_id=call.operation_id,
+            proposal_id=proposal.pk,
+            approved=approved,
+            reviewer_id=call.reviewer.pk,
+            decided_at=timezone.now(),
+            decline_reason=call.decline_reason,
+            decline_note=call.decline_note,
+            system_actor=call.system_actor,
         )
-        SELECT %(operation_id)s, cur.id, %(approved)s, %(reviewer)s, %(now)s,
-               %(decline_reason)s, %(decline_note)s, %(system_actor)s
-        FROM current cur
-        -- A replay skips the insert's conflict machinery when its snapshot already holds the
-        -- decision; ON CONFLICT stays the atomic step for any decision the snapshot lacks.
-        WHERE NOT EXISTS (SELECT FROM {ReviewDecision._meta.db_table} WHERE operation_id = %(operation_id)s)
-        ON CONFLICT (operation_id) DO NOTHING
-        RETURNING id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor
-    ), standing AS (
-        SELECT id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor, TRUE AS is_new
-        FROM new_decision
-        UNION ALL
-        SELECT id, approved, reviewer_id, decided_at, decline_reason, decline_note, system_actor, FALSE
-        FROM {ReviewDecision._meta.db_table}
-        WHERE operation_id = %(operation_id)s AND EXISTS (SELECT FROM current) AND NOT EXISTS (SELECT FROM new_decision)
-    ), new_effect AS (
-        INSERT INTO {EffectRecord._meta.db_table} (
-            operation_id, decision_id, case_id, proposal_id, action, body, evidence_id,
-            source_versions, policy_id, policy_snapshot, reviewer_id, recorded_at
-        )
-        SELECT %(operation_id)s, s.id, p.case_id, p.id, p.action, p.body, p.evidence_id,
-               COALESCE(
-                   (SELECT jsonb_object_agg(x ->> 'source_id', x -> 'version') FROM jsonb_array_elements(p.passages) x),
-                   '{{}}'::jsonb
-               ),
-               p.policy_id, p.policy_snapshot, s.reviewer_id, %(now)s
-        FROM standing s CROSS JOIN current p
-        WHERE s.approved AND %(approved)s
-          -- Likewise: a replay neither builds the row nor tries it when the effect is there.
-          AND (s.is_new OR NOT EXISTS (SELECT FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s))
-        ON CONFLICT (operation_id) DO NOTHING
-        RETURNING id
-    ), new_delivery AS (
-        -- The approval's second effect, queued for the workers: only with a new effect (a
-        -- new approval, never a replay, conflict or decline) and a helpdesk configured.
-        INSERT INTO {Delivery._meta.db_table} (
-            operation_id, case_id, decision_id, effect_id, state, tries, next_try_at,
-            lease_owner, reference, reason, created_at, updated_at
-        )
-        SELECT %(operation_id)s, cur.case_id, s.id, e.id, '{DeliveryState.QUEUED.value}', 0, %(now)s,
-               '', '', '', %(now)s, %(now)s
-        FROM new_effect e CROSS JOIN standing s CROSS JOIN current cur
-        WHERE %(deliver)s
-        ON CONFLICT (operation_id) DO NOTHING
-    ), outcome AS (
-        SELECT s.*, CASE
-            WHEN s.approved <> %(approved)s THEN '{outcome.CONFLICT.value}'
-            WHEN s.is_new AND s.approved THEN '{outcome.COMMITTED.value}'
-            WHEN s.is_new THEN '{outcome.DECLINED.value}'
-            WHEN EXISTS (SELECT FROM new_effect) THEN '{outcome.COMMITTED.value}'
-            ELSE '{outcome.REPLAY.value}'
-        END AS outcome
-        FROM standing s
-    ), attempt AS (
-        INSERT INTO {CommitAttempt._meta.db_table}
-            (operation_id, case_id, approved, reviewer_id, outcome, channel, detail, attempted_at,
-             decline_reason, decline_note)
-        SELECT %(operation_id)s, (SELECT case_id FROM current), %(approved)s, %(reviewer)s, o.outcome, %(channel)s,
-               CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
-                    THEN 'already ' || CASE WHEN o.approved THEN 'approved' ELSE 'declined' END || ' by '
-                         || (SELECT u.{username} FROM {user._meta.db_table} u WHERE u.id = o.reviewer_id)
-                    ELSE '' END,
-               %(now)s, %(decline_reason)s, %(decline_note)s
-        FROM outcome o
-    ), completed AS (
-        UPDATE {PendingReview._meta.db_table} SET status = '{PendingReview.Status.COMPLETED.value}', updated_at = %(now)s
-        WHERE operation_id = %(operation_id)s AND status = '{PendingReview.Status.PENDING.value}'
-          AND EXISTS (SELECT FROM standing)
-        RETURNING 1
+    effect = None
+    if outcome == CommitAttempt.Outcome.COMMITTED:
+        effect = EffectRecord(**_effect_fields(proposal, decision))
+    new = target.decision is None or effect is not None
+    writes = Writes(
+        attempt=call.attempt(outcome, detail),
+        decision=decision if target.decision is None else None,
+        effect=effect,
+        delivery=effect is not None and delivery_configured(),
+        # A replay or a conflict that completes no pending review writes nothing but its
+        # audit row, which may skip the WAL flush (docs/PERFORMANCE.md); a new decision,
+        # effect or state change is always flushed.
+        flush=new or target.pending_open,
+        complete_pending=target.decision is None or target.pending_open,
     )
-    SELECT t.case_id, t.case_label, t.current_proposal_id, t.id,
-           CASE WHEN t.current_proposal_id IS DISTINCT FROM t.id
-                THEN (SELECT operation_id FROM {Proposal._meta.db_table} WHERE id = t.current_proposal_id) END,
-           o.outcome, o.id, o.approved, o.reviewer_id, o.decided_at, o.decline_reason, o.decline_note, o.system_actor,
-           CASE WHEN o.outcome = '{outcome.CONFLICT.value}'
-                THEN (SELECT count(*) FROM {EffectRecord._meta.db_table} WHERE operation_id = %(operation_id)s)
-                WHEN o.approved THEN 1 ELSE 0 END,
-           CASE WHEN o.outcome IN ('{_NOTHING_NEW[0]}', '{_NOTHING_NEW[1]}') AND NOT EXISTS (SELECT FROM completed)
-                THEN set_config('synchronous_commit', 'off', true) END
-    FROM (SELECT) one LEFT JOIN target t ON TRUE LEFT JOIN outcome o ON TRUE
-    """)
+    return writes, decision
 
 
-def _compact(sql: str) -> str:
-    """The statement without its indentation, as PREPARE sends it and the query log shows it."""
-    return "\n".join(line.strip() for line in sql.splitlines() if line.strip())
-
-
-# The parameters of the commit's statements, in the order PREPARE declares them, with their
-# types (each %(name)s of a statement becomes its $n).
-_PARAMETER_TYPES = {
-    "operation_id": "text",
-    "approved": "boolean",
-    "reviewer": "bigint",
-    "channel": "text",
-    "now": "timestamptz",
-    "decline_reason": "text",
-    "decline_note": "text",
-    "system_actor": "text",
-    "deliver": "boolean",
-}
-
-_LOCK = PreparedStatement(_compact(_LOCK_SQL), _PARAMETER_TYPES)
-
-
-@cache
-def _commit_statement() -> PreparedStatement:
-    return PreparedStatement(_commit_sql(), _PARAMETER_TYPES)
-
-
-def _commit_postgresql(call: _Call) -> CommitResult:
-    db = connections[DEFAULT_DB_ALIAS]
-    operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
-    params = {
-        "operation_id": operation_id,
-        "approved": approved,
-        "reviewer": reviewer.pk,
-        "channel": call.channel,
-        "now": timezone.now(),
-        "decline_reason": call.decline_reason,
-        "decline_note": call.decline_note,
-        "system_actor": call.system_actor,
-        "deliver": delivery_configured(),
-    }
-    try:
-        db.ensure_connection()
-        if db.in_atomic_block or not db.autocommit:
-            # Inside an outer transaction (a test's): atomic() makes a savepoint; our BEGIN
-            # leads the query string only when psycopg has sent nothing yet (core/prepared.py).
-            with transaction.atomic(durable=True), db.cursor() as cursor:
-                begin = begin_in_query_string()
-                proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=begin)
-                call.commit_sent = True
-        else:
-            proposal_pk, decided = _commit_own_transaction(db, call, params)
-    except _CaseLockTimeout as timeout:
-        raise _busy(call) from timeout.__cause__
-    outcome, decision_pk, decision_approved, reviewer_pk, decided_at, *declined, effect_count, _ = decided
-    decision = ReviewDecision.from_db(
-        db.alias,
-        [
-            "id",
-            "operation_id",
-            "proposal_id",
-            "approved",
-            "reviewer_id",
-            "decided_at",
-            "decline_reason",
-            "decline_note",
-            "system_actor",
-        ],
-        [decision_pk, operation_id, proposal_pk, decision_approved, reviewer_pk, decided_at, *declined],
+def _answer(call: _Call, target: Target, outcome: str, writes: Writes, decision: ReviewDecision) -> CommitResult:
+    if decision.reviewer_id == call.reviewer.pk:
+        decision.reviewer = call.reviewer
+    effect_count = 1 if decision.approved and (target.effect_exists or writes.effect is not None) else 0
+    return _result(
+        outcome, approved=call.approved, effect_count=effect_count, operation_id=call.operation_id, decision=decision
     )
-    if reviewer_pk == reviewer.pk:
-        decision.reviewer = reviewer
-    return _result(outcome, approved=approved, effect_count=effect_count, operation_id=operation_id, decision=decision)
 
 
-def _commit_own_transaction(db, call: _Call, params: dict) -> tuple[int, tuple]:
-    """The usual case, Django in autocommit: the transaction is this function's own.
-
-    Our BEGIN leads the statements' query string, and COMMIT is Django's commit(), exactly
-    what ``atomic(durable=True)`` would send, without its bookkeeping on the way in and out
-    (switching Django and psycopg out of autocommit and back costs more client time than
-    the whole replay's server work; docs/PERFORMANCE.md). Django stays in autocommit
-    throughout, and no other code runs inside. Any failure before COMMIT rolls back here,
-    as atomic() would, and closes the connection when even the rollback fails.
-    """
-    pg = db.connection
-    with db.cursor() as cursor:
+def _commit(call: _Call) -> CommitResult:
+    """The commit's one durable transaction: read under the case lock, decide, write."""
+    store = commit_store()
+    operation_id, approved = call.operation_id, call.approved
+    for _ in range(2):
         try:
-            proposal_pk, decided = _commit_statements(db, cursor, call, params, begin=True)
-            call.commit_sent = True
-            # Django's own commit() and rollback(): psycopg's, logged as atomic() logs them.
-            # psycopg goes by the server's transaction status, not by its autocommit flag.
-            db.commit()
-        except BaseException:
-            # Still in a transaction: a statement failed, or COMMIT raised without ending it.
-            # Either way roll back, as atomic() does (and the outcome of a failed COMMIT stays
-            # unknown to the caller: call.commit_sent).
-            if pg.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                try:
-                    db.rollback()
-                except Error:
-                    db.close()
-            raise
-    return proposal_pk, decided
-
-
-def _commit_statements(db, cursor, call: _Call, params: dict, *, begin: bool) -> tuple[int, tuple]:
-    """Send the commit's one query string and read its answer; the caller commits.
-
-    Returns the proposal's id and the decided columns of the statement's row. Raises
-    NotFound and StaleProposal (the statement wrote nothing), and _CaseLockTimeout.
-    """
-    pg = db.connection
-    operation_id = call.operation_id
-    lock_sql, commit_sql = _LOCK.call_sql(cursor, pg), _commit_statement().call_sql(cursor, pg)
-    crash_point("commit-before-decision")
-    # One query string, one round trip: BEGIN, the lock timeout, the case row lock,
-    # and the commit statement (Django's psycopg cursor binds parameters client-side,
-    # so several statements may share one query). The server runs them in order, and
-    # under READ COMMITTED each statement takes its own snapshot when it starts: the
-    # commit statement's is taken once the lock was granted, so every decision
-    # committed before then is in it. The lock timeout bounds every lock wait of this
-    # transaction. Any wait in this query string is on a row of this case (the case
-    # row, or the decision, effect or pending review of this very operation, held by
-    # a transaction still running): CaseBusy, and the transaction rolled back. At
-    # COMMIT (the deferred foreign-key checks) it is a failure like any other.
-    query = _query_string(lock_sql, commit_sql, _lock_timeout_ms(), begin)
-    try:
-        cursor.execute(query, params)
-    except OperationalError as exc:
-        if _is_lock_timeout(exc):
-            raise _CaseLockTimeout from exc
-        raise
-    # Every result is in already: read them on psycopg's cursor, past Django's wrapper.
-    raw = cursor.cursor
-    while raw.nextset():
-        pass  # past BEGIN, SET and the lock statement, to the commit statement's row
-    returned = raw.fetchone()
-    call.case_known = True
-    case_pk, case_label, current_proposal_id, proposal_pk, current_operation_id, *decided = returned
-    if case_pk is None:
-        raise _not_found(operation_id)
-    call.case_pk = case_pk
-    # The case row lock orders this commit against a concurrent edit of the same case,
-    # so "is this still the current proposal?" could not change before the statement.
-    if current_proposal_id != proposal_pk:
-        raise _stale(operation_id, case_label, current_operation_id)
-    # Every CTE of the statement reads one snapshot, taken when it starts. When the
-    # decision insert loses ON CONFLICT to a transaction that committed after that
-    # snapshot, the read of the standing decision cannot see the winner, so the
-    # statement could not tell a replay from a conflict. The case row lock is what
-    # prevents that: every commit of this operation holds it, so any decision
-    # committed before we got the lock is in this statement's snapshot. Only a writer
-    # that skips the lock can still win in between; the statement then decides
-    # nothing (outcome NULL) and writes nothing, and running it again, with a new
-    # snapshot, is exact.
-    if decided[0] is None:
-        cursor.execute(commit_sql, params)
-        decided = cursor.cursor.fetchone()[5:]
-        if decided[0] is None:
-            raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
-    crash_point("commit-after-decision")
-    return proposal_pk, tuple(decided)
-
-
-@cache
-def _query_string(lock_sql: str, commit_sql: str, timeout_ms: int, begin: bool) -> str:
-    query = f"SET LOCAL lock_timeout = '{timeout_ms}ms'; {lock_sql}; {commit_sql}"
-    return f"BEGIN; {query}" if begin else query
+            with store.transaction():
+                target = store.read(operation_id, lock_timeout_ms=_lock_timeout_ms())
+                call.case_known = True
+                if target is None:
+                    raise _not_found(operation_id)
+                call.case_pk = target.proposal.case_id
+                if _is_stale(target):
+                    raise StaleProposal.superseded(
+                        operation_id=operation_id,
+                        case_id=target.case_label,
+                        current_operation_id=store.current_operation(target),
+                    )
+                crash_point("commit-before-decision")
+                outcome = _outcome(target, approved)
+                writes, decision = _decided(call, target, outcome)
+                written = store.write(writes)
+                if (writes.decision is not None and written.decision_pk is None) or (
+                    writes.effect is not None and written.effect_pk is None
+                ):
+                    raise _LostRace
+                crash_point("commit-after-decision")
+                call.commit_sent = True
+        except _LostRace:
+            continue
+        except CaseLocked:
+            raise _busy(call) from None
+        if written.decision_pk is not None:
+            decision = stored(decision, written.decision_pk)
+        return _answer(call, target, outcome, writes, decision)
+    raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
 
 
 def _busy(call: _Call) -> CaseBusy:
     """The answer to a case locked past the timeout, once the transaction rolled back.
 
-    PostgreSQL: the attempt row is written without waiting for that same row lock. SQLite: the lock is the whole database's, so no row can be
-    written without waiting for it; the attempt is logged instead of recorded.
+    PostgreSQL: the attempt row is written without waiting for that same row lock. SQLite:
+    the lock is the whole database's, so no row can be written without waiting for it; the
+    attempt is logged instead of recorded.
     """
     # A plain read: it waits for no row lock (nor, on SQLite, for another writer).
     found = Case.objects.filter(proposals__operation_id=call.operation_id).order_by().values_list("pk", "case_id")[:1]
@@ -615,112 +364,13 @@ def _busy(call: _Call) -> CaseBusy:
     if connection.vendor != "postgresql":
         log.warning("busy attempt on %s not recorded (the database is locked): %s", what, message)
         return CaseBusy(message, case_id=case_label)
+    call.case_pk = case_pk
     try:
-        # The same plain insert as every attempt row: its references are not checked
-        # (migration 0009), so it takes no lock on the case row that made this call busy.
-        _attempt(
-            operation_id=call.operation_id,
-            case_id=case_pk,
-            approved=call.approved,
-            reviewer=call.reviewer,
-            channel=call.channel,
-            outcome=CommitAttempt.Outcome.REFUSED,
-            detail=f"busy: {message}",
-            reason=RefusalReason.BUSY,
-        )
+        attempt_append(call.attempt(CommitAttempt.Outcome.REFUSED, f"busy: {message}", RefusalReason.BUSY))
     except Exception:
         # The refusal stands without its audit row.
         log.exception("could not record the busy attempt on %s", what)
     return CaseBusy(message, case_id=case_label)
-
-
-def _commit_orm(call: _Call) -> CommitResult:
-    """SQLite: the same commit through the ORM. No row locks here: settings open every
-    transaction with BEGIN IMMEDIATE, so it holds the database's write lock from its first
-    statement, and commits and edits run one at a time."""
-    began = False
-    try:
-        with transaction.atomic(durable=True):
-            began = True
-            outcome, effect_count, decision = _commit_orm_writes(call)
-            crash_point("commit-after-decision")
-            call.commit_sent = True
-    except OperationalError as exc:
-        # BEGIN IMMEDIATE waited out the busy timeout behind another writer and nothing ran:
-        # SQLite's form of PostgreSQL's lock timeout on the case row.
-        if began or "database is locked" not in str(exc):
-            raise
-        raise _busy(call) from None
-    return _result(
-        outcome, approved=call.approved, effect_count=effect_count, operation_id=call.operation_id, decision=decision
-    )
-
-
-def _commit_orm_writes(call: _Call) -> tuple[str, int, ReviewDecision]:
-    """The reads and writes of one SQLite commit, inside its transaction."""
-    operation_id, approved, reviewer = call.operation_id, call.approved, call.reviewer
-    # No ORDER BY: operation_id is unique, so the model's default ordering is only cost.
-    proposal = next(
-        iter(Proposal.objects.select_related("case").filter(operation_id=operation_id).order_by()[:1]), None
-    )
-    call.case_known = True
-    if proposal is None:
-        raise _not_found(operation_id)
-    case = proposal.case
-    call.case_pk = case.pk
-    if case.current_proposal_id != proposal.pk:
-        # A statement of its own (SQLite's one write lock keeps it consistent with the read
-        # above); no current proposal at all: nothing to look up.
-        current = (
-            Proposal.objects.filter(pk=case.current_proposal_id).values_list("operation_id", flat=True).first()
-            if case.current_proposal_id is not None
-            else None
-        )
-        raise _stale(operation_id, case.case_id, current)
-    crash_point("commit-before-decision")
-    new_decision = _insert_once(
-        ReviewDecision,
-        operation_id=operation_id,
-        proposal=proposal,
-        approved=approved,
-        reviewer=reviewer,
-        decline_reason=call.decline_reason,
-        decline_note=call.decline_note,
-        system_actor=call.system_actor,
-    )
-    # Only a decision that was already there needs reading back.
-    decision = new_decision or ReviewDecision.objects.select_related("reviewer").get(operation_id=operation_id)
-    detail = ""
-    if decision.approved != approved:
-        outcome = CommitAttempt.Outcome.CONFLICT
-        detail = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
-        effect_count = EffectRecord.objects.filter(operation_id=operation_id).count()
-    elif not approved:
-        outcome = CommitAttempt.Outcome.DECLINED if new_decision else CommitAttempt.Outcome.REPLAY
-        effect_count = 0
-    else:
-        new_effect = _insert_once(EffectRecord, **_effect_fields(proposal, decision))
-        if new_effect is not None and delivery_configured():
-            # The approval's second effect, as in the PostgreSQL statement's new_delivery.
-            _insert_once(Delivery, **delivery_fields(new_effect))
-        replay = new_decision is None and new_effect is None
-        outcome = CommitAttempt.Outcome.REPLAY if replay else CommitAttempt.Outcome.COMMITTED
-        effect_count = 1
-    _attempt(
-        operation_id=operation_id,
-        case_id=case.pk,
-        approved=approved,
-        reviewer=reviewer,
-        outcome=outcome,
-        channel=call.channel,
-        detail=detail,
-        decline=(call.decline_reason, call.decline_note),
-    )
-    # update() skips auto_now, hence updated_at by hand.
-    PendingReview.objects.filter(operation_id=operation_id, status=PendingReview.Status.PENDING).update(
-        status=PendingReview.Status.COMPLETED, updated_at=timezone.now()
-    )
-    return outcome, effect_count, decision
 
 
 def _uncertain(call: _Call, exc: Exception) -> OutcomeUncertain:
@@ -799,7 +449,7 @@ def effect_commit(
             reviewer_check(reviewer)
         elif getattr(reviewer, "pk", None) is None:
             raise PermissionRefused(f"the system actor {system_actor} needs its user row")
-        result = _commit_postgresql(call) if connection.vendor == "postgresql" else _commit_orm(call)
+        result = _commit(call)
     except DecisionflowError as exc:
         if not call.recorded:
             outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
@@ -992,31 +642,47 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:
     """Write the missing effect of each ``NoLocalEffectRecorded`` operation.
 
-    Idempotent: the effect's unique key makes a second run (or a concurrent one) a no-op.
-    Each operation is its own transaction, so a crash mid-way leaves every operation either
-    repaired or untouched. Returns the operations that needed repair.
+    Idempotent: each operation is read again under its case row lock, and only an approval
+    still without its effect is repaired, so a second run (or a concurrent one, or a
+    commit) writes nothing; the effect's unique key stays the last word. Each operation is
+    its own transaction, so a crash mid-way leaves every operation either repaired or
+    untouched. Returns the operations that needed repair.
     """
     repaired = []
+    store = commit_store()
     for row in rows:
         if row.state != NO_LOCAL_EFFECT:
             continue
         repaired.append(row)
         if dry_run:
             continue
-        with transaction.atomic():
-            decision = ReviewDecision.objects.select_related("proposal", "reviewer").get(operation_id=row.operation_id)
-            repaired_effect = _insert_once(EffectRecord, **_effect_fields(decision.proposal, decision))
-            if repaired_effect is not None and delivery_configured():
-                _insert_once(Delivery, **delivery_fields(repaired_effect))
-            if repaired_effect is not None:
-                _attempt(
+        try:
+            # Not durable: the rows may stream from reconcile's own open transaction.
+            with store.transaction(durable=False):
+                target = store.read(row.operation_id, lock_timeout_ms=_lock_timeout_ms())
+                if target is None or target.decision is None:
+                    continue
+                decision = target.decision
+                if operation_state(decision.approved, target.effect_exists) != NO_LOCAL_EFFECT:
+                    continue
+                effect = EffectRecord(**_effect_fields(target.proposal, decision))
+                attempt = _attempt_row(
                     operation_id=row.operation_id,
-                    case_id=decision.proposal.case_id,
+                    case_id=target.proposal.case_id,
                     approved=True,
                     reviewer=decision.reviewer,
                     outcome=CommitAttempt.Outcome.COMMITTED,
                     channel="repair",
                     detail="reconcile --repair wrote the missing effect",
                 )
+                written = store.write(Writes(attempt=attempt, effect=effect, delivery=delivery_configured()))
+                if written.effect_pk is None:
+                    raise _LostRace
+        except _LostRace:
+            pass  # another writer wrote the effect first: nothing left to repair
+        except CaseLocked:
+            raise CaseBusy(
+                f"another action on case {row.case_id} is in progress; try again", case_id=row.case_id
+            ) from None
         crash_point("repair-midway")
     return repaired

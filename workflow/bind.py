@@ -60,11 +60,7 @@ def no_pending_review(case: Case, operation_id: str) -> DecisionflowError:
     older = Proposal.objects.filter(case=case, operation_id=operation_id).exists()
     current = decidable_operation_id(case)
     if older and current != operation_id:
-        return StaleProposal(
-            f"stale: {identity.short(operation_id)} is not the current proposal of case {case.case_id}; "
-            f"the current one is {identity.short(current or '')}",
-            current_operation_id=current,
-        )
+        return StaleProposal.superseded(operation_id=operation_id, case_id=case.case_id, current_operation_id=current)
     return NotFound(
         f"no pending review for case {case.case_id} and operation {identity.short(operation_id)}; "
         f"the case's decidable operation is {identity.short(current or '')}"

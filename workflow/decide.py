@@ -99,14 +99,11 @@ def _outcome(commit: CommitResult) -> DecisionOutcome:
 
 def _conflict(commit: CommitResult) -> ConflictingDecision:
     decision = commit.decision
-    if decision is not None:
-        done = f"already {'approved' if decision.approved else 'declined'} by {decision.reviewer.get_username()}"
-    else:
-        done = "already decided the other way"
-    return ConflictingDecision(
-        f"conflicting decision: {identity.short(commit.operation_id)} was {done}; no decision or effect was written",
-        result=commit,
+    return ConflictingDecision.of(
         operation_id=commit.operation_id,
+        approved=None if decision is None else decision.approved,
+        by=None if decision is None else decision.reviewer.get_username(),
+        result=commit,
     )
 
 

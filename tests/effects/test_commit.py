@@ -252,3 +252,25 @@ def test_a_failure_of_commit_itself_is_uncertain_and_not_recorded_as_failed(prop
     # Here the rollback that followed did undo it; the point is that no row claims to know.
     assert outcomes() == []
     assert "outcome unknown" in caplog.text
+
+
+def test_the_error_classes_own_the_stale_and_conflict_wording():
+    """Callers pass facts; the wording lives once, in core/errors.py (docs/COMMANDS.md)."""
+    from core.errors import ConflictingDecision
+
+    op, current = "op-v1-" + "e3976ac9e004" + "0" * 52, "op-v1-" + "41024899b342" + "0" * 52
+    stale = StaleProposal.superseded(operation_id=op, case_id="T-1042", current_operation_id=current)
+    assert stale.message == (
+        "stale: op-v1-e3976ac9e004… is not the current proposal of case T-1042; the current one is op-v1-41024899b342…"
+    )
+    assert (stale.current_operation_id, stale.details["case_id"], stale.exit_code) == (current, "T-1042", 4)
+    assert StaleProposal.superseded(operation_id=op, case_id="T-1", current_operation_id=None).message.endswith(
+        "the current one is "
+    )
+    conflict = ConflictingDecision.of(operation_id=op, approved=False, by="reviewer", result="receipt")
+    assert conflict.message == (
+        "conflicting decision: op-v1-e3976ac9e004… was already declined by reviewer; no decision or effect was written"
+    )
+    assert (conflict.result, conflict.details["operation_id"], conflict.exit_code) == ("receipt", op, 3)
+    assert ConflictingDecision.standing(approved=True, by="lead") == "already approved by lead"
+    assert ConflictingDecision.standing(approved=None, by=None) == "already decided the other way"

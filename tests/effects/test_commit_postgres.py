@@ -6,6 +6,7 @@ into savepoints), and lock rows from a second connection opened by the test.
 
 from __future__ import annotations
 
+import re
 import tempfile
 import threading
 import time
@@ -26,13 +27,16 @@ from tests.conftest import database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-# What Django's query log shows of one commit on a session that has prepared its statements:
-# the BEGIN leads the one query string that also sets the lock timeout, locks the case row
-# and executes the prepared commit statement; then COMMIT. Django stays in autocommit (the
-# transaction is the commit's own), so the log shows no "BEGIN" of atomic()'s that never
-# goes on the wire. round_trips() below reads the wire and sees exactly the same two.
-COMMIT_QUERY = "BEGIN; SET LOCAL lock_timeout"
-COMMIT_SHAPE = [COMMIT_QUERY, "COMMIT"]
+# What one commit sends, round trip by round trip (round_trips() below reads the wire):
+# Django's durable transaction: BEGIN, one query string that sets the lock timeout, locks
+# the case row and reads the operation, one query string with every write, and COMMIT. The
+# raw floor sends as many (psycopg's BEGIN, two inserts, COMMIT). Nothing is prepared, and
+# nothing but SET LOCAL touches the session.
+LOCKED_READ = "SET LOCAL lock_timeout"
+QUIET = "SET LOCAL synchronous_commit = off"
+COMMIT_SHAPE = ["BEGIN", LOCKED_READ, "INSERT INTO", "COMMIT"]
+# A replay or a conflict writes nothing but its attempt row, without waiting for the flush.
+QUIET_SHAPE = ["BEGIN", LOCKED_READ, QUIET, "COMMIT"]
 
 
 def shape(captured) -> list[str]:
@@ -40,7 +44,7 @@ def shape(captured) -> list[str]:
     out = []
     for query in captured.captured_queries:
         sql = " ".join(query["sql"].split())
-        for prefix in [COMMIT_QUERY, "BEGIN", "COMMIT", "PREPARE", "EXECUTE", "SELECT", "ROLLBACK", "INSERT INTO"]:
+        for prefix in [LOCKED_READ, QUIET, "BEGIN", "COMMIT", "SELECT", "ROLLBACK", "INSERT INTO"]:
             if sql.startswith(prefix):
                 out.append(prefix)
                 break
@@ -70,7 +74,7 @@ def round_trips():
         log.seek(0)
         lines = log.read().decode().splitlines()
     fields = [line.split("\t", 3) for line in lines]
-    sent += [f[3].strip()[:200] for f in fields if f[0] == "F" and f[2] in ("Query", "Parse")]
+    sent += [f[3].strip() for f in fields if f[0] == "F" and f[2] in ("Query", "Parse")]
     assert sum(f[0] == "B" and f[2] == "ReadyForQuery" for f in fields) == len(sent)
 
 
@@ -85,67 +89,46 @@ def measured(call):
 
 @pytest.fixture
 def warm(reviewer, make_user):
-    """The reviewers with their permission caches filled, as a channel leaves them, and the
-    commit's statements prepared on the session, as the first commit of a session leaves it."""
+    """The reviewers with their permission caches filled, as a channel leaves them."""
     other = make_user("other")
     for user in (reviewer, other):
         reviewer_check(user)
-    with connection.cursor() as cursor:
-        services._LOCK.call_sql(cursor)
-        services._commit_statement().call_sql(cursor)
     return reviewer, other
 
 
-def test_a_first_approval_is_two_round_trips(proposal, warm):
+def statements(query: str) -> list[str]:
+    """The statements of one query string (split where the next one starts: a literal may
+    hold a semicolon)."""
+    return [s.strip() for s in re.split(r";\s*(?=(?:SET|SELECT|INSERT|UPDATE) )", query.strip('"'))]
+
+
+def test_a_first_approval_is_four_round_trips_and_prepares_nothing(proposal, warm):
     reviewer, _ = warm
-    result, logged, sent = measured(
-        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    )
+    with CaptureQueriesContext(connection) as log:
+        result, logged, sent = measured(
+            lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+        )
     assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
     assert logged == COMMIT_SHAPE
-    assert len(sent) == 2 and sent[-1] == '"COMMIT"'
-    # BEGIN, the lock timeout, the case row lock and the commit statement went out as one query.
-    statements = [s.strip() for s in sent[0].strip('"').split(";")]
-    assert statements[:2] == ["BEGIN", "SET LOCAL lock_timeout = '3000ms'"]
-    assert statements[2].startswith(f"EXECUTE {services._LOCK.name} (")
-    assert statements[3].startswith(f"EXECUTE {services._commit_statement().name} (")
-    assert len(statements) == 4
-
-
-def test_the_first_commit_of_a_session_prepares_its_statements_once(proposal, reviewer, make_user):
-    reviewer_check(reviewer)
-    connections.close_all()  # a new session: nothing prepared on it
-    result, logged, sent = measured(
-        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    )
-    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
-    # Each PREPARE is a statement of its own, outside the transaction (PREPARE is not
-    # transactional: a rollback would not undo it either).
-    assert logged == ["PREPARE", "PREPARE", COMMIT_QUERY, "COMMIT"] and len(sent) == 4
+    sql = [query["sql"] for query in log.captured_queries]
+    assert all(query.strip('"').startswith(start) for query, start in zip(sent, COMMIT_SHAPE, strict=True)), sent
+    # The lock timeout; the case with the proposal, locking the case row; the decision, with
+    # whether its effect and an open pending review exist.
+    locked = statements(sql[1])
+    assert locked[0] == "SET LOCAL lock_timeout = '3000ms'" and locked[1].endswith('FOR NO KEY UPDATE OF "cases_case"')
+    assert len(locked) == 3
+    # Every write in one query string: the decision, the effect, the attempt, the pending review.
+    writes = statements(sql[2])
+    assert [w.split(" (")[0] for w in writes] == [
+        'INSERT INTO "reviews_reviewdecision"',
+        'INSERT INTO "effects_effectrecord"',
+        'INSERT INTO "effects_commitattempt"',
+        'UPDATE "reviews_pendingreview" SET "status" = \'completed\', "updated_at" = STATEMENT_TIMESTAMP() WHERE',
+    ]
+    assert not any(word in s for s in sent for word in ("PREPARE", "EXECUTE", "DEALLOCATE"))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT name FROM pg_prepared_statements ORDER BY name")
-        names = [row[0] for row in cursor.fetchall()]
-    assert names == sorted([services._LOCK.name, services._commit_statement().name])
-    result, logged, sent = measured(
-        lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    )
-    assert result.replay and logged == COMMIT_SHAPE and len(sent) == 2
-
-
-def test_with_psycopg_prepared_statements_on_the_statement_is_sent_whole(proposal, warm):
-    """psycopg, when its own prepared statements are turned on, deallocates every prepared
-    statement at each rollback; the commit then prepares nothing of its own."""
-    reviewer, _ = warm
-    connection.connection.prepare_threshold = 5
-    try:
-        with CaptureQueriesContext(connection) as captured:
-            result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    finally:
-        connections.close_all()
-    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
-    assert shape(captured) == COMMIT_SHAPE
-    query = captured.captured_queries[0]["sql"]
-    assert "EXECUTE" not in query and "WITH target AS (" in query
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone()[0] == 0
 
 
 @pytest.mark.parametrize(
@@ -157,30 +140,45 @@ def test_with_psycopg_prepared_statements_on_the_statement_is_sent_whole(proposa
         (False, True, {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 0}),
     ],
 )
-def test_a_replay_and_a_conflict_are_two_round_trips_too(proposal, warm, first, then, receipt):
+def test_a_replay_and_a_conflict_are_four_round_trips_too(proposal, warm, first, then, receipt):
     reviewer, other = warm
     effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
     result, logged, sent = measured(
         lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
     )
     assert result.receipt() == receipt
-    assert logged == COMMIT_SHAPE and len(sent) == 2
+    assert logged == QUIET_SHAPE and len(sent) == 4
+    assert [w.split(" (")[0] for w in statements(sent[2])] == [QUIET, 'INSERT INTO "effects_commitattempt"']
+    # The setting is that transaction's own: the session is back to the server's default.
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
 
 
-def test_a_first_decline_is_two_round_trips(proposal, warm):
+def test_a_first_decline_is_four_round_trips(proposal, warm):
     reviewer, _ = warm
-    result, logged, sent = measured(
-        lambda: effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
-    )
+    with CaptureQueriesContext(connection) as log:
+        result, logged, sent = measured(
+            lambda: effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
+        )
     assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
-    assert logged == COMMIT_SHAPE and len(sent) == 2
+    assert logged == COMMIT_SHAPE and len(sent) == 4
+    assert [w.split(" (")[0] for w in statements(log.captured_queries[2]["sql"])][:2] == [
+        'INSERT INTO "reviews_reviewdecision"',
+        'INSERT INTO "effects_commitattempt"',
+    ]
 
 
-def test_the_lock_statement_takes_no_key_update_on_the_case_only(proposal, warm):
-    reviewer, _ = warm
-    lock = " ".join(services._LOCK.prepare_sql().split())
-    assert lock.endswith("FOR NO KEY UPDATE OF c") and "FOR UPDATE" not in lock
-    assert lock.startswith(f"PREPARE {services._LOCK.name} (text) AS SELECT c.id ")
+def test_the_lock_statement_takes_no_key_update_on_the_case_only(db):
+    from django.db import transaction
+
+    from effects.store import _reads
+
+    with transaction.atomic():
+        lock = " ".join(_reads(True)[0].sql.split())
+    assert lock.endswith('FOR NO KEY UPDATE OF "cases_case"') and "FOR UPDATE" not in lock
+    assert lock.startswith('SELECT "reviews_proposal"."id" ')
+    assert "FOR " not in _reads(False)[0].sql
 
 
 def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal, warm):
@@ -192,19 +190,19 @@ def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal,
         lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     )
     assert isinstance(result, StaleProposal) and result.details["case_id"] == "T-1042"
-    # The commit statement found the proposal no longer current, wrote nothing and returned
-    # the current one's identity; the transaction rolled back, then the attempt row was
-    # appended.
+    # The read under the lock found the proposal no longer current, and the current one's
+    # operation was read for the answer; nothing was written, the transaction rolled back,
+    # then the attempt row was appended.
     assert result.details["current_operation_id"] == edited.proposal.operation_id
-    assert logged == [COMMIT_QUERY, "ROLLBACK", "INSERT INTO"]
-    assert len(sent) == 3
+    assert logged == ["BEGIN", LOCKED_READ, "SELECT", "ROLLBACK", "INSERT INTO"]
+    assert len(sent) == 5
     assert list(CommitAttempt.objects.values_list("outcome", "case_id")) == [("stale", proposal.case_id)]
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
 
 
 def _synchronous_commit_at_commit(monkeypatch) -> list[str]:
     """What synchronous_commit is when COMMIT goes out: read inside the commit transaction,
-    at its last crash point (after the commit statement, before COMMIT)."""
+    at its last crash point (after the writes, before COMMIT)."""
     seen: list[str] = []
 
     def crash_point(name):
@@ -217,26 +215,12 @@ def _synchronous_commit_at_commit(monkeypatch) -> list[str]:
     return seen
 
 
-def test_only_a_commit_that_wrote_nothing_but_its_attempt_skips_the_wal_flush(proposal, warm, monkeypatch):
-    """A fresh decision or effect is flushed before COMMIT returns; a replay or a conflict,
-    whose only write is its own attempt row, does not wait for the flush."""
-    reviewer, other = warm
-    seen = _synchronous_commit_at_commit(monkeypatch)
-    op = proposal.operation_id
-    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is False
-    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is True
-    assert effect_commit(operation_id=op, approved=False, reviewer=other).status == "ConflictingDecision"
-    assert seen == ["on", "off", "off"]
-    # And the setting is the transaction's own: the session is back to the server's default.
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == "on"
-
-
 @pytest.mark.parametrize("approved", [True, False])
 def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flushed(
     proposal, warm, monkeypatch, approved
 ):
+    """A fresh decision or effect is flushed before COMMIT returns, and so is a replay
+    that completes a pending review (a state change): both take the locked path."""
     reviewer, _ = warm
     seen = _synchronous_commit_at_commit(monkeypatch)
     effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
@@ -253,6 +237,21 @@ def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flush
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.COMPLETED
     assert seen == ["on", "on"]
+
+
+def test_only_a_commit_that_wrote_nothing_but_its_attempt_skips_the_wal_flush(proposal, warm, monkeypatch):
+    """A fresh decision or effect is flushed before COMMIT returns; a replay or a conflict,
+    whose only write is its own attempt row, does not wait for the flush."""
+    reviewer, other = warm
+    seen = _synchronous_commit_at_commit(monkeypatch)
+    op = proposal.operation_id
+    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is False
+    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is True
+    assert effect_commit(operation_id=op, approved=False, reviewer=other).status == "ConflictingDecision"
+    assert seen == ["on", "off", "off"]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == "on"
 
 
 @contextmanager
@@ -345,8 +344,9 @@ def test_attempt_record_never_waits_for_the_case_row(proposal, reviewer):
 def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(proposal, reviewer, make_user):
     """A writer that skips the case lock commits the decision while our insert waits on it.
 
-    The commit statement's snapshot predates that decision, so it finds none and decides
-    nothing; the commit runs the statement again and answers from the decision that stands.
+    The reads under the lock predate that decision, so the commit decides a first approval;
+    the unique key refuses its decision, the transaction rolls back, and the commit is
+    decided again from a fresh read: the decision that stands, a conflict.
     """
     other = make_user("other")
     answer: dict = {}
@@ -368,12 +368,12 @@ def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(prop
         )
         thread = threading.Thread(target=commit)
         thread.start()
-        # Wait until the commit statement is blocked on the uncommitted decision.
+        # Wait until the commit's decision insert is blocked on the uncommitted decision.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             waiting = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                [f"%EXECUTE {services._commit_statement().name}%"],
+                ['%INSERT INTO "reviews_reviewdecision"%'],
             ).fetchone()
             if waiting and waiting[0]:
                 break
@@ -391,11 +391,11 @@ def test_a_decision_committed_behind_the_lock_is_read_by_a_second_statement(prop
     assert (attempt.outcome, attempt.detail) == ("conflict", "already declined by other")
 
 
-def test_a_lock_wait_inside_the_commit_statement_is_case_busy_too(proposal, reviewer, make_user, settings):
-    """The lock and the commit statement share one query string, so a timeout is not told
-    apart by statement; every row the statement can wait for belongs to this case (here: the
-    decision of this very operation, inserted and not yet committed by a writer that skipped
-    the case lock), so "another action on this case is in progress" is what happened."""
+def test_a_lock_wait_inside_the_writes_is_case_busy_too(proposal, reviewer, make_user, settings):
+    """The lock timeout bounds every lock wait of the transaction, the writes' too; every row
+    a commit can wait for belongs to this case (here: the decision of this very operation,
+    inserted and not yet committed by a writer that skipped the case lock), so "another
+    action on this case is in progress" is what happened."""
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.5
     other = make_user("other")
     with psycopg.connect(database_url()) as writer:

@@ -1,0 +1,280 @@
+"""The commit store's contract (effects/store.py), one suite for both databases.
+
+The same cases run on SQLite and on PostgreSQL (`make test` runs the suite on each): what
+the store reads under the case lock, what it writes, what it answers when a unique key
+refuses a row, and what effect_commit makes of it, alone, twice and concurrently.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db import connection, connections
+from django_tasks import default_task_backend
+
+from core.errors import NotFound, StaleProposal
+from effects.models import CommitAttempt, Delivery, EffectRecord
+from effects.services import _effect_fields, effect_commit
+from effects.store import PostgresCommitStore, SqliteCommitStore, Writes, commit_store
+from reviews.models import PendingReview, ReviewDecision
+from reviews.services import proposal_create, proposal_revise
+
+HELPDESK = "http://127.0.0.1:9/helpdesk"
+
+
+def attempts() -> list[tuple]:
+    return list(CommitAttempt.objects.order_by("id").values_list("outcome", "approved", "detail", "case_id"))
+
+
+def rows() -> tuple[int, int, int]:
+    return ReviewDecision.objects.count(), EffectRecord.objects.count(), Delivery.objects.count()
+
+
+@pytest.fixture
+def pending(proposal):
+    return PendingReview.objects.create(
+        case=proposal.case,
+        proposal=proposal,
+        operation_id=proposal.operation_id,
+        workflow_session_id="s",
+        checkpoint_id="c",
+        workflow_version="test",
+    )
+
+
+@pytest.fixture
+def delivering(settings):
+    """A helpdesk configured; the enqueued deliveries go to the dummy task backend."""
+    settings.DECISIONFLOW_DELIVERY_URL = HELPDESK
+    settings.TASKS = {"default": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"}}
+    default_task_backend.clear()
+    yield
+    default_task_backend.clear()
+
+
+def test_the_store_is_the_databases_own():
+    expected = PostgresCommitStore if connection.vendor == "postgresql" else SqliteCommitStore
+    assert isinstance(commit_store(), expected)
+
+
+# -- the store itself ------------------------------------------------------------------------
+
+
+def test_read_of_an_unknown_operation_is_none(db):
+    store = commit_store()
+    with store.transaction():
+        assert store.read("op-v1-" + "0" * 64, lock_timeout_ms=1000) is None
+    assert store.read("op-v1-" + "0" * 64, lock_timeout_ms=None) is None
+
+
+def test_read_finds_the_target_then_the_standing_decision(proposal, pending, reviewer):
+    store = commit_store()
+    with store.transaction():
+        target = store.read(proposal.operation_id, lock_timeout_ms=1000)
+    assert (target.proposal.pk, target.proposal.passages, target.proposal.policy_snapshot) == (
+        proposal.pk,
+        proposal.passages,
+        proposal.policy_snapshot,
+    )
+    assert (target.case_label, target.current_proposal_id) == ("T-1042", proposal.pk)
+    assert store.current_operation(target) == proposal.operation_id
+    # No decision: no effect can exist (it references the decision), and the pending review
+    # is completed by whatever decision comes.
+    assert (target.decision, target.effect_exists, target.pending_open) == (None, False, False)
+
+    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    target = store.read(proposal.operation_id, lock_timeout_ms=None)
+    stored = ReviewDecision.objects.get()
+    decision = target.decision
+    assert (decision.pk, decision.approved, decision.decided_at, decision.reviewer_id) == (
+        stored.pk,
+        True,
+        stored.decided_at,
+        reviewer.pk,
+    )
+    assert decision.reviewer.get_username() == "reviewer"
+    assert (target.effect_exists, target.pending_open) == (True, False)
+    PendingReview.objects.filter(pk=pending.pk).update(status=PendingReview.Status.PENDING)
+    assert store.read(proposal.operation_id, lock_timeout_ms=None).pending_open is True
+
+
+def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(proposal, pending, reviewer):
+    store = commit_store()
+    decision = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer)
+    effect = EffectRecord(**_effect_fields(proposal, decision))
+    attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
+    with store.transaction():
+        written = store.write(Writes(attempt=attempt, decision=decision, effect=effect))
+    stored = ReviewDecision.objects.get()
+    assert (written.decision_pk, written.effect_pk) == (stored.pk, EffectRecord.objects.get().pk)
+    # The effect names the decision written before it in the same transaction.
+    assert EffectRecord.objects.get().decision_id == stored.pk
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.COMPLETED
+    # Again: both unique keys refuse, and the store says so instead of raising.
+    again = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=False, reviewer=reviewer)
+    with store.transaction():
+        written = store.write(
+            Writes(attempt=attempt, decision=again, effect=EffectRecord(**_effect_fields(proposal, stored)))
+        )
+    assert (written.decision_pk, written.effect_pk) == (None, None)
+    assert rows() == (1, 1, 0)
+    assert ReviewDecision.objects.get().approved is True
+    assert CommitAttempt.objects.count() == 2
+
+
+# -- effect_commit on the store: every row of the commit table --------------------------------
+
+
+def test_first_approval_then_replay(proposal, pending, reviewer):
+    first = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert first.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    again = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert again.receipt() == {"Status": "Committed", "Replay": True, "EffectCount": 1}
+    assert rows() == (1, 1, 0)
+    assert attempts() == [("committed", True, "", proposal.case_id), ("replay", True, "", proposal.case_id)]
+    assert first.decision.pk == again.decision.pk == ReviewDecision.objects.get().pk
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.COMPLETED
+
+
+def test_decline_then_replay(proposal, pending, reviewer):
+    first = effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
+    assert first.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
+    again = effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
+    assert again.receipt() == {"Status": "Declined", "Replay": True, "EffectCount": 0}
+    assert rows() == (1, 0, 0)
+    assert [a[:2] for a in attempts()] == [("declined", False), ("replay", False)]
+
+
+@pytest.mark.parametrize("first, then, effects", [(True, False, 1), (False, True, 0)])
+def test_conflict_both_ways(proposal, pending, reviewer, make_user, first, then, effects):
+    effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
+    other = make_user("other")
+    result = effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
+    assert result.receipt() == {"Status": "ConflictingDecision", "Replay": False, "EffectCount": effects}
+    assert (result.decision.approved, result.decision.reviewer.get_username()) == (first, "reviewer")
+    assert rows() == (1, effects, 0)
+    verb = "approved" if first else "declined"
+    assert attempts()[-1] == ("conflict", then, f"already {verb} by reviewer", proposal.case_id)
+
+
+def test_an_approval_whose_effect_is_missing_writes_it(proposal, reviewer):
+    ReviewDecision.objects.create(
+        operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer
+    )
+    result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+    assert rows() == (1, 1, 0)
+    assert attempts()[-1][0] == "committed"
+
+
+def test_stale(proposal, pending, reviewer):
+    new = proposal_revise(
+        case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer
+    )
+    with pytest.raises(StaleProposal) as stale:
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    current = new.proposal.operation_id
+    assert stale.value.message == (
+        f"stale: {proposal.operation_id[:18]}… is not the current proposal of case T-1042; "
+        f"the current one is {current[:18]}…"
+    )
+    assert (stale.value.current_operation_id, stale.value.details["case_id"]) == (current, "T-1042")
+    assert rows() == (0, 0, 0)
+    assert attempts() == [("stale", True, stale.value.message, proposal.case_id)]
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.PENDING
+
+
+def test_unknown_operation(db, reviewer):
+    unknown = "op-v1-" + "0" * 64
+    with pytest.raises(NotFound, match=f"no proposal has operation {unknown}"):
+        effect_commit(operation_id=unknown, approved=True, reviewer=reviewer)
+    assert rows() == (0, 0, 0)
+    assert attempts() == [("refused", True, f"no proposal has operation {unknown}", None)]
+
+
+def test_a_delivery_row_only_for_a_new_approval_with_delivery_configured(case, reviewer, make_user, delivering):
+    approved = proposal_create(case=case)
+    assert effect_commit(operation_id=approved.operation_id, approved=True, reviewer=reviewer).replay is False
+    delivery = Delivery.objects.get()
+    effect = EffectRecord.objects.get()
+    assert (delivery.operation_id, delivery.effect_id, delivery.decision_id, delivery.state) == (
+        approved.operation_id,
+        effect.pk,
+        effect.decision_id,
+        "queued",
+    )
+    # A replay and a conflict add none.
+    effect_commit(operation_id=approved.operation_id, approved=True, reviewer=reviewer)
+    effect_commit(operation_id=approved.operation_id, approved=False, reviewer=make_user("other"))
+    assert Delivery.objects.count() == 1
+
+
+def test_no_delivery_row_without_a_helpdesk_or_for_a_decline(proposal, reviewer, settings):
+    settings.DECISIONFLOW_DELIVERY_URL = ""
+    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert Delivery.objects.count() == 0
+
+
+def test_no_delivery_row_for_a_decline(proposal, reviewer, delivering):
+    effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
+    assert rows() == (1, 0, 0)
+
+
+# -- twice, concurrently ---------------------------------------------------------------------
+
+
+def race(calls):
+    barrier = threading.Barrier(len(calls))
+    results, errors = [None] * len(calls), []
+
+    def run(index, call):
+        try:
+            barrier.wait()
+            results[index] = call()
+        except Exception as exc:  # noqa: BLE001 - the test asserts there are none
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_n_threads_committing_one_operation_write_one_decision_and_effect(proposal, pending, reviewer, delivering):
+    op = proposal.operation_id
+    results, errors = race([lambda: effect_commit(operation_id=op, approved=True, reviewer=reviewer)] * 8)
+    assert errors == []
+    assert Counter((r.status, r.replay) for r in results) == {("Committed", False): 1, ("Committed", True): 7}
+    assert rows() == (1, 1, 1)
+    assert Counter(a[0] for a in attempts()) == {"committed": 1, "replay": 7}
+    assert {r.decision.pk for r in results} == {ReviewDecision.objects.get().pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_opposite_decisions_concurrently_one_decision_the_other_a_conflict(proposal, pending, reviewer, make_user):
+    op = proposal.operation_id
+    other = make_user("other")
+    results, errors = race(
+        [
+            lambda: effect_commit(operation_id=op, approved=True, reviewer=reviewer),
+            lambda: effect_commit(operation_id=op, approved=False, reviewer=other),
+        ]
+    )
+    assert errors == []
+    decision = ReviewDecision.objects.get()
+    statuses = sorted(r.status for r in results)
+    assert statuses == sorted(["ConflictingDecision", "Committed" if decision.approved else "Declined"])
+    assert rows()[:2] == (1, 1 if decision.approved else 0)
+    verb = "approved" if decision.approved else "declined"
+    conflict = CommitAttempt.objects.get(outcome="conflict")
+    assert conflict.detail == f"already {verb} by {decision.reviewer.get_username()}"
