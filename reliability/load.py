@@ -595,7 +595,7 @@ def held_case_probe(client: Client, database_url: str, case_id: str, what: str) 
         status, payload, retry_after = client.request("POST", path, body, what=f"{what}: approve a held case")
         holder.rollback()
     if status != 409 or payload.get("code") != BUSY or not retry_after:
-        problems.append(f"{what}: a held case answered {status} {payload} (Retry-After {retry_after!r})")
+        problems.append(f"{what}: a held case answered {status} {str(payload)[:160]} (Retry-After {retry_after!r})")
     for expected, again in (("committed", "approve once released"), ("replay", "the same approval again")):
         status, payload, _ = client.request("POST", path, body, what=f"{what}: {again}")
         if status is None:
@@ -604,7 +604,7 @@ def held_case_probe(client: Client, database_url: str, case_id: str, what: str) 
         elif status == 200 and payload.get("status") == "Committed":
             decided(client.tally, op, payload, "Committed")
         if status != 200 or payload.get("outcome") != expected:
-            problems.append(f"{what}: {again} answered {status} {payload}, not {expected}")
+            problems.append(f"{what}: {again} answered {status} {str(payload)[:160]}, not {expected}")
     return problems
 
 
