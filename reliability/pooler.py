@@ -13,8 +13,9 @@ the system service and never outlives the block.
 - Every database name is forwarded to the same server (the ``*`` entry), so the test
   database of the running suite can be reached through it by its own name.
 
-PgBouncer refuses to run as root: as root it is started with ``-u postgres`` (it drops to
-that user after reading its files), and the folder is made readable for that user.
+PgBouncer refuses to run as root: as root it is started with ``-u postgres`` (or ``-u
+nobody``; it drops to that user after reading its files), and the folder is given to that
+user.
 
 ``advisory_locks(admin_url, database)`` counts the advisory locks held on the real server
 in one database, which is how a lock left behind by a pooled session shows.
@@ -42,7 +43,8 @@ HOST = "127.0.0.1"
 MODES = ("session", "transaction", "statement")
 # Debian puts it in /usr/sbin, which is not on every user's PATH.
 CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
-RUN_AS = "postgres"  # the user PgBouncer drops to when started as root
+# The user PgBouncer drops to when started as root: the server's own, or nobody.
+RUN_AS = ("postgres", "nobody")
 
 
 def binary() -> str | None:
@@ -51,6 +53,16 @@ def binary() -> str | None:
     if found:
         return found
     return next((path for path in CANDIDATES if os.access(path, os.X_OK)), None)
+
+
+def _system_user() -> str:
+    for name in RUN_AS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    raise RuntimeError(f"pgbouncer will not run as root, and none of the users {', '.join(RUN_AS)} exists")
 
 
 def free_port() -> int:
@@ -152,10 +164,11 @@ class PgBouncer:
         if os.geteuid() == 0:
             # PgBouncer will not run as root; it reads the ini, then switches to RUN_AS,
             # which must be able to read the folder.
-            uid = pwd.getpwnam(RUN_AS).pw_uid
+            user = _system_user()
+            uid = pwd.getpwnam(user).pw_uid
             for path in (self.folder, *self.folder.iterdir()):
                 os.chown(path, uid, -1)
-            argv += ["-u", RUN_AS]
+            argv += ["-u", user]
         argv.append(str(ini))
         log_path = self.log_path or self.folder / "pgbouncer.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
