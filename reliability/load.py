@@ -819,7 +819,7 @@ def main(argv=None) -> int:
         "code": str(CODE),
         "rounds_prepared": rounds_per_client * args.clients,
         "prepare_seconds": round(prepare_seconds, 1),
-        "pooler": None,
+        "pooler": {"mode": args.pooler, "default_pool_size": args.pool_size} if bouncer else None,
     }
     pooler_problems: list[str] = []
     try:
@@ -840,11 +840,11 @@ def main(argv=None) -> int:
         cpu_after = (servers_cpu(servers), driver_cpu(), postgres_cpu(), machine_cpu())
         if bouncer is not None:
             probed, pooler_problems = pooler_probes(ports, tokens, tally, database_url)
-            summary["pooler"] = {"mode": args.pooler, "default_pool_size": args.pool_size, **probed}
+            summary["pooler"].update(probed)
     finally:
         try:
             servers.stop()
-            if bouncer is not None and summary["pooler"] is not None:
+            if bouncer is not None:
                 # Read while the pooler still holds its server connections: a lock a pooled
                 # session left behind is held by one of them.
                 left = advisory_locks(database_url, database_url.rsplit("/", 1)[1])
