@@ -13,9 +13,9 @@ the system service and never outlives the block.
 - Every database name is forwarded to the same server (the ``*`` entry), so the test
   database of the running suite can be reached through it by its own name.
 
-PgBouncer refuses to run as root: as root it is started with ``-u postgres`` (or ``-u
-nobody``; it drops to that user after reading its files), and the folder is given to that
-user.
+PgBouncer refuses to run as root: as root it is started as ``postgres`` (or ``nobody``), and
+the folder is given to that user. It gets SIGTERM when the process that started it dies
+(Linux's parent-death signal), so even a SIGKILLed harness leaves no pooler behind.
 
 ``advisory_locks(admin_url, database)`` counts the advisory locks held on the real server
 in one database, which is how a lock left behind by a pooled session shows.
@@ -28,6 +28,8 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import pwd
 import shutil
@@ -45,6 +47,7 @@ MODES = ("session", "transaction", "statement")
 CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 # The user PgBouncer drops to when started as root: the server's own, or nobody.
 RUN_AS = ("postgres", "nobody")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def binary() -> str | None:
@@ -63,6 +66,14 @@ def _system_user() -> str:
             continue
         return name
     raise RuntimeError(f"pgbouncer will not run as root, and none of the users {', '.join(RUN_AS)} exists")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the process that started it dies, so that a
+    killed harness (a test's timeout SIGKILLs it) never leaves a pooler running (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -160,21 +171,26 @@ class PgBouncer:
         self.folder = Path(tempfile.mkdtemp(prefix="decisionflow-pgbouncer-"))
         self.port = free_port()
         ini = self._write_config(self.folder)
-        argv = [executable]
+        as_user: dict = {}
         if os.geteuid() == 0:
-            # PgBouncer will not run as root; it reads the ini, then switches to RUN_AS,
-            # which must be able to read the folder.
-            user = _system_user()
-            uid = pwd.getpwnam(user).pw_uid
+            # PgBouncer will not run as root. The child switches user before it executes
+            # pgbouncer (rather than pgbouncer's own -u, later), so that the parent-death
+            # signal set after the switch survives: a credential change clears it.
+            account = pwd.getpwnam(_system_user())
             for path in (self.folder, *self.folder.iterdir()):
-                os.chown(path, uid, -1)
-            argv += ["-u", user]
-        argv.append(str(ini))
+                os.chown(path, account.pw_uid, account.pw_gid)
+            as_user = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         log_path = self.log_path or self.folder / "pgbouncer.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                [executable, str(ini)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                **as_user,
             )
         try:
             self._wait_ready(timeout, log_path)
