@@ -594,6 +594,9 @@ def held_case_probe(client: Client, database_url: str, case_id: str, what: str) 
         holder.execute(lock, [case_id])
         status, payload, retry_after = client.request("POST", path, body, what=f"{what}: approve a held case")
         holder.rollback()
+    if status == 409 and payload.get("code") == BUSY:
+        with client.tally.lock:
+            client.tally.expected_409[BUSY] += 1
     if status != 409 or payload.get("code") != BUSY or not retry_after:
         problems.append(f"{what}: a held case answered {status} {str(payload)[:160]} (Retry-After {retry_after!r})")
     for expected, again in (("committed", "approve once released"), ("replay", "the same approval again")):
