@@ -281,7 +281,7 @@ def pooler_report() -> list[str]:
         "## Load behind PgBouncer: transaction and session mode",
         "",
         "The load above, through Debian's PgBouncer (reliability/pooler.py: a private child process on "
-        "a free loopback port, `default_pool_size = 4`, so the hosts' 16 threads share 4 server "
+        "a free loopback port, with a small `default_pool_size`, so that the hosts' threads share its server "
         "connections), once per pool mode, each on a fresh database. Only the two hosts connect through "
         "the pooler; the driver, migrate and reconcile connect directly. In session mode the hosts close "
         "their connection after each request (`DATABASE_CONN_MAX_AGE=0`), so that the 4 server "
@@ -315,6 +315,13 @@ def pooler_report() -> list[str]:
         ["figure", *(f"{m} mode" for m in summaries)],
         [
             row("seconds, clients", lambda s, p: f"{s['seconds']:.0f} s, {s['clients']}"),
+            row(
+                "host threads / server connections",
+                lambda s, p: (
+                    f"{len(s['hosts']) * s['workers_per_host'] * s['threads_per_worker']} / "
+                    f"{p.get('default_pool_size', '?')}"
+                ),
+            ),
             row(
                 "rounds (approve / decline / stale)",
                 lambda s, p: " / ".join(str(s["scenarios"].get(k, 0)) for k in ("approve", "decline", "stale")),
