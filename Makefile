@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz screenshots bench reliability clean helpdesk
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -72,6 +72,19 @@ graphviz:
 		echo "      (or brew install graphviz), then restart the server."; \
 	fi
 
+# The pooler tests (tests/reliability/test_pooler.py) and `make reliability` run the load
+# through Debian's PgBouncer, started as a private child process (never the system service).
+# Without it those tests skip, or fail when DECISIONFLOW_REQUIRE_POSTGRES=1 (CI).
+pgbouncer:
+	@if [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's pgbouncer for the pooler tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer >/dev/null; \
+	else \
+		echo "NOTE: pgbouncer is missing and cannot be installed here (not root): the pooler tests will be skipped"; \
+		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install pgbouncer"; \
+	fi
+
 # Rerun the browser tests and keep their screenshots for the README (docs/screenshots/).
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
@@ -94,14 +107,14 @@ helpdesk: | $(PY)
 # status fails when either fails (tests/run_both.sh). Together they take about as long as the
 # slower one alone (figures in CONTRIBUTING.md). `make test-sqlite` or `make test-postgres`
 # runs one, streaming its output.
-test: $(VENV)/.test browser graphviz
+test: $(VENV)/.test browser graphviz pgbouncer
 	@MAKE="$(MAKE)" tests/run_both.sh
 
 test-sqlite: $(VENV)/.test
 	@echo "== pytest on SQLite =="
 	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-postgres: $(VENV)/.test
+test-postgres: $(VENV)/.test pgbouncer
 	@if $(PY) -c "import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()" "$(TEST_POSTGRES_URL)" 2>/dev/null; then \
 		echo "== pytest on PostgreSQL ($(TEST_POSTGRES_URL)) =="; \
 		DATABASE_URL="$(TEST_POSTGRES_URL)" $(VENV)/bin/pytest $(PYTEST_ARGS); \
@@ -128,8 +141,9 @@ bench: $(VENV)/.bench .venv-peer/.installed
 
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
-# decisionflow_load database; writes docs/RELIABILITY.md (~10-20 minutes on 2 cores).
-reliability: $(VENV)/.bench
+# decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
+# in session mode; writes docs/RELIABILITY.md (~12-22 minutes on 2 cores).
+reliability: $(VENV)/.bench pgbouncer
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:

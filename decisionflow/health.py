@@ -1,8 +1,9 @@
 """Operations endpoints: ``/healthz``, ``/readyz`` and ``/metrics`` (docs/DEPLOY.md).
 
 - ``GET /healthz``: the process is up and answers. No database, no authentication.
-- ``GET /readyz``: the database answers and every migration this code knows is applied;
-  503 otherwise. No authentication. The JSON body says which check failed.
+- ``GET /readyz``: the database answers, every migration this code knows is applied, and a
+  transaction stays on one server session (a pooler in statement mode fails this); 503
+  otherwise. No authentication. The JSON body says which check failed.
 - ``GET /metrics``: Prometheus text. Only for an address in ``DECISIONFLOW_METRICS_ALLOW``
   and/or a request carrying ``Authorization: Bearer $DECISIONFLOW_METRICS_TOKEN``.
 
@@ -24,9 +25,11 @@ import ipaddress
 import logging
 import os
 import time
+import weakref
+from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 from django.http import HttpResponse, JsonResponse
@@ -74,6 +77,69 @@ def _migrations_check(alias: str) -> dict:
     return {"ok": True}
 
 
+# PgBouncer's answer to BEGIN in statement pooling mode, which hands every statement to
+# whichever server connection is free: a transaction of several statements cannot exist.
+_STATEMENT_POOLING = "transaction blocks not allowed"
+UNSUPPORTED_POOLER = (
+    "the database connection does not keep a transaction on one server session ({found}): "
+    "a pooler in statement mode? decisionflow needs session or transaction pooling (docs/DEPLOY.md)"
+)
+# The verdict per open psycopg connection: a pool mode cannot change under a connection that
+# is already open, so each connection is checked once and /readyz then costs a lookup.
+_pooler_verdicts: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+
+
+def _pooler_check(alias: str) -> dict:
+    """Whether two statements of one transaction run on one server session.
+
+    Every decision is a transaction of several statements. PgBouncer in statement mode
+    refuses the BEGIN (and closes the connection); anything else that moved a transaction
+    between server sessions would show two backend pids. Session and transaction pooling,
+    and a direct connection, pass. Run once per database connection.
+    """
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return {"ok": True}
+    connection.ensure_connection()
+    verdict = _pooler_verdicts.get(connection.connection)
+    if verdict is not None:
+        return verdict
+    raw = connection.connection
+    try:
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            first = cursor.fetchone()[0]
+            cursor.execute("SELECT pg_backend_pid()")
+            second = cursor.fetchone()[0]
+    except DatabaseError as exc:
+        if _STATEMENT_POOLING not in str(exc):
+            raise
+        # The pooler has closed this connection; the next check opens and tries a new one.
+        connection.close()
+        return {"ok": False, "error": UNSUPPORTED_POOLER.format(found=f"the pooler answered {str(exc).strip()!r}")}
+    if first != second:
+        verdict = {"ok": False, "error": UNSUPPORTED_POOLER.format(found=f"backend {first}, then {second}")}
+    else:
+        verdict = {"ok": True}
+    _pooler_verdicts[raw] = verdict
+    return verdict
+
+
+def pooler_check_at_start(alias: str = "default") -> None:
+    """At start-up, say in one log line when the pooler in front of the database is one
+    decisionflow cannot run behind (the same check as /readyz). A database that does not
+    answer yet is /readyz's to report; the connection opened here is closed again."""
+    try:
+        verdict = _pooler_check(alias)
+    except DatabaseError as exc:
+        log.warning("start-up: the pooler check did not run (the database did not answer: %s)", type(exc).__name__)
+        verdict = {"ok": True}
+    finally:
+        connections[alias].close()
+    if not verdict["ok"]:
+        log.error("start-up: %s", verdict["error"])
+
+
 @never_cache
 def healthz(request) -> JsonResponse:
     """The process is up: no database, nothing that can be slow."""
@@ -82,18 +148,26 @@ def healthz(request) -> JsonResponse:
 
 @never_cache
 def readyz(request) -> JsonResponse:
-    """Ready to serve: the database answers and its schema is this code's (else 503).
+    """Ready to serve: the database answers, its schema is this code's, and a transaction
+    stays on one server session (else 503).
 
-    Body: ``{"status": "ok"|"unavailable", "checks": {"database": {...}, "migrations": {...}}}``;
-    each check has ``ok`` and, when it failed, ``error``.
+    Body: ``{"status": "ok"|"unavailable", "checks": {"database": {...}, "migrations": {...},
+    "pooler": {...}}}``; each check has ``ok`` and, when it failed, ``error``.
     """
     database = _database_check("default")
     if database["ok"]:
         migrations = _migrations_check("default")
+        try:
+            pooler = _pooler_check("default")
+        except DatabaseError as exc:
+            log.warning("readyz: the pooler check failed: %s: %s", type(exc).__name__, exc)
+            pooler = {"ok": False, "error": f"{type(exc).__name__}: the pooler check failed"}
     else:
         migrations = {"ok": False, "error": "not checked: the database did not answer"}
-    ready = database["ok"] and migrations["ok"]
-    body = {"status": "ok" if ready else "unavailable", "checks": {"database": database, "migrations": migrations}}
+        pooler = {"ok": False, "error": "not checked: the database did not answer"}
+    ready = database["ok"] and migrations["ok"] and pooler["ok"]
+    checks = {"database": database, "migrations": migrations, "pooler": pooler}
+    body = {"status": "ok" if ready else "unavailable", "checks": checks}
     return JsonResponse(body, status=200 if ready else 503)
 
 

@@ -33,6 +33,23 @@ per request: on a shared machine those move less than requests per second do.
 ``--code DIR`` serves, migrates and imports another checkout's code with this harness, so
 that one harness measures two commits (docs/PERFORMANCE.md, "load").
 
+``--pooler transaction|session`` puts a private PgBouncer (reliability/pooler.py, Debian's
+binary, ``--pool-size`` server connections, 4 by default) between the two hosts and the
+server; this driver, migrate and reconcile still connect directly, as the pipeline and cron
+may. In session mode the hosts close their connection after each request
+(``DATABASE_CONN_MAX_AGE=0``), so that the few server connections are shared between
+requests (each reset with DISCARD ALL) instead of being held by idle threads. The run then
+also requires, with the hosts still up:
+
+- ``/readyz`` answers 200 on both hosts;
+- a held case: while another connection holds the case row (``FOR UPDATE``), an approval of a
+  begun case and one of a case not yet begun each answer 409 ``case_busy`` with Retry-After;
+  once released, the same approvals commit, and sent once more they are replays (200);
+
+and, once the hosts have stopped and before the pooler does, no advisory lock held on the
+server in the load's database (a lock a pooled session left behind would stay held by an
+idle server connection). Every answer 5xx fails the run: no fault is injected.
+
 Usage (``make reliability`` runs the first form for 60 s)::
 
     python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8
@@ -66,6 +83,11 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# This harness's own helpers come from this checkout, also when --code serves another one.
+sys.path.insert(0, str(ROOT))
+
+from reliability.pooler import PgBouncer, advisory_locks  # noqa: E402
+
 # The checkout whose code is under test: served by the hosts, run by manage.py, imported by
 # this driver. This one by default; --code names another (the same harness then measures an
 # older commit, as the before/after figures in docs/PERFORMANCE.md do).
@@ -343,8 +365,8 @@ class Tally:
 
 
 class Client:
-    def __init__(self, port: int, token: str, tally: Tally):
-        self.port, self.token, self.tally = port, token, tally
+    def __init__(self, port: int, token: str, tally: Tally, timeout: float = 120):
+        self.port, self.token, self.tally, self.timeout = port, token, tally, timeout
 
     def decide(self, case_id: str, operation_id: str, approved: bool, what: str) -> tuple[int | None, dict]:
         """POST a decision; on 409 ``case_busy`` wait Retry-After and send it again (bounded)."""
@@ -373,7 +395,7 @@ class Client:
         started = time.monotonic()
         # A new connection per request: an idle kept-alive connection that the server has
         # closed would turn a POST into a lost answer for no reason under test.
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=120)
+        conn = http.client.HTTPConnection(HOST, self.port, timeout=self.timeout)
         try:
             conn.request(method, path, body=data, headers=headers)
             response = conn.getresponse()
@@ -548,6 +570,88 @@ def client_loop(index, ports, tokens, tally, deadline, seed, plan=None):
         connections.close_all()
 
 
+# --- behind a pooler -------------------------------------------------------------------
+
+
+def held_case_probe(client: Client, database_url: str, case_id: str, what: str) -> list[str]:
+    """Hold ``case_id``'s row from a direct connection: the approval must answer 409
+    ``case_busy`` with Retry-After; once released it commits, and once more it is a replay.
+    Returns what went wrong (nothing when the documented answers came)."""
+    import psycopg
+    from psycopg import sql
+
+    from cases.models import Case
+
+    problems = []
+    status, case = client.call("GET", f"/api/cases/{case_id}", what=f"{what}: get case")
+    if status != 200:
+        return [f"{what}: GET the case answered {status} {case}"]
+    op = case["operation_id"]
+    body = {"operation_id": op, "approved": True}
+    path = f"/api/cases/{case_id}/decision"
+    lock = sql.SQL("SELECT 1 FROM {} WHERE case_id = %s FOR UPDATE").format(sql.Identifier(Case._meta.db_table))
+    with psycopg.connect(database_url, connect_timeout=5) as holder:
+        holder.execute(lock, [case_id])
+        status, payload, retry_after = client.request("POST", path, body, what=f"{what}: approve a held case")
+        holder.rollback()
+    if status == 409 and payload.get("code") == BUSY:
+        with client.tally.lock:
+            client.tally.expected_409[BUSY] += 1
+    if status != 409 or payload.get("code") != BUSY or not retry_after:
+        problems.append(f"{what}: a held case answered {status} {str(payload)[:160]} (Retry-After {retry_after!r})")
+    for expected, again in (("committed", "approve once released"), ("replay", "the same approval again")):
+        status, payload, _ = client.request("POST", path, body, what=f"{what}: {again}")
+        if status is None:
+            with client.tally.lock:
+                client.tally.uncertain.add(op)
+        elif status == 200 and payload.get("status") == "Committed":
+            decided(client.tally, op, payload, "Committed")
+        if status != 200 or payload.get("outcome") != expected:
+            problems.append(f"{what}: {again} answered {status} {str(payload)[:160]}, not {expected}")
+    return problems
+
+
+def pooler_probes(ports: list[int], tokens: list[str], tally: Tally, database_url: str) -> tuple[dict, list[str]]:
+    """/readyz on both hosts, then a held case on each decision path, at once (each waits
+    out the decision lock timeout)."""
+    figures: dict = {"readyz": {}}
+    problems: list[str] = []
+    for port in ports:
+        conn = http.client.HTTPConnection(HOST, port, timeout=30)
+        try:
+            conn.request("GET", "/readyz", headers={"Host": HOST})
+            response = conn.getresponse()
+            figures["readyz"][str(port)] = response.status
+            if response.status != 200:
+                problems.append(f"/readyz on port {port} answered {response.status}: {response.read()[:300]!r}")
+        finally:
+            conn.close()
+    # A begun case (its approval waits for the row in the commit) and one nobody began (it
+    # waits in begin, which writes the case row).
+    cases = {"begun case": round_case("stale"), "case not begun": round_case("approve")}
+    found: dict[str, list[str]] = {}
+
+    def probe(i: int, what: str, case_id: str) -> None:
+        # Each answer is due within the decision lock timeout (3 s by default): a request
+        # still waiting after this long is reported, not waited for.
+        client = Client(ports[i % len(ports)], tokens[i % len(tokens)], tally, timeout=20)
+        try:
+            found[what] = held_case_probe(client, database_url, case_id, what)
+        except Exception as exc:
+            found[what] = [f"{what}: the probe crashed: {type(exc).__name__}: {exc}"]
+
+    threads = [threading.Thread(target=probe, args=(i, w, c)) for i, (w, c) in enumerate(cases.items())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    for what in cases:
+        problems += found.get(what, [f"{what}: the probe did not finish"])
+    figures["held_case_probes"] = len(cases)
+    figures["held_case_probes_passed"] = sum(1 for w in cases if found.get(w) == [])
+    return figures, problems
+
+
 # --- checks --------------------------------------------------------------------------------
 
 
@@ -641,6 +745,14 @@ def main(argv=None) -> int:
         default=str(ROOT),
         help="The checkout to run: its hosts, its manage.py and its models (default: this one).",
     )
+    parser.add_argument(
+        "--pooler",
+        choices=("transaction", "session"),
+        help="Put a private PgBouncer in this pool mode between the hosts and the server (reliability/pooler.py).",
+    )
+    parser.add_argument(
+        "--pool-size", type=int, default=4, help="With --pooler: PgBouncer's default_pool_size (server connections)."
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="FILE", help="Also write the summary here.")
     parser.add_argument("--log-dir", default=str(ROOT / "var" / "load"), help="gunicorn logs.")
@@ -682,7 +794,24 @@ def main(argv=None) -> int:
     ports = [free_port(), free_port()]
     while ports[0] == ports[1]:
         ports[1] = free_port()
-    servers = Servers(database_url, ports, args.workers, args.threads, Path(args.log_dir))
+    bouncer = None
+    hosts_url, hosts_env = database_url, {}
+    if args.pooler:
+        bouncer = PgBouncer(
+            server_url=database_url,
+            mode=args.pooler,
+            default_pool_size=args.pool_size,
+            log_path=Path(args.log_dir) / f"pgbouncer-{args.pooler}.log",
+        ).start()
+        hosts_url = bouncer.url(database_url.rsplit("/", 1)[1])
+        if args.pooler == "session":
+            hosts_env["DATABASE_CONN_MAX_AGE"] = "0"
+    try:
+        servers = Servers(hosts_url, ports, args.workers, args.threads, Path(args.log_dir), extra_env=hosts_env)
+    except BaseException:
+        if bouncer is not None:
+            bouncer.stop()
+        raise
     tally = Tally()
     summary = {
         "seconds": args.seconds,
@@ -693,7 +822,9 @@ def main(argv=None) -> int:
         "code": str(CODE),
         "rounds_prepared": rounds_per_client * args.clients,
         "prepare_seconds": round(prepare_seconds, 1),
+        "pooler": {"mode": args.pooler, "default_pool_size": args.pool_size} if bouncer else None,
     }
+    pooler_problems: list[str] = []
     try:
         servers.wait_ready()
         cpu_before = (servers_cpu(servers), driver_cpu(), postgres_cpu(), machine_cpu())
@@ -710,8 +841,22 @@ def main(argv=None) -> int:
         elapsed = time.monotonic() - started
         stuck = sum(t.is_alive() for t in clients)
         cpu_after = (servers_cpu(servers), driver_cpu(), postgres_cpu(), machine_cpu())
+        if bouncer is not None:
+            probed, pooler_problems = pooler_probes(ports, tokens, tally, database_url)
+            summary["pooler"].update(probed)
     finally:
-        servers.stop()
+        try:
+            servers.stop()
+            if bouncer is not None:
+                # Read while the pooler still holds its server connections: a lock a pooled
+                # session left behind is held by one of them.
+                left = advisory_locks(database_url, database_url.rsplit("/", 1)[1])
+                summary["pooler"]["advisory_locks_left"] = left
+                if left:
+                    pooler_problems.append(f"{left} advisory lock(s) left held on the server after the run")
+        finally:
+            if bouncer is not None:
+                bouncer.stop()
     lat = sorted(tally.latencies) or [0.0]
     summary.update(
         elapsed_seconds=round(elapsed, 1),
@@ -723,6 +868,8 @@ def main(argv=None) -> int:
         latency_p95_ms=round(lat[int(len(lat) * 0.95)] * 1000),
         statuses=dict(tally.statuses),
         errors=sum(n for s, n in tally.statuses.items() if not s.startswith("2")),
+        server_errors=sum(n for s, n in tally.statuses.items() if s.startswith("5")),
+        outcome_uncertain=sum(n for s, n in tally.statuses.items() if s.endswith(" outcome_uncertain")),
         expected_409=dict(tally.expected_409),
         unexpected_errors=tally.unexpected_count,
         unexpected_samples=tally.unexpected,
@@ -744,6 +891,12 @@ def main(argv=None) -> int:
     failures = settle(database_url, tally, summary)
     if stuck:
         failures.append(f"{stuck} client thread(s) did not finish")
+    if summary["server_errors"]:
+        failures.append(
+            f"{summary['server_errors']} answer(s) 5xx with no fault injected"
+            f" ({summary['outcome_uncertain']} of them outcome_uncertain)"
+        )
+    failures += pooler_problems
     summary["failures"] = failures
     summary["ok"] = not failures
     text = json.dumps(summary, indent=2, sort_keys=True)

@@ -8,12 +8,16 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
    (tests/reliability/test_delivery.py) runs in both, with the reference helpdesk;
 3. reliability/load.py: two gunicorn hosts on one PostgreSQL database (decisionflow_load,
    created and migrated), 8 client threads for 60 s;
-4. this file writes docs/RELIABILITY.md from the figures the tests recorded
-   (figures.jsonl), the JUnit reports and the load summary.
+4. the same load through a private PgBouncer (reliability/pooler.py, 4 server
+   connections), once in transaction mode and once in session mode, each on its own
+   database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
+5. this file writes docs/RELIABILITY.md from the figures the tests recorded
+   (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
-RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), TEST_POSTGRES_URL.
+RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
+TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from reliability import pooler  # noqa: E402
+
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
 PG = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -38,6 +46,8 @@ SQLITE_ITERATIONS = int(os.environ.get("RELIABILITY_SQLITE_ITERATIONS", "10"))
 POSTGRES_ITERATIONS = int(os.environ.get("RELIABILITY_POSTGRES_ITERATIONS", "20"))
 LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
+POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
+POOLER_MODES = ("transaction", "session")
 
 POINTS = {
     "begin-after-proposal": (
@@ -189,6 +199,35 @@ def load_step() -> dict:
     return run(f"load: two gunicorn hosts, one PostgreSQL, {LOAD_SECONDS} s", argv, env, OUT / "load.log")
 
 
+def pooler_step(mode: str) -> dict:
+    step = f"load through PgBouncer, {mode} mode, {POOLER_SECONDS} s"
+    if pooler.binary() is None:
+        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
+        verdict = "FAILED" if required else "SKIPPED"
+        note = f"{verdict}: pgbouncer is not installed (`make pgbouncer`, as root)"
+        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+    env = dict(os.environ, DEBUG="1")
+    argv = [
+        sys.executable,
+        "reliability/load.py",
+        "--create-database",
+        f"decisionflow_pooler_{mode}",
+        "--admin-url",
+        PG,
+        "--pooler",
+        mode,
+        "--seconds",
+        POOLER_SECONDS,
+        "--clients",
+        LOAD_CLIENTS,
+        "--json",
+        str(OUT / f"pooler-{mode}.json"),
+        "--log-dir",
+        str(OUT / f"pooler-{mode}-logs"),
+    ]
+    return run(step, argv, env, OUT / f"pooler-{mode}.log")
+
+
 # --- the report ----------------------------------------------------------------------------
 
 
@@ -232,6 +271,91 @@ def git(*args) -> str:
 def md_table(header: list[str], rows: list[list]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def pooler_report() -> list[str]:
+    """The load through PgBouncer, one column per pool mode."""
+    lines = [
+        "",
+        "## Load behind PgBouncer: transaction and session mode",
+        "",
+        "The load above, through Debian's PgBouncer (reliability/pooler.py: a private child process on "
+        "a free loopback port, with a small `default_pool_size`, so that the hosts' threads share its server "
+        "connections), once per pool mode, each on a fresh database. Only the two hosts connect through "
+        "the pooler; the driver, migrate and reconcile connect directly. In session mode the hosts close "
+        "their connection after each request (`DATABASE_CONN_MAX_AGE=0`), so that the 4 server "
+        "connections are shared between requests, each reset with `DISCARD ALL`. No fault is injected, "
+        "so any 5xx answer fails the run (an `outcome_uncertain` there is a false one). With the "
+        "hosts still up: `/readyz` on both; then a **held case**, twice at once: a direct connection "
+        "holds the case row (`FOR UPDATE`) while an approval is sent, for a begun case (it waits in the "
+        "commit) and for a case nobody began (it waits in begin); each must answer 409 `case_busy` with "
+        "`Retry-After`, then, once released, commit, then answer a replay. After the hosts stop, and "
+        "before the pooler does, `pg_locks` on the server must show no advisory lock in the database "
+        "(a lock a pooled session left behind stays held by an idle server connection). Statement mode "
+        "is not run: it refuses every transaction of several statements, which `/readyz` and start-up "
+        "report (tests/reliability/test_pooler.py). Script: `reliability/load.py --pooler MODE`.",
+        "",
+    ]
+    summaries = {}
+    for mode in POOLER_MODES:
+        path = OUT / f"pooler-{mode}.json"
+        if path.exists():
+            summaries[mode] = json.loads(path.read_text())
+    if not summaries:
+        return lines + ["Not run (no PostgreSQL or no pgbouncer, or the step failed before writing its summary)."]
+
+    def row(label, fn):
+        return [label, *(fn(summaries[m], summaries[m].get("pooler") or {}) for m in summaries)]
+
+    def statuses(s, p):
+        return ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))
+
+    lines += md_table(
+        ["figure", *(f"{m} mode" for m in summaries)],
+        [
+            row("seconds, clients", lambda s, p: f"{s['seconds']:.0f} s, {s['clients']}"),
+            row(
+                "host threads / server connections",
+                lambda s, p: (
+                    f"{len(s['hosts']) * s['workers_per_host'] * s['threads_per_worker']} / "
+                    f"{p.get('default_pool_size', '?')}"
+                ),
+            ),
+            row(
+                "rounds (approve / decline / stale)",
+                lambda s, p: " / ".join(str(s["scenarios"].get(k, 0)) for k in ("approve", "decline", "stale")),
+            ),
+            row("requests (per second)", lambda s, p: f"{s['requests']} ({s['requests_per_second']})"),
+            row("latency p50 / p95", lambda s, p: f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"),
+            row("answers by status", statuses),
+            row(
+                "**5xx answers** (of which `outcome_uncertain`)",
+                lambda s, p: f"**{s.get('server_errors', '?')}** ({s.get('outcome_uncertain', '?')})",
+            ),
+            row("unexpected answers", lambda s, p: s["unexpected_errors"]),
+            row("effects", lambda s, p: s["effects"]),
+            row("**duplicates**", lambda s, p: f"**{s['duplicates']}**"),
+            row("operations where reconcile disagrees with the clients", lambda s, p: f"**{s['disagreements']}**"),
+            row("`/readyz` on both hosts", lambda s, p: ", ".join(str(v) for v in (p.get("readyz") or {}).values())),
+            row(
+                "held case: `case_busy`, then commit, then replay",
+                lambda s, p: f"{p.get('held_case_probes_passed', '?')} of {p.get('held_case_probes', '?')}",
+            ),
+            row("**advisory locks left held**", lambda s, p: f"**{p.get('advisory_locks_left', '?')}**"),
+            row("result", lambda s, p: "passed" if s["ok"] else "FAILED: " + "; ".join(s["failures"])),
+        ],
+    )
+    for db in ("postgresql",):
+        quick = [f for f in figures(db) if f["family"] == "pooler"]
+        for f in quick:
+            lines += [
+                "",
+                f"The quick version in `make test` (tests/reliability/test_pooler.py, {f['mode']} mode, "
+                f"{f['seconds']} s, on the test database) also ran here: {f['requests']} requests, "
+                f"{f['server_errors']} 5xx, {f['effects']} effects, {f['duplicates']} duplicates, "
+                f"{f['advisory_locks_left']} advisory locks left.",
+            ]
     return lines
 
 
@@ -418,6 +542,8 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
                 f"expected 409s), {f['effects']} effects, {f['duplicates']} duplicates.",
             ]
 
+    lines += pooler_report()
+
     # bad input
     lines += [
         "",
@@ -553,15 +679,19 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "",
         "```sh",
         "make reliability                      # everything above; rewrites this file (about 10-20 minutes)",
-        "make test                             # the quick version: 1 iteration per crash point, a 4 s load run",
+        "make test                             # the quick version: 1 iteration per crash point, a 4 s load run,",
+        "                                      # and 4 s through PgBouncer per pool mode",
         "DECISIONFLOW_RELIABILITY_ITERATIONS=5 .venv/bin/pytest tests/reliability/test_crashes.py   # SQLite",
         "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres DECISIONFLOW_RELIABILITY_ITERATIONS=20 \\",
         "    .venv/bin/pytest tests/reliability -q                                                # PostgreSQL",
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
+        ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
+        "    --seconds 30 --clients 8",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
-        "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `TEST_POSTGRES_URL`. Raw figures, "
+        "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
+        "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
     ]
@@ -577,6 +707,7 @@ def main() -> int:
     if postgres_answers():
         steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
         steps.append(load_step())
+        steps += [pooler_step(mode) for mode in POOLER_MODES]
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(
             {
