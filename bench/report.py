@@ -45,14 +45,15 @@ FINDINGS = {
         "per 4 KiB to encode."
     ),
     "commit_postgresql": (
-        "The commit is two round trips (effects/services.py `_commit_postgresql`): one query string with "
-        "BEGIN, `SET LOCAL lock_timeout`, the statement that locks the case row (`FOR NO KEY UPDATE`) and "
-        "one data-modifying statement built from CTEs (the proposal lookup with the stale check, the "
-        "decision and the effect as write-once `INSERT ... ON CONFLICT DO NOTHING`, the attempt row, the "
-        "pending review marked completed); then COMMIT. The baseline takes four (psycopg's BEGIN, two "
-        "inserts, COMMIT). Both statements are prepared once per session (SQL `PREPARE`; `EXECUTE` in the "
-        "query string): planning the commit statement took 0.55 ms, more than running it (0.35-0.45 ms, "
-        "`EXPLAIN ANALYZE`). What it still costs beyond the raw floor is the database work the guarantees "
+        "The commit is four round trips inside Django's `transaction.atomic(durable=True)` (effects/services.py "
+        "`_commit`, effects/store.py): psycopg's BEGIN; one query string with `SET LOCAL lock_timeout`, the "
+        "statement that locks the case row (`FOR NO KEY UPDATE`) with its proposal, and the read of the "
+        "standing decision with its effect and open pending review; Python decides the outcome (stale, "
+        "conflict, replay, new); one query string with every write (the decision and the effect as "
+        "write-once `INSERT ... ON CONFLICT DO NOTHING`, the delivery, the attempt row, the pending review "
+        "completed); COMMIT. The baseline takes four too (psycopg's BEGIN, two inserts, COMMIT). Nothing is "
+        "prepared, so that a pooler in transaction mode works: every statement is parsed and planned on each "
+        "call, which is most of what separates it from raw. The rest is the database work the guarantees "
         "need: the case row lock, the lock timeout and the append-only attempt row (every click is "
         'history; four indexes, its case and reviewer unchecked references). The "ORM floor" row (the same two '
         "inserts through `objects.create`) reaches {orm_postgresql} of raw, for comparison."
@@ -64,9 +65,9 @@ FINDINGS = {
     ),
     "replay_postgresql": (
         "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush. A "
-        "replay through `effect_commit` is the same two round trips as a first commit and appends a "
+        "replay through `effect_commit` is the same four round trips as a first commit and appends a "
         "CommitAttempt row (outcome `replay`) by design. That row is all it writes, so its transaction "
-        "turns `synchronous_commit` off for itself (from inside the commit statement, no extra round trip) "
+        "turns `synchronous_commit` off for itself (`SET LOCAL`, in the query string of its writes) "
         "and does not wait for the WAL flush; a fresh decision or effect always does. The trade: a replay's "
         "audit row can be lost if the PostgreSQL server crashes within ~3 × `wal_writer_delay` of the "
         "answer; the decision and effect are never at risk (docs/RELIABILITY.md)."
