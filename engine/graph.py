@@ -64,11 +64,9 @@ class Begin:
 
     case: Case
     actor: Any = None
-    # The host read, under the case lock, that the case has no proposal yet (proposal_create's ``first``).
-    first: bool = False
-    # PostgreSQL's first begin of a case: the prepared proposal the host built (its id drawn
-    # from the table's sequence) and writes with the pause, in one statement after the run.
-    # The prepare step then asks about it as it is, with no database work of its own.
+    # A case's first begin: the proposal the host built and writes with the pause after the
+    # run (workflow/store.py). The prepare step then asks about it as it is, with no database
+    # work of its own.
     proposal: Proposal | None = None
 
 
@@ -79,12 +77,12 @@ def _prepare_sync(message: dict, begin: Begin | None) -> dict:
         case = Case.objects.get(pk=message["case_pk"])
     # The pipeline prepared it: no human author, whoever began the review (the pending
     # review records who began it, and through which channel).
-    proposal = proposal_create(case=case, first=begin is not None and begin.first and begin.case is case)
+    proposal = proposal_create(case=case)
     return _review_request(message, case, proposal)
 
 
 def _review_request(message: dict, case: Case, proposal: Proposal) -> dict:
-    # Killed once the proposal is made (written, or on PostgreSQL's first begin
+    # Killed once the proposal is made (written, or on a case's first begin
     # built to be written with the pause), before anything records a pending review.
     crash_point("begin-after-proposal")
     return conform(
