@@ -73,8 +73,7 @@ def delivery_configured() -> bool:
 
 
 def delivery_fields(effect: EffectRecord) -> dict:
-    """A new delivery of ``effect`` (the SQLite commit and the repair; PostgreSQL's commit
-    statement builds the same row in SQL, effects.services._commit_sql)."""
+    """The fields of a new delivery of ``effect``, as the commit and the repair write it."""
     now = timezone.now()
     return {
         "operation_id": effect.operation_id,

@@ -64,17 +64,16 @@ POINTS = {
     ),
     "commit-before-decision": (
         "`resume`",
-        "before the decision insert (PostgreSQL: before the one query string that begins the "
-        "transaction, locks the case row and runs the commit statement; SQLite: after the lock and "
-        "the stale check)",
-        "effects/services.py `_commit_statements` / `_commit_orm_writes`",
+        "before the decision insert: after the locked read and the stale check, before the "
+        "verdict and the writes (both databases, inside the commit's transaction)",
+        "effects/services.py `_commit`",
         "Pending",
     ),
     "commit-after-decision": (
         "`resume`",
-        "inside the commit transaction, after the decision (PostgreSQL: after the commit statement, "
-        "which wrote the decision, effect, attempt and pending review together), before COMMIT",
-        "effects/services.py `_commit_statements` / `_commit_orm`",
+        "inside the commit transaction, after the writes (the decision, effect, attempt and pending "
+        "review, one query string on PostgreSQL), before COMMIT",
+        "effects/services.py `_commit`",
         "Pending (the transaction rolled back)",
     ),
     "commit-after-transaction": (
@@ -114,7 +113,7 @@ SECURITY = {
     "it (exit 5) before anything runs, nothing written",
 }
 
-# What a crash of the database server may lose (effects/services.py `_commit_sql`).
+# What a crash of the database server may lose (effects/services.py `_decided`, effects/store.py).
 DURABILITY = (
     "What is flushed to disk before an answer: every commit that writes a decision, an effect or a "
     "pending review's completion waits for its WAL flush (PostgreSQL's `synchronous_commit`, on by "
