@@ -102,9 +102,10 @@ class StaleProposal(DecisionflowError):
     def superseded(cls, *, operation_id: str, case_id: str, current_operation_id: str | None) -> StaleProposal:
         """``operation_id`` names a proposal of case ``case_id`` that is no longer its
         current one (``current_operation_id``, None when the case has none)."""
+        current = short(current_operation_id) if current_operation_id else "none"
         return cls(
             f"stale: {short(operation_id)} is not the current proposal of case {case_id}; "
-            f"the current one is {short(current_operation_id or '')}",
+            f"the current one is {current}; nothing was written",
             current_operation_id=current_operation_id,
             case_id=case_id,
         )

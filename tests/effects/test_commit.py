@@ -261,11 +261,12 @@ def test_the_error_classes_own_the_stale_and_conflict_wording():
     op, current = "op-v1-" + "e3976ac9e004" + "0" * 52, "op-v1-" + "41024899b342" + "0" * 52
     stale = StaleProposal.superseded(operation_id=op, case_id="T-1042", current_operation_id=current)
     assert stale.message == (
-        "stale: op-v1-e3976ac9e004… is not the current proposal of case T-1042; the current one is op-v1-41024899b342…"
+        "stale: op-v1-e3976ac9e004… is not the current proposal of case T-1042; the current one is op-v1-41024899b342…; "
+        "nothing was written"
     )
     assert (stale.current_operation_id, stale.details["case_id"], stale.exit_code) == (current, "T-1042", 4)
     assert StaleProposal.superseded(operation_id=op, case_id="T-1", current_operation_id=None).message.endswith(
-        "the current one is "
+        "the current one is none; nothing was written"
     )
     conflict = ConflictingDecision.of(operation_id=op, approved=False, by="reviewer", result="receipt")
     assert conflict.message == (

@@ -180,7 +180,7 @@ def test_stale(proposal, pending, reviewer):
     current = new.proposal.operation_id
     assert stale.value.message == (
         f"stale: {proposal.operation_id[:18]}… is not the current proposal of case T-1042; "
-        f"the current one is {current[:18]}…"
+        f"the current one is {current[:18]}…; nothing was written"
     )
     assert (stale.value.current_operation_id, stale.value.details["case_id"]) == (current, "T-1042")
     assert rows() == (0, 0, 0)
