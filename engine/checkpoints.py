@@ -207,6 +207,19 @@ def decode_checkpoint(*, checkpoint_id: str, payload: str, digest: str) -> Engin
         raise CheckpointRefused(f"checkpoint {checkpoint_id} cannot be read: {type(exc).__name__}: {exc}") from None
 
 
+def checkpoint_row(checkpoint: EngineCheckpoint, payload: str) -> WorkflowCheckpoint:
+    """The database row of an engine checkpoint whose encoded form is ``payload``, unsaved."""
+    return WorkflowCheckpoint(
+        checkpoint_id=checkpoint.checkpoint_id,
+        workflow_name=checkpoint.workflow_name,
+        graph_signature_hash=checkpoint.graph_signature_hash,
+        previous_checkpoint_id=checkpoint.previous_checkpoint_id,
+        iteration_count=checkpoint.iteration_count,
+        payload=payload,
+        digest=payload_digest(payload),
+    )
+
+
 class DatabaseCheckpointStorage:
     """agent-framework's CheckpointStorage protocol over ``reviews.WorkflowCheckpoint`` rows.
 
@@ -269,15 +282,8 @@ class DatabaseCheckpointStorage:
 
     @staticmethod
     def _insert(checkpoint: EngineCheckpoint, payload: str) -> WorkflowCheckpoint:
-        row = WorkflowCheckpoint.objects.create(
-            checkpoint_id=checkpoint.checkpoint_id,
-            workflow_name=checkpoint.workflow_name,
-            graph_signature_hash=checkpoint.graph_signature_hash,
-            previous_checkpoint_id=checkpoint.previous_checkpoint_id,
-            iteration_count=checkpoint.iteration_count,
-            payload=payload,
-            digest=payload_digest(payload),
-        )
+        row = checkpoint_row(checkpoint, payload)
+        row.save(force_insert=True)
         if checkpoint.pending_request_info_events:
             # A process killed while the pause checkpoint is being saved, after the
             # insert and before it commits.

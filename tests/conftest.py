@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 os.environ.setdefault("DEBUG", "1")
 
@@ -74,10 +76,6 @@ def _flush_past_append_only_triggers():
 def held_elsewhere(hold):
     """Hold ``hold()`` (a lock's context manager) in another thread, on its own database
     connection, for as long as the block runs: another action in progress on the case."""
-    import threading
-
-    from django.db import connections
-
     held, release = threading.Event(), threading.Event()
 
     def holder():
@@ -220,3 +218,25 @@ def proposal(case):
     from reviews.services import proposal_create
 
     return proposal_create(case=case)
+
+
+def race(calls):
+    """Start every call at once, each on its own thread and connection; return (results, exceptions)."""
+    barrier = threading.Barrier(len(calls))
+    results, errors = [None] * len(calls), []
+
+    def run(index, call):
+        try:
+            barrier.wait()
+            results[index] = call()
+        except Exception as exc:  # noqa: BLE001 - the test asserts there are none
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results, errors

@@ -24,7 +24,7 @@ from core.errors import DecisionflowError, WorkflowIncompatible
 from core.faults import crash_point
 from core.locks import lock_not_available
 from effects.services import COMMITTED, DECLINED, operation_reconcile
-from engine.checkpoints import DatabaseCheckpointStorage, PauseBuffer, encode_checkpoint, payload_digest
+from engine.checkpoints import DatabaseCheckpointStorage, PauseBuffer, checkpoint_row, encode_checkpoint
 from engine.driver import run_on_caller
 from engine.graph import WORKFLOW_VERSION, Begin, build_workflow, review_request_id, run_workflow, status_name
 from engine.messages import conform, graph_fingerprint
@@ -242,15 +242,7 @@ def _begin_first(case: Case, actor, channel: str, opened: Opened) -> BeginResult
     operation_id, _request, pause, payload = _pause_of_run(case, state, requests, buffer)
     if operation_id != proposal.operation_id:
         raise DecisionflowError(f"begin: the review request names {operation_id!r}, not the prepared proposal")
-    checkpoint = WorkflowCheckpoint(
-        checkpoint_id=pause.checkpoint_id,
-        workflow_name=pause.workflow_name,
-        graph_signature_hash=pause.graph_signature_hash,
-        previous_checkpoint_id=pause.previous_checkpoint_id,
-        iteration_count=pause.iteration_count,
-        payload=payload,
-        digest=payload_digest(payload),
-    )
+    checkpoint = checkpoint_row(pause, payload)
     pending = PendingReview(
         case=case,
         proposal=proposal,

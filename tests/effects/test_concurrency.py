@@ -18,30 +18,9 @@ from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.services import proposal_create, proposal_revise
+from tests.conftest import race
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def race(calls):
-    """Start every call at once; return (results, exceptions)."""
-    barrier = threading.Barrier(len(calls))
-    results, errors = [None] * len(calls), []
-
-    def run(index, call):
-        try:
-            barrier.wait()
-            results[index] = call()
-        except Exception as exc:  # noqa: BLE001 - the test asserts there are none
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results, errors
 
 
 @pytest.fixture

@@ -7,11 +7,10 @@ refuses a row, and what effect_commit makes of it, alone, twice and concurrently
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django_tasks import default_task_backend
 
 from core.errors import NotFound, StaleProposal
@@ -20,6 +19,7 @@ from effects.services import _effect_fields, effect_commit
 from effects.store import PostgresCommitStore, SqliteCommitStore, Writes, commit_store
 from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_create, proposal_revise
+from tests.conftest import race
 
 HELPDESK = "http://127.0.0.1:9/helpdesk"
 
@@ -226,27 +226,6 @@ def test_no_delivery_row_for_a_decline(proposal, reviewer, delivering):
 
 
 # -- twice, concurrently ---------------------------------------------------------------------
-
-
-def race(calls):
-    barrier = threading.Barrier(len(calls))
-    results, errors = [None] * len(calls), []
-
-    def run(index, call):
-        try:
-            barrier.wait()
-            results[index] = call()
-        except Exception as exc:  # noqa: BLE001 - the test asserts there are none
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results, errors
 
 
 @pytest.mark.django_db(transaction=True)
