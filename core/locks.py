@@ -187,7 +187,8 @@ def _end_session() -> None:
 Statement = tuple[str, Sequence[Any]]
 
 
-def _lock_timeout_ms(seconds: float) -> int:
+def lock_timeout_ms(seconds: float) -> int:
+    """``seconds`` as PostgreSQL's ``lock_timeout``, in milliseconds."""
     # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
     return max(1, round(seconds * 1000))
 
@@ -219,7 +220,7 @@ def case_lock(case_id: str, *, timeout: float | None = None, reads: Sequence[Sta
     started = time.monotonic()
     try:
         with transaction.atomic():
-            rows = _locked_reads(_advisory_key(f"case:{case_id}"), _lock_timeout_ms(seconds), reads)
+            rows = _locked_reads(_advisory_key(f"case:{case_id}"), lock_timeout_ms(seconds), reads)
             lock_waited("case", time.monotonic() - started, had=True)
             yield rows
     except OperationalError as exc:

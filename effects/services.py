@@ -31,7 +31,7 @@ from core.errors import (
     StaleProposal,
 )
 from core.faults import crash_point
-from core.locks import decision_lock_timeout
+from core.locks import decision_lock_timeout, lock_timeout_ms
 from core.observability import observed_commit
 from core.outcomes import OperationState, ReceiptStatus
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
@@ -258,11 +258,6 @@ class _LostRace(Exception):
     so that it rolls back; the commit is then decided again from a fresh read."""
 
 
-def _lock_timeout_ms() -> int:
-    # lock_timeout = 0 would mean "wait forever": the shortest wait PostgreSQL takes is 1 ms.
-    return max(1, round(decision_lock_timeout() * 1000))
-
-
 def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewDecision]:
     """The rows a commit with ``outcome`` writes, and the decision that will stand."""
     approved, proposal = call.approved, target.proposal
@@ -317,7 +312,7 @@ def _commit(call: _Call) -> CommitResult:
     for _ in range(2):
         try:
             with store.transaction():
-                target = store.read(operation_id, lock_timeout_ms=_lock_timeout_ms())
+                target = store.read(operation_id, lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()))
                 call.case_known = True
                 if target is None:
                     raise _not_found(operation_id)
@@ -659,7 +654,7 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
         try:
             # Not durable: the rows may stream from reconcile's own open transaction.
             with store.transaction(durable=False):
-                target = store.read(row.operation_id, lock_timeout_ms=_lock_timeout_ms())
+                target = store.read(row.operation_id, lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()))
                 if target is None or target.decision is None:
                     continue
                 decision = target.decision

@@ -13,7 +13,7 @@ once; the rows they write are the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 
 from cases.models import Case
-from core.locks import LOCK_NOT_AVAILABLE
+from core.locks import lock_not_available
 from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
@@ -289,8 +289,21 @@ class _Store:
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
-def _is_lock_timeout(exc: BaseException) -> bool:
-    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+def _send(statements: list[tuple[str, Sequence[Any]]]) -> list[list[tuple] | None]:
+    """Every statement in one query string, one round trip; each one's rows (None for a
+    statement that returns none). A lock wait past the timeout is ``CaseLocked``."""
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute("; ".join(s for s, _ in statements), [p for _, ps in statements for p in ps])
+        except OperationalError as exc:
+            if lock_not_available(exc):
+                raise CaseLocked from exc
+            raise
+        raw, results = cursor.cursor, []
+        for _ in statements:
+            results.append(raw.fetchall() if raw.description is not None else None)
+            raw.nextset()
+    return results
 
 
 class PostgresCommitStore(_Store):
@@ -308,43 +321,20 @@ class PostgresCommitStore(_Store):
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
         reads = _reads(lock_timeout_ms is not None)
-        statements = [(query.sql, query.params_for(operation_id)) for query in reads]
+        statements: list[tuple[str, Sequence[Any]]] = [(query.sql, query.params_for(operation_id)) for query in reads]
         if lock_timeout_ms is not None:
             statements.insert(0, ("SET LOCAL lock_timeout = %s", (f"{lock_timeout_ms}ms",)))
-        with connection.cursor() as cursor:
-            try:
-                cursor.execute("; ".join(s for s, _ in statements), [p for _, ps in statements for p in ps])
-            except OperationalError as exc:
-                if _is_lock_timeout(exc):
-                    raise CaseLocked from exc
-                raise
-            raw = cursor.cursor
-            if lock_timeout_ms is not None:
-                raw.nextset()  # past SET
-            results = []
-            for _ in reads:
-                results.append(raw.fetchall())
-                raw.nextset()
-        return _target(reads, results)
+        results = _send(statements)[-len(reads) :]
+        return _target(reads, [rows or [] for rows in results])
 
     def write(self, writes: Writes) -> Written:
         statements = _statements(writes)
         if not writes.flush:
             statements.insert(0, ("SET LOCAL synchronous_commit = off", [], False))
-        returned = []
-        with connection.cursor() as cursor:
-            try:
-                cursor.execute("; ".join(s for s, _, _ in statements), [p for _, ps, _ in statements for p in ps])
-            except OperationalError as exc:
-                if _is_lock_timeout(exc):
-                    raise CaseLocked from exc
-                raise
-            raw = cursor.cursor
-            for _, _, returns in statements:
-                if returns:
-                    row = raw.fetchone()
-                    returned.append(row[0] if row else None)
-                raw.nextset()
+        results = _send([(sql, params) for sql, params, _ in statements])
+        returned = [
+            rows[0][0] if rows else None for rows, (_, _, returns) in zip(results, statements, strict=True) if returns
+        ]
         return _written(writes, returned)
 
 
