@@ -195,6 +195,15 @@ else:
     # never handed to a request. Needs max_connections >= hosts x workers x threads + cron.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    # psycopg's own prepared statements for the commit's statements (effects/store.py): each
+    # is planned once per connection, after it has run this many times there (empty: never).
+    # Turned off by itself on a connection that a pooler answers (core/poolers.py), where a
+    # statement prepared on one server session is missing on the next. Figures:
+    # docs/PERFORMANCE.md, "Prepared statements".
+    _prepare_threshold = env.str("DATABASE_PREPARE_THRESHOLD", default="5").strip()
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+        int(_prepare_threshold) if _prepare_threshold else None
+    )
 # The same backends, counting queries, errors and their durations for /metrics.
 _PROMETHEUS_BACKENDS = {
     "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",

@@ -13,16 +13,16 @@ once; the rows they write are the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol, TypeVar, cast
 
 from django.contrib.auth import get_user_model
-from django.db import OperationalError, connection, transaction
-from django.db.models import Exists, Model, OuterRef, Subquery
-from django.db.models.constants import OnConflict
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import Exists, Model, OuterRef
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.db.models.sql import InsertQuery, Query, UpdateQuery
 
@@ -33,6 +33,9 @@ from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
 
 M = TypeVar("M", bound=Model)
+
+# PostgreSQL's unique_violation: a unique key refused a row.
+UNIQUE_VIOLATION = "23505"
 
 
 class CaseLocked(Exception):
@@ -105,6 +108,8 @@ def attempt_append(attempt: CommitAttempt) -> None:
 # one operation, so its SQL is the same for all of them and is compiled once; each call's
 # parameters put the operation where this stands. (Never sent: not an operation identity.)
 _OPERATION = "\x00operation"
+# The lock timeout's place, the same way (``lock_timeout`` as PostgreSQL writes it: "3000ms").
+_TIMEOUT = "\x00timeout"
 
 
 class _Query:
@@ -120,8 +125,9 @@ class _Query:
         selected = [s[0] for s in (self.compiler.select or [])[: getattr(self.compiler, "col_count", 0)]]
         self.converters = self.compiler.get_converters(selected) if selected else {}
 
-    def params_for(self, operation_id: str) -> tuple:
-        return tuple(operation_id if p == _OPERATION else p for p in self.params)
+    def params_for(self, operation_id: str, timeout: str | None = None) -> tuple:
+        places = {_OPERATION: operation_id, _TIMEOUT: timeout}
+        return tuple(places.get(p, p) if isinstance(p, str) else p for p in self.params)
 
     def rows(self, raw: list) -> list[tuple]:
         if not raw or not self.converters:
@@ -129,42 +135,34 @@ class _Query:
         return [tuple(row) for row in self.compiler.apply_converters(raw, self.converters)]
 
 
-def _row_of(model: type[Model], operation_id: str) -> Subquery:
-    """The id of ``model``'s row of ``operation_id``: a row written earlier in the same
-    transaction, whose id the client does not know yet."""
-    return Subquery(model._default_manager.filter(operation_id=operation_id).order_by().values("pk"))
-
-
 class _Insert:
-    """The INSERT of a row of ``model`` as the ORM compiles it for ``save()``. Each row's
-    values go through the same compiler (``pre_save`` fills the timestamps). The references
-    in ``by_operation`` (attname, model) are read by the operation: their row is written
-    earlier in the same query string. With ``ignore_conflicts``, a row that a unique key
-    refuses is skipped and RETURNING answers nothing."""
+    """The INSERT of a row of ``model`` as the ORM compiles it for ``save()``, answering the
+    new row's id. Each row's values go through the same compiler (``pre_save`` fills the
+    timestamps). The references in ``by_name`` (attname, name) are the id of a row written
+    by the same statement, under that name (``_write``)."""
 
-    def __init__(self, model: type[Model], *, ignore_conflicts: bool, returning: bool, by_operation=()):
+    def __init__(self, model: type[Model], *, by_name=()):
         self.fields = [f for f in model._meta.local_concrete_fields if not f.primary_key]
-        self.by_operation = {name: _Query(_row_of(target, _OPERATION).query) for name, target in by_operation}
-        shape = model(**{name: _row_of(target, _OPERATION) for name, target in by_operation})
-        query = InsertQuery(model, on_conflict=OnConflict.IGNORE if ignore_conflicts else None)
+        self.by_name = {attname for attname, _ in by_name}
+        shape = model(**{attname: RawSQL(f"SELECT id FROM {name}", ()) for attname, name in by_name})
+        query = InsertQuery(model)
         query.insert_values(self.fields, [shape])
         self.compiler = query.get_compiler(connection=connection)
-        self.compiler.returning_fields = [model._meta.pk] if returning else None
+        self.compiler.returning_fields = [model._meta.pk]
         [(self.sql, _)] = self.compiler.as_sql()
 
-    def params_for(self, obj: Model, operation_id: str) -> list:
-        params: list = []
-        for f in self.fields:
-            if f.attname in self.by_operation:
-                params += self.by_operation[f.attname].params_for(operation_id)
-            else:
-                params.append(self.compiler.prepare_value(f, self.compiler.pre_save_val(f, obj)))
-        return params
+    def params_for(self, obj: Model) -> list:
+        compiler = self.compiler
+        return [
+            compiler.prepare_value(f, compiler.pre_save_val(f, obj))
+            for f in self.fields
+            if f.attname not in self.by_name
+        ]
 
 
 @cache
-def _insert(model: type[Model], ignore_conflicts: bool, returning: bool, by_operation: tuple = ()) -> _Insert:
-    return _Insert(model, ignore_conflicts=ignore_conflicts, returning=returning, by_operation=by_operation)
+def _insert(model: type[Model], by_name: tuple = ()) -> _Insert:
+    return _Insert(model, by_name=by_name)
 
 
 @cache
@@ -177,28 +175,46 @@ def _completion() -> _Query:
     return _Query(query)
 
 
-def _statements(writes: Writes) -> list[tuple[str, list, bool]]:
-    """The commit's writes in order: (sql, params, returns a row). The unique keys stay the
-    atomic step: a row they refuse is skipped, and the caller is told (``Written``)."""
-    out = []
-    operation_id = writes.attempt.operation_id
-    new_decision = writes.decision is not None
+@cache
+def _write_sql(decision: bool, effect: bool, delivery: bool, complete: bool, flush: bool) -> str:
+    """The whole write as one statement: each row's INSERT (the ORM's) under a name, the
+    pending review's UPDATE, and the new ids. PostgreSQL runs every data-modifying part of a
+    WITH whether or not it is read, all in one snapshot, so a row names one written beside it
+    by its part's name (``RETURNING id``), never by a lookup. Without ``flush``, the
+    transaction may skip the WAL flush (``set_config(…, true)``: this transaction only)."""
+    parts = []
+    if decision:
+        parts.append(("decision", _insert(ReviewDecision).sql))
+    if effect:
+        by_name = (("decision_id", "decision"),) if decision else ()
+        parts.append(("effect", _insert(EffectRecord, by_name).sql))
+        if delivery:
+            parts.append(("delivery", _insert(Delivery, (*by_name, ("effect_id", "effect"))).sql))
+    parts.append(("attempt", _insert(CommitAttempt).sql))
+    if complete:
+        parts.append(("completion", _completion().sql))
+    ids = [f"(SELECT id FROM {name})" for name in ("decision", "effect") if name in dict(parts)]
+    if not flush:
+        ids.append("set_config('synchronous_commit', 'off', true)")
+    body = ", ".join(f"{name} AS ({sql})" for name, sql in parts)
+    return f"WITH {body} SELECT {', '.join(ids) or 'NULL'}"
+
+
+def _write_params(writes: Writes) -> list:
+    """The parameters of ``_write_sql`` for ``writes``, in its order."""
+    params: list = []
     if writes.decision is not None:
-        insert = _insert(ReviewDecision, True, True)
-        out.append((insert.sql, insert.params_for(writes.decision, operation_id), True))
+        params += _insert(ReviewDecision).params_for(writes.decision)
     if writes.effect is not None:
-        decided = (("decision_id", ReviewDecision),) if new_decision else ()
-        insert = _insert(EffectRecord, True, True, decided)
-        out.append((insert.sql, insert.params_for(writes.effect, operation_id), True))
+        by_name = (("decision_id", "decision"),) if writes.decision is not None else ()
+        params += _insert(EffectRecord, by_name).params_for(writes.effect)
         if writes.delivery:
-            insert = _insert(Delivery, True, False, (*decided, ("effect_id", EffectRecord)))
-            out.append((insert.sql, insert.params_for(Delivery(**delivery_fields(writes.effect)), operation_id), False))
-    insert = _insert(CommitAttempt, False, False)
-    out.append((insert.sql, insert.params_for(writes.attempt, operation_id), False))
+            delivery = Delivery(**delivery_fields(writes.effect))
+            params += _insert(Delivery, (*by_name, ("effect_id", "effect"))).params_for(delivery)
+    params += _insert(CommitAttempt).params_for(writes.attempt)
     if writes.complete_pending:
-        completion = _completion()
-        out.append((completion.sql, list(completion.params_for(operation_id)), False))
-    return out
+        params += _completion().params_for(writes.attempt.operation_id)
+    return params
 
 
 _PROPOSAL = ["id", "case_id", "operation_id", "action", "body", "evidence_id", "passages", "policy_id"]
@@ -207,36 +223,42 @@ _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "d
 
 
 @cache
-def _reads(locked: bool) -> tuple[_Query, _Query]:
-    """What a commit reads of its operation, in two simple statements (each is planned anew
-    on every call): the case with the operation's proposal; the standing decision with its
-    reviewer's username, whether its effect exists and whether a pending review is open.
-    ``locked``: the first one locks the case row FOR NO KEY UPDATE (not FOR UPDATE: it
-    leaves the FOR KEY SHARE that the foreign keys of the commit's own rows take on the case
-    row, while commits and edits, which update the row, still exclude each other). A locked
-    row is read at its latest version, and the proposal beside it never changes, so what it
-    returns is what the lock protects; the decision is read by the next statement, whose
-    snapshot is taken once the lock is granted. Compiled inside a transaction, as the ORM
-    requires of select_for_update()."""
-    proposal = (
+def _read(locked: bool) -> _Query:
+    """What a commit reads of its operation, in one statement: the case with the operation's
+    proposal, the standing decision with its reviewer's username, whether its effect exists
+    and whether a pending review is open.
+
+    ``locked``: it locks the case row FOR NO KEY UPDATE (not FOR UPDATE: it leaves the FOR
+    KEY SHARE that the foreign keys of the commit's own rows take on the case row, while
+    commits and edits, which update the row, still exclude each other), waiting at most the
+    lock timeout, which the statement sets for its transaction (``set_config(…, true)``) as it
+    produces the row, before the row is locked. A locked row is read at its latest version,
+    so the case's current proposal is what the lock protects. The rest is read in the
+    statement's snapshot, which a wait for the lock makes older than the holder's commit: a
+    decision or effect that holder wrote may be missing. Then the commit's insert meets the
+    unique key, writes nothing, and the commit reads again (``Written``), in a new snapshot
+    that has it. Compiled inside a transaction, as the ORM requires of select_for_update()."""
+    decision = "proposals__decisions__"
+    read = (
         Case.objects.filter(proposals__operation_id=_OPERATION)
         .order_by()
-        .values_list(*(f"proposals__{name}" for name in _PROPOSAL), "case_id", "current_proposal_id")
-    )
-    if locked:
-        proposal = proposal.select_for_update(no_key=True, of=("self",))
-    decision = (
-        ReviewDecision.objects.filter(operation_id=_OPERATION)
-        .order_by()
         .annotate(
-            effect_exists=Exists(EffectRecord.objects.filter(operation_id=OuterRef("operation_id"))),
+            effect_exists=Exists(EffectRecord.objects.filter(operation_id=OuterRef("proposals__operation_id"))),
             pending_open=Exists(
-                PendingReview.objects.filter(operation_id=OuterRef("operation_id"), status=PendingReview.Status.PENDING)
+                PendingReview.objects.filter(
+                    operation_id=OuterRef("proposals__operation_id"), status=PendingReview.Status.PENDING
+                )
             ),
         )
-        .values_list(*_DECISION, f"reviewer__{get_user_model().USERNAME_FIELD}", "effect_exists", "pending_open")
     )
-    return _Query(proposal.query), _Query(decision.query)
+    names = [f"proposals__{name}" for name in _PROPOSAL] + ["case_id", "current_proposal_id"]
+    names += [decision + name for name in _DECISION] + [f"{decision}reviewer__{get_user_model().USERNAME_FIELD}"]
+    names += ["effect_exists", "pending_open"]
+    if locked:
+        read = read.annotate(timeout=RawSQL("set_config('lock_timeout', %s, true)", (_TIMEOUT,)))
+        read = read.select_for_update(no_key=True, of=("self",))
+        names.append("timeout")
+    return _Query(read.values_list(*names).query)
 
 
 def _instance(model: type[M], values: dict[str, Any]) -> M:
@@ -252,20 +274,20 @@ def stored(obj: M, pk: int) -> M:
     return _instance(type(obj), {**values, type(obj)._meta.pk.attname: pk})
 
 
-def _target(reads: tuple[_Query, _Query], results: list[list]) -> Target | None:
-    """The target from the rows of ``reads``, each converted by its own query."""
-    proposals, decisions = (query.rows(raw) for query, raw in zip(reads, results, strict=True))
-    if not proposals:
+def _target(read: _Query, raw: list) -> Target | None:
+    """The target from the row of ``read``, converted by its own query."""
+    rows = read.rows(raw)
+    if not rows:
         return None
-    width = len(_PROPOSAL)
-    proposal = _instance(Proposal, dict(zip(_PROPOSAL, proposals[0][:width], strict=True)))
-    case_label, current_proposal_id = proposals[0][width:]
-    decision, effect_exists, pending_open = None, False, False
-    if decisions:
-        *decided, username, effect_exists, pending_open = decisions[0]
-        values = dict(zip(_DECISION, decided, strict=True))
+    values = iter(rows[0])
+    proposal = _instance(Proposal, {name: next(values) for name in _PROPOSAL})
+    case_label, current_proposal_id = next(values), next(values)
+    decided = {name: next(values) for name in _DECISION}
+    username, effect_exists, pending_open = next(values), next(values), next(values)
+    decision = None
+    if decided["id"] is not None:
         decision = _instance(
-            ReviewDecision, {**values, "operation_id": proposal.operation_id, "proposal_id": proposal.pk}
+            ReviewDecision, {**decided, "operation_id": proposal.operation_id, "proposal_id": proposal.pk}
         )
         user = get_user_model()
         decision.reviewer = _instance(user, {"id": decision.reviewer_id, user.USERNAME_FIELD: username})
@@ -274,8 +296,8 @@ def _target(reads: tuple[_Query, _Query], results: list[list]) -> Target | None:
         case_label=case_label,
         current_proposal_id=current_proposal_id,
         decision=decision,
-        effect_exists=bool(effect_exists),
-        pending_open=bool(pending_open),
+        effect_exists=bool(effect_exists) and decision is not None,
+        pending_open=bool(pending_open) and decision is not None,
     )
 
 
@@ -289,84 +311,72 @@ class _Store:
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
-def _send(statements: list[tuple[str, Sequence[Any]]]) -> list[list[tuple] | None]:
-    """Every statement in one query string, one round trip; each one's rows (None for a
-    statement that returns none). A lock wait past the timeout is ``CaseLocked``."""
-    with connection.cursor() as cursor:
-        try:
-            cursor.execute("; ".join(s for s, _ in statements), [p for _, ps in statements for p in ps])
-        except OperationalError as exc:
-            if lock_not_available(exc):
-                raise CaseLocked from exc
-            raise
-        raw, results = cursor.cursor, []
-        for _ in statements:
-            results.append(raw.fetchall() if raw.description is not None else None)
-            raw.nextset()
-    return results
+def _bound_cursor():
+    """A cursor on Django's connection (so in its transaction, and wrapped as Django wraps
+    every cursor) whose parameters are bound on the server: Django's own
+    ``ServerBindingCursor``, which is what lets psycopg prepare a statement (core/poolers.py).
+    Django's own queries stay client-side."""
+    from django.db.backends.postgresql.base import ServerBindingCursor  # psycopg: PostgreSQL only
+
+    connection.ensure_connection()
+    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+    return wrap(ServerBindingCursor(connection.connection))
+
+
+@contextmanager
+def _lock_wait_bounded() -> Iterator[None]:
+    """A lock wait past the transaction's lock timeout is ``CaseLocked``."""
+    try:
+        yield
+    except OperationalError as exc:
+        if lock_not_available(exc):
+            raise CaseLocked from exc
+        raise
+
+
+def _refused(exc: IntegrityError) -> bool:
+    """Whether a unique key refused a row: another writer committed this operation's row."""
+    return getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION or "UNIQUE constraint failed" in str(exc)
 
 
 class PostgresCommitStore(_Store):
-    """Two query strings inside Django's durable transaction: the lock and the reads, then
-    every write. Django's psycopg cursor binds parameters client-side, so several statements
-    share one query and one round trip; the server runs them in order, and under READ
-    COMMITTED each takes its own snapshot when it starts: the reads take theirs once the
-    lock is granted, so every decision committed by whoever held the case is in them. The
-    lock timeout bounds every lock wait of the transaction, the writes' included. Nothing
-    outlives the transaction (``SET LOCAL`` only), so a pooler in transaction mode sees
-    nothing of it; nothing is prepared."""
+    """Two statements inside Django's durable transaction, both bound on the server
+    (``_bound_cursor``): the lock with the read (``_read``), then the whole write
+    (``_write_sql``). The lock timeout bounds every lock wait of the transaction, the
+    write's included. The settings are transaction-local (``set_config(…, true)``), so a
+    pooler in transaction mode sees nothing of them."""
 
     def transaction(self, *, durable: bool = True):
         return transaction.atomic(durable=durable)
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        reads = _reads(lock_timeout_ms is not None)
-        statements: list[tuple[str, Sequence[Any]]] = [(query.sql, query.params_for(operation_id)) for query in reads]
-        if lock_timeout_ms is not None:
-            statements.insert(0, ("SET LOCAL lock_timeout = %s", (f"{lock_timeout_ms}ms",)))
-        results = _send(statements)[-len(reads) :]
-        return _target(reads, [rows or [] for rows in results])
+        read = _read(lock_timeout_ms is not None)
+        with _bound_cursor() as cursor, _lock_wait_bounded():
+            cursor.execute(read.sql, read.params_for(operation_id, f"{lock_timeout_ms}ms"))
+            return _target(read, cursor.fetchall())
 
     def write(self, writes: Writes) -> Written:
-        statements = _statements(writes)
-        if not writes.flush:
-            statements.insert(0, ("SET LOCAL synchronous_commit = off", [], False))
-        # Sent here, not through _send: the write is on every approval's route, one frame fewer
-        # (tests/architecture/test_route.py).
-        returned = []
-        with connection.cursor() as cursor:
+        new_decision, new_effect = writes.decision is not None, writes.effect is not None
+        sql = _write_sql(new_decision, new_effect, writes.delivery, writes.complete_pending, writes.flush)
+        with _bound_cursor() as cursor, _lock_wait_bounded():
             try:
-                cursor.execute("; ".join(s for s, _, _ in statements), [p for _, ps, _ in statements for p in ps])
-            except OperationalError as exc:
-                if lock_not_available(exc):
-                    raise CaseLocked from exc
-                raise
-            raw = cursor.cursor
-            for _, _, returns in statements:
-                if returns:
-                    row = raw.fetchone()
-                    returned.append(row[0] if row else None)
-                raw.nextset()
-        return _written(writes, returned)
-
-
-def _written(writes: Writes, returned: list) -> Written:
-    found = iter(returned)
-    decision_pk = next(found) if writes.decision is not None else None
-    effect_pk = next(found) if writes.effect is not None else None
-    return Written(decision_pk=decision_pk, effect_pk=effect_pk)
+                cursor.execute(sql, _write_params(writes))
+            except IntegrityError as exc:
+                if not _refused(exc):
+                    raise
+                transaction.set_rollback(True)  # the statement wrote nothing; neither may the rest
+                return Written(decision_pk=None, effect_pk=None)
+            ids = iter(cursor.fetchone())
+        return Written(decision_pk=next(ids) if new_decision else None, effect_pk=next(ids) if new_effect else None)
 
 
 # -- SQLite ----------------------------------------------------------------------------------
 
 
 class SqliteCommitStore(_Store):
-    """One statement at a time. Settings open every transaction with BEGIN IMMEDIATE, so the
-    transaction holds the database's write lock from its first statement: it is the case
-    lock, and no other writer runs between the read and the writes. (SQLite's form of a
-    skipped insert, INSERT OR IGNORE, skips a row that any constraint refuses; the commit
-    takes any skipped insert for a lost race and reads again, so a refusal other than the
-    unique key's still ends in an error.)"""
+    """The ORM's own statements, one at a time. Settings open every transaction with BEGIN
+    IMMEDIATE, so the transaction holds the database's write lock from its first statement:
+    it is the case lock, and no other writer runs between the read and the writes."""
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[None]:
@@ -383,22 +393,33 @@ class SqliteCommitStore(_Store):
             raise CaseLocked from exc
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        reads, results = _reads(False), []
+        read = _read(False)
         with connection.cursor() as cursor:
-            for query in reads:
-                cursor.execute(query.sql, query.params_for(operation_id))
-                results.append(cursor.fetchall())
-        return _target(reads, results)
+            cursor.execute(read.sql, read.params_for(operation_id))
+            return _target(read, cursor.fetchall())
 
     def write(self, writes: Writes) -> Written:
-        returned = []
-        with connection.cursor() as cursor:
-            for sql, params, returns in _statements(writes):
-                cursor.execute(sql, params)
-                if returns:
-                    row = cursor.fetchone()
-                    returned.append(row[0] if row else None)
-        return _written(writes, returned)
+        decision, effect = writes.decision, writes.effect
+        try:
+            if decision is not None:
+                decision.save(force_insert=True)
+            if effect is not None:
+                if decision is not None:
+                    effect.decision_id = decision.pk
+                effect.save(force_insert=True)
+                if writes.delivery:
+                    Delivery(**delivery_fields(effect)).save(force_insert=True)
+        except IntegrityError as exc:
+            if not _refused(exc):
+                raise
+            transaction.set_rollback(True)  # nothing of this write may stand
+            return Written(decision_pk=None, effect_pk=None)
+        writes.attempt.save(force_insert=True)
+        if writes.complete_pending:
+            PendingReview.objects.filter(
+                operation_id=writes.attempt.operation_id, status=PendingReview.Status.PENDING
+            ).update(status=PendingReview.Status.COMPLETED, updated_at=Now())
+        return Written(decision_pk=getattr(decision, "pk", None), effect_pk=getattr(effect, "pk", None))
 
 
 def commit_store() -> CommitStore:

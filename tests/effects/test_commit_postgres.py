@@ -28,15 +28,17 @@ from tests.conftest import database_url
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 # What one commit sends, round trip by round trip (round_trips() below reads the wire):
-# Django's durable transaction: BEGIN, one query string that sets the lock timeout, locks
-# the case row and reads the operation, one query string with every write, and COMMIT. The
-# raw floor sends as many (psycopg's BEGIN, two inserts, COMMIT). Nothing is prepared, and
-# nothing but SET LOCAL touches the session.
-LOCKED_READ = "SET LOCAL lock_timeout"
-QUIET = "SET LOCAL synchronous_commit = off"
-COMMIT_SHAPE = ["BEGIN", LOCKED_READ, "INSERT INTO", "COMMIT"]
+# Django's durable transaction: BEGIN, one statement that sets the lock timeout, locks the
+# case row and reads the operation, one statement with every write, and COMMIT. The raw
+# floor sends as many (psycopg's BEGIN, two inserts, COMMIT). No SQL PREPARE: psycopg may
+# prepare the two statements at the protocol level (tests/effects/test_store_contract.py),
+# and nothing but set_config(…, true) touches the session, for the transaction only.
+LOCKED_READ = "SELECT … set_config('lock_timeout') … FOR NO KEY UPDATE"
+WRITE = "WITH … INSERT"
+QUIET = "set_config('synchronous_commit', 'off', true)"
+COMMIT_SHAPE = ["BEGIN", LOCKED_READ, WRITE, "COMMIT"]
 # A replay or a conflict writes nothing but its attempt row, without waiting for the flush.
-QUIET_SHAPE = ["BEGIN", LOCKED_READ, QUIET, "COMMIT"]
+QUIET_SHAPE = COMMIT_SHAPE
 
 
 def shape(captured) -> list[str]:
@@ -44,13 +46,22 @@ def shape(captured) -> list[str]:
     out = []
     for query in captured.captured_queries:
         sql = " ".join(query["sql"].split())
-        for prefix in [LOCKED_READ, QUIET, "BEGIN", "COMMIT", "SELECT", "ROLLBACK", "INSERT INTO"]:
-            if sql.startswith(prefix):
-                out.append(prefix)
-                break
+        if sql.startswith("SELECT") and "set_config('lock_timeout'" in sql and "FOR NO KEY UPDATE" in sql:
+            out.append(LOCKED_READ)
+        elif sql.startswith("WITH") and " AS (INSERT INTO " in sql:
+            out.append(WRITE)
         else:
-            out.append(sql[:60])
+            out.append(
+                next(
+                    (p for p in ["BEGIN", "COMMIT", "SELECT", "ROLLBACK", "INSERT INTO"] if sql.startswith(p)), sql[:60]
+                )
+            )
     return out
+
+
+def parts(write: str) -> list[tuple[str, str]]:
+    """The named parts of the write statement: (name, the table it inserts into or updates)."""
+    return re.findall(r'(\w+) AS \((?:INSERT INTO|UPDATE) "(\w+)"', write)
 
 
 @contextmanager
@@ -58,8 +69,10 @@ def round_trips():
     """Count the client's round trips on the wire with libpq's own trace.
 
     A round trip is one "ReadyForQuery" from the server, the answer to a simple Query (BEGIN,
-    COMMIT, Django's client-side bound statements) or to an extended-protocol Parse ... Sync.
-    Yields a list that holds the statements sent, one per round trip, once the block ends.
+    COMMIT, Django's client-side bound statements) or to an extended-protocol Sync (a
+    statement bound on the server: Parse ... Sync, or only Bind ... Sync once psycopg has
+    prepared it). Yields a list that holds the statements sent, one per round trip (the text
+    of a prepared one is its name), once the block ends.
     """
     connection.ensure_connection()
     pgconn = connection.connection.pgconn
@@ -74,7 +87,17 @@ def round_trips():
         log.seek(0)
         lines = log.read().decode().splitlines()
     fields = [line.split("\t", 3) for line in lines]
-    sent += [f[3].strip() for f in fields if f[0] == "F" and f[2] in ("Query", "Parse")]
+    batch: list[str] = []
+    for f in fields:
+        if f[0] != "F":
+            continue
+        if f[2] == "Query":
+            sent.append(f[3].strip())
+        elif f[2] in ("Parse", "Bind"):
+            batch.append(f[3].strip())
+        elif f[2] == "Sync":
+            sent.append(batch[0] if batch else "")
+            batch = []
     assert sum(f[0] == "B" and f[2] == "ReadyForQuery" for f in fields) == len(sent)
 
 
@@ -96,39 +119,28 @@ def warm(reviewer, make_user):
     return reviewer, other
 
 
-def statements(query: str) -> list[str]:
-    """The statements of one query string (split where the next one starts: a literal may
-    hold a semicolon)."""
-    return [s.strip() for s in re.split(r";\s*(?=(?:SET|SELECT|INSERT|UPDATE) )", query.strip('"'))]
-
-
-def test_a_first_approval_is_four_round_trips_and_prepares_nothing(proposal, warm):
+def test_a_first_approval_is_four_round_trips_and_sends_no_prepare(proposal, warm):
     reviewer, _ = warm
     with CaptureQueriesContext(connection) as log:
         result, logged, sent = measured(
             lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
         )
     assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
-    assert logged == COMMIT_SHAPE
-    sql = [query["sql"] for query in log.captured_queries]
-    assert all(query.strip('"').startswith(start) for query, start in zip(sent, COMMIT_SHAPE, strict=True)), sent
-    # The lock timeout; the case with the proposal, locking the case row; the decision, with
+    assert logged == COMMIT_SHAPE and len(sent) == 4
+    assert [s.strip('"').split(" ")[0] for s in (sent[0], sent[3])] == ["BEGIN", "COMMIT"]
+    sql = [" ".join(query["sql"].split()) for query in log.captured_queries]
+    # The lock timeout, the case with the proposal, locking the case row, the decision, with
     # whether its effect and an open pending review exist.
-    locked = statements(sql[1])
-    assert locked[0] == "SET LOCAL lock_timeout = '3000ms'" and locked[1].endswith('FOR NO KEY UPDATE OF "cases_case"')
-    assert len(locked) == 3
-    # Every write in one query string: the decision, the effect, the attempt, the pending review.
-    writes = statements(sql[2])
-    assert [w.split(" (")[0] for w in writes] == [
-        'INSERT INTO "reviews_reviewdecision"',
-        'INSERT INTO "effects_effectrecord"',
-        'INSERT INTO "effects_commitattempt"',
-        'UPDATE "reviews_pendingreview" SET "status" = \'completed\', "updated_at" = STATEMENT_TIMESTAMP() WHERE',
+    assert sql[1].endswith('FOR NO KEY UPDATE OF "cases_case"')
+    # Every write in one statement: the decision, the effect, the attempt, the pending review.
+    assert parts(sql[2]) == [
+        ("decision", "reviews_reviewdecision"),
+        ("effect", "effects_effectrecord"),
+        ("attempt", "effects_commitattempt"),
+        ("completion", "reviews_pendingreview"),
     ]
-    assert not any(word in s for s in sent for word in ("PREPARE", "EXECUTE", "DEALLOCATE"))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
-        assert cursor.fetchone()[0] == 0
+    assert "(SELECT id FROM decision)" in sql[2] and QUIET not in sql[2]
+    assert not any(word in s for s in sent + sql for word in ("PREPARE", "EXECUTE", "DEALLOCATE"))
 
 
 @pytest.mark.parametrize(
@@ -143,12 +155,14 @@ def test_a_first_approval_is_four_round_trips_and_prepares_nothing(proposal, war
 def test_a_replay_and_a_conflict_are_four_round_trips_too(proposal, warm, first, then, receipt):
     reviewer, other = warm
     effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
-    result, logged, sent = measured(
-        lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
-    )
+    with CaptureQueriesContext(connection) as log:
+        result, logged, sent = measured(
+            lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
+        )
     assert result.receipt() == receipt
     assert logged == QUIET_SHAPE and len(sent) == 4
-    assert [w.split(" (")[0] for w in statements(sent[2])] == [QUIET, 'INSERT INTO "effects_commitattempt"']
+    write = " ".join(log.captured_queries[2]["sql"].split())
+    assert parts(write) == [("attempt", "effects_commitattempt")] and write.endswith(f"SELECT {QUIET}")
     # The setting is that transaction's own: the session is back to the server's default.
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
@@ -163,22 +177,23 @@ def test_a_first_decline_is_four_round_trips(proposal, warm):
         )
     assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
     assert logged == COMMIT_SHAPE and len(sent) == 4
-    assert [w.split(" (")[0] for w in statements(log.captured_queries[2]["sql"])][:2] == [
-        'INSERT INTO "reviews_reviewdecision"',
-        'INSERT INTO "effects_commitattempt"',
+    assert parts(" ".join(log.captured_queries[2]["sql"].split())) == [
+        ("decision", "reviews_reviewdecision"),
+        ("attempt", "effects_commitattempt"),
+        ("completion", "reviews_pendingreview"),
     ]
 
 
 def test_the_lock_statement_takes_no_key_update_on_the_case_only(db):
     from django.db import transaction
 
-    from effects.store import _reads
+    from effects.store import _read
 
     with transaction.atomic():
-        lock = " ".join(_reads(True)[0].sql.split())
+        lock = " ".join(_read(True).sql.split())
     assert lock.endswith('FOR NO KEY UPDATE OF "cases_case"') and "FOR UPDATE" not in lock
     assert lock.startswith('SELECT "reviews_proposal"."id" ')
-    assert "FOR " not in _reads(False)[0].sql
+    assert "FOR " not in _read(False).sql and "set_config" not in _read(False).sql
 
 
 def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal, warm):

@@ -113,16 +113,18 @@ def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(propo
     assert EffectRecord.objects.get().decision_id == stored.pk
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.COMPLETED
-    # Again: both unique keys refuse, and the store says so instead of raising.
+    # Again: the unique keys refuse, and the store says so instead of raising; nothing of
+    # that write stands, its attempt row included (the commit then reads again).
     again = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=False, reviewer=reviewer)
+    refused = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
     with store.transaction():
         written = store.write(
-            Writes(attempt=attempt, decision=again, effect=EffectRecord(**_effect_fields(proposal, stored)))
+            Writes(attempt=refused, decision=again, effect=EffectRecord(**_effect_fields(proposal, stored)))
         )
     assert (written.decision_pk, written.effect_pk) == (None, None)
     assert rows() == (1, 1, 0)
     assert ReviewDecision.objects.get().approved is True
-    assert CommitAttempt.objects.count() == 2
+    assert CommitAttempt.objects.count() == 1
 
 
 # -- effect_commit on the store: every row of the commit table --------------------------------
@@ -257,3 +259,37 @@ def test_opposite_decisions_concurrently_one_decision_the_other_a_conflict(propo
     verb = "approved" if decision.approved else "declined"
     conflict = CommitAttempt.objects.get(outcome="conflict")
     assert conflict.detail == f"already {verb} by {decision.reviewer.get_username()}"
+
+
+def _prepared_commit_statements() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s OR statement LIKE %s",
+            ['WITH %INSERT INTO "effects_commitattempt"%', '%FOR NO KEY UPDATE OF "cases_case"'],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("threshold, prepared", [(1, True), (None, False)])
+def test_the_commits_statements_are_prepared_by_psycopg_only_when_the_setting_asks(
+    t1042_data, reviewer, threshold, prepared
+):
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    from cases.services import case_import
+
+    connection.close()  # a fresh server session, which holds no prepared statement yet
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = threshold
+    operations = []
+    for i in range(3):
+        case = case_import(data={**t1042_data, "case_id": f"T-PREP-{i}"}).case
+        operation_id = proposal_create(case=case).operation_id
+        result = effect_commit(operation_id=operation_id, approved=True, reviewer=reviewer, channel="t")
+        assert result.status == "Committed" and not result.replay
+        operations.append(operation_id)
+    assert (_prepared_commit_statements() > 0) is prepared
+    assert EffectRecord.objects.filter(operation_id__in=operations).count() == 3
+    connection.close()  # the next test gets the setting's own threshold again

@@ -139,3 +139,25 @@ def test_readyz_checks_the_pooler_once_per_connection(client):
         assert client.get("/readyz").json()["checks"]["pooler"] == {"ok": True}
     assert probes(first.captured_queries) == 2
     assert probes(second.captured_queries) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements_are_turned_off_on_a_connection_a_pooler_answers(pgbouncer_installed, tmp_path):
+    from django.db import connection
+
+    from core.poolers import prepared_statements
+
+    connection.close()
+    connection.ensure_connection()  # direct: the server process itself holds the backend key
+    assert connection.connection.prepare_threshold is not None
+    assert prepared_statements(connection)["on"] is True
+    with pooler.PgBouncer(server_url=admin_url(), mode="transaction", log_path=tmp_path / "pgbouncer.log") as bouncer:
+        settings = {**connection.settings_dict, "HOST": pooler.HOST, "PORT": bouncer.port}
+        pooled = type(connection)(settings, alias="pooled")
+        try:
+            pooled.ensure_connection()
+            state = prepared_statements(pooled)
+            assert pooled.connection.prepare_threshold is None
+            assert state["on"] is False and state["why"].startswith("a pooler answers for PostgreSQL"), state
+        finally:
+            pooled.close()
