@@ -32,7 +32,7 @@ from core.errors import (
 )
 from core.faults import crash_point
 from core.locks import decision_lock_timeout, lock_timeout_ms
-from core.observability import observed_commit
+from core.observability import commit_observed
 from core.outcomes import OperationState, ReceiptStatus
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
@@ -400,7 +400,6 @@ def _record_failure(call: _Call, exc: Exception) -> None:
         log.exception("could not record the failed attempt of %s", what)
 
 
-@observed_commit  # commit latency by outcome
 def effect_commit(
     *,
     operation_id: str,
@@ -429,40 +428,46 @@ def effect_commit(
     ``expired``): the reviewer is then that actor's own user row and needs no permission.
     """
     call = _Call(operation_id, approved, reviewer, channel, decline_reason, decline_note, system_actor)
-    try:
-        # bool only: 1, "true" or None are not consent.
-        if type(approved) is not bool:
-            raise DecisionOmitted(
-                f"approved must be true or false, not {approved!r}: an omitted decision is not consent"
+    with commit_observed(approved=approved) as seen:  # commit latency by outcome
+        try:
+            # bool only: 1, "true" or None are not consent.
+            if type(approved) is not bool:
+                raise DecisionOmitted(
+                    f"approved must be true or false, not {approved!r}: an omitted decision is not consent"
+                )
+            if not identity.is_operation_id(operation_id):
+                raise InvalidInput(
+                    f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)"
+                )
+            decline_reason_check(
+                approved=approved, decline_reason=decline_reason, decline_note=decline_note, system_actor=system_actor
             )
-        if not identity.is_operation_id(operation_id):
-            raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
-        decline_reason_check(
-            approved=approved, decline_reason=decline_reason, decline_note=decline_note, system_actor=system_actor
-        )
-        if system_actor is None:
-            reviewer_check(reviewer)
-        elif getattr(reviewer, "pk", None) is None:
-            raise PermissionRefused(f"the system actor {system_actor} needs its user row")
-        result = _commit(call)
-    except DecisionflowError as exc:
-        if not call.recorded:
-            outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
-            call.record(outcome, exc.message, exc.reason)
-        raise
-    except Exception as exc:
-        _record_failure(call, exc)
-        if call.commit_sent:
-            # COMMIT was sent and failed (a lost connection, most likely): it may have been
-            # applied. Every caller, not only the workflow's, reports that as uncertain.
-            raise _uncertain(call, exc) from exc
-        raise
-    crash_point("commit-after-transaction")
-    if result.status == COMMITTED and not result.replay and delivery_configured():
-        # After the durable transaction: the worker must see the row. A lost enqueue (the
-        # process stops right here) only delays the delivery: the sweep finds it.
-        delivery_enqueue(result.operation_id)
-    return result
+            if system_actor is None:
+                reviewer_check(reviewer)
+            elif getattr(reviewer, "pk", None) is None:
+                raise PermissionRefused(f"the system actor {system_actor} needs its user row")
+            result = _commit(call)
+        except DecisionflowError as exc:
+            if not call.recorded:
+                outcome = (
+                    CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+                )
+                call.record(outcome, exc.message, exc.reason)
+            raise
+        except Exception as exc:
+            _record_failure(call, exc)
+            if call.commit_sent:
+                # COMMIT was sent and failed (a lost connection, most likely): it may have been
+                # applied. Every caller, not only the workflow's, reports that as uncertain.
+                raise _uncertain(call, exc) from exc
+            raise
+        crash_point("commit-after-transaction")
+        if result.status == COMMITTED and not result.replay and delivery_configured():
+            # After the durable transaction: the worker must see the row. A lost enqueue (the
+            # process stops right here) only delays the delivery: the sweep finds it.
+            delivery_enqueue(result.operation_id)
+        seen.result = result
+        return result
 
 
 class ReconcileRow(NamedTuple):
