@@ -68,18 +68,18 @@ def _asgiref_run(coroutine_fn, /, *args, **kwargs):
     return async_to_sync(coroutine_fn)(*args, **kwargs)
 
 
-async def _asgiref_call(fn, *args):
+async def _asgiref_call(fn, /, *args, **kwargs):
     from asgiref.sync import sync_to_async
 
-    return await sync_to_async(fn, thread_sensitive=True)(*args)
+    return await sync_to_async(fn, thread_sensitive=True)(*args, **kwargs)
 
 
 def _asyncio_run(coroutine_fn, /, *args, **kwargs):
     return asyncio.run(coroutine_fn(*args, **kwargs))
 
 
-async def _direct_call(fn, *args):
-    return fn(*args)
+async def _direct_call(fn, /, *args, **kwargs):
+    return fn(*args, **kwargs)
 
 
 def _bridge(name: str) -> tuple[Callable, Callable]:

@@ -46,7 +46,7 @@ FINDINGS = {
     ),
     "commit_postgresql": (
         "The commit is four round trips inside Django's `transaction.atomic(durable=True)` (effects/services.py "
-        "`_commit`, effects/store.py): psycopg's BEGIN; one query string with `SET LOCAL lock_timeout`, the "
+        "`effect_commit`, effects/store.py): psycopg's BEGIN; one query string with `SET LOCAL lock_timeout`, the "
         "statement that locks the case row (`FOR NO KEY UPDATE`) with its proposal, and the read of the "
         "standing decision with its effect and open pending review; Python decides the outcome (stale, "
         "conflict, replay, new); one query string with every write (the decision and the effect as "

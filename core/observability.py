@@ -10,8 +10,10 @@ Events are one JSON line each on the ``decisionflow.events`` logger (``JsonForma
 case, the operation, the channel, the actor, the outcome and the duration. Never a draft,
 a message text that could quote one, or a secret: only identifiers, codes and numbers.
 
-The service layer calls into this module through decorators (``observed_decision``,
-``observed_commit``, ``counts_refusals``) so that instrumenting a service is one line.
+The decision and commit services are observed by context managers around their own
+bodies (``decision_observed``, ``commit_observed``), so that observing them puts no wrapper
+function between a caller and the service; the binding checks count their refusals through
+a decorator (``counts_refusals``).
 """
 
 from __future__ import annotations
@@ -228,76 +230,74 @@ def _username(user) -> str | None:
     return user.get_username()
 
 
-def observed_decision(service: Callable) -> Callable:
-    """Count, time and log every call of the decision service (keyword arguments only).
+class Observed:
+    """What an observed call returned, set by the service before its block ends."""
 
-    Exactly one metric increment and one event line per call, whatever the outcome.
+    result: Any = None
+
+
+@contextmanager
+def decision_observed(*, case, operation_id, channel, reviewer, approved):
+    """Count, time and log one call of the decision service, whose body is the block.
+
+    Exactly one metric increment and one event line per call, whatever the outcome; the
+    service sets ``result`` on what it yields before it returns.
     """
-
-    @functools.wraps(service)
-    def wrapper(**kwargs):
-        started = time.perf_counter()
-        result, error = None, None
-        try:
-            result = service(**kwargs)
-            return result
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            seconds = time.perf_counter() - started
-            outcome = outcome_of(result, error)
-            channel = str(kwargs.get("channel") or "service")[:20]
-            DECISIONS.labels(channel=channel, outcome=outcome).inc()
-            DECISION_SECONDS.labels(outcome=outcome).observe(seconds)
-            if outcome in _REFUSED:
-                REFUSALS.labels(code=_code(error)).inc()
-            case = kwargs.get("case")
-            approved = kwargs.get("approved")
-            events.info(
-                "decision",
-                extra={
-                    "event": "decision",
-                    "case_id": getattr(case, "case_id", None),
-                    "operation_id": str(kwargs.get("operation_id"))[:100],
-                    "channel": channel,
-                    "actor": _username(kwargs.get("reviewer")),
-                    "approved": approved if isinstance(approved, bool) else None,
-                    "outcome": outcome,
-                    "code": _code(error) or None,
-                    "begun": getattr(result, "begun", None),
-                    "duration_ms": round(seconds * 1000, 2),
-                },
-            )
-
-    return wrapper
+    seen = Observed()
+    started = time.perf_counter()
+    error = None
+    try:
+        yield seen
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        seconds = time.perf_counter() - started
+        outcome = outcome_of(seen.result if error is None else None, error)
+        channel = str(channel or "service")[:20]
+        DECISIONS.labels(channel=channel, outcome=outcome).inc()
+        DECISION_SECONDS.labels(outcome=outcome).observe(seconds)
+        if outcome in _REFUSED:
+            REFUSALS.labels(code=_code(error)).inc()
+        events.info(
+            "decision",
+            extra={
+                "event": "decision",
+                "case_id": getattr(case, "case_id", None),
+                "operation_id": str(operation_id)[:100],
+                "channel": channel,
+                "actor": _username(reviewer),
+                "approved": approved if isinstance(approved, bool) else None,
+                "outcome": outcome,
+                "code": _code(error) or None,
+                "begun": getattr(seen.result, "begun", None) if error is None else None,
+                "duration_ms": round(seconds * 1000, 2),
+            },
+        )
 
 
-def observed_commit(commit: Callable) -> Callable:
-    """Time ``effect_commit`` by outcome; a busy case row counts as a busy refusal."""
-
-    @functools.wraps(commit)
-    def wrapper(**kwargs):
-        started = time.perf_counter()
-        outcome: str = Failure.ERROR
-        try:
-            result = commit(**kwargs)
-            if getattr(result, "status", None) == ReceiptStatus.CONFLICTING:
-                outcome = DecisionOutcome.CONFLICT
-            elif getattr(result, "replay", False):
-                outcome = DecisionOutcome.REPLAY
-            else:
-                outcome = DecisionOutcome.COMMITTED if kwargs.get("approved") is True else DecisionOutcome.DECLINED
-            return result
-        except BaseException as exc:
-            outcome = outcome_of(exc=exc)
-            if isinstance(exc, CaseBusy):
-                BUSY_REFUSALS.labels(lock="case_row").inc()
-            raise
-        finally:
-            COMMIT_SECONDS.labels(outcome=outcome).observe(time.perf_counter() - started)
-
-    return wrapper
+@contextmanager
+def commit_observed(*, approved):
+    """Time one ``effect_commit``, whose body is the block, by outcome; a busy case row
+    counts as a busy refusal. The commit sets ``result`` on what it yields before it returns."""
+    seen = Observed()
+    started = time.perf_counter()
+    outcome: str = Failure.ERROR
+    try:
+        yield seen
+        if getattr(seen.result, "status", None) == ReceiptStatus.CONFLICTING:
+            outcome = DecisionOutcome.CONFLICT
+        elif getattr(seen.result, "replay", False):
+            outcome = DecisionOutcome.REPLAY
+        else:
+            outcome = DecisionOutcome.COMMITTED if approved is True else DecisionOutcome.DECLINED
+    except BaseException as exc:
+        outcome = outcome_of(exc=exc)
+        if isinstance(exc, CaseBusy):
+            BUSY_REFUSALS.labels(lock="case_row").inc()
+        raise
+    finally:
+        COMMIT_SECONDS.labels(outcome=outcome).observe(time.perf_counter() - started)
 
 
 def counts_refusals(counter: Any, refusal: type[BaseException]) -> Callable:

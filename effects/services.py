@@ -32,11 +32,11 @@ from core.errors import (
 )
 from core.faults import crash_point
 from core.locks import decision_lock_timeout, lock_timeout_ms
-from core.observability import observed_commit
+from core.observability import commit_observed
 from core.outcomes import OperationState, ReceiptStatus
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
-from effects.store import CaseLocked, Target, Writes, attempt_append, commit_store, stored
+from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store, stored
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision, SystemActor
 
@@ -210,6 +210,26 @@ class _Call:
 # -- the rules of a commit, each decided once ------------------------------------------------
 
 
+def _arguments_check(call: _Call) -> None:
+    """Refuse, before anything is read, a call that could never commit."""
+    approved, reviewer, system_actor = call.approved, call.reviewer, call.system_actor
+    # bool only: 1, "true" or None are not consent.
+    if type(approved) is not bool:
+        raise DecisionOmitted(f"approved must be true or false, not {approved!r}: an omitted decision is not consent")
+    if not identity.is_operation_id(call.operation_id):
+        raise InvalidInput(f"{str(call.operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
+    decline_reason_check(
+        approved=approved,
+        decline_reason=call.decline_reason,
+        decline_note=call.decline_note,
+        system_actor=system_actor,
+    )
+    if system_actor is None:
+        reviewer_check(reviewer)
+    elif getattr(reviewer, "pk", None) is None:
+        raise PermissionRefused(f"the system actor {system_actor} needs its user row")
+
+
 def _not_found(operation_id: str) -> NotFound:
     """No proposal has this operation."""
     return NotFound(f"no proposal has operation {operation_id}")
@@ -258,6 +278,13 @@ class _LostRace(Exception):
     so that it rolls back; the commit is then decided again from a fresh read."""
 
 
+def _is_lost_race(writes: Writes, written: Written) -> bool:
+    """A row the read said was free was refused by its unique key."""
+    return (writes.decision is not None and written.decision_pk is None) or (
+        writes.effect is not None and written.effect_pk is None
+    )
+
+
 def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewDecision]:
     """The rows a commit with ``outcome`` writes, and the decision that will stand."""
     approved, proposal = call.approved, target.proposal
@@ -303,44 +330,6 @@ def _answer(call: _Call, target: Target, outcome: str, writes: Writes, decision:
     return _result(
         outcome, approved=call.approved, effect_count=effect_count, operation_id=call.operation_id, decision=decision
     )
-
-
-def _commit(call: _Call) -> CommitResult:
-    """The commit's one durable transaction: read under the case lock, decide, write."""
-    store = commit_store()
-    operation_id, approved = call.operation_id, call.approved
-    for _ in range(2):
-        try:
-            with store.transaction():
-                target = store.read(operation_id, lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()))
-                call.case_known = True
-                if target is None:
-                    raise _not_found(operation_id)
-                call.case_pk = target.proposal.case_id
-                if _is_stale(target):
-                    raise StaleProposal.superseded(
-                        operation_id=operation_id,
-                        case_id=target.case_label,
-                        current_operation_id=store.current_operation(target),
-                    )
-                crash_point("commit-before-decision")
-                outcome = _outcome(target, approved)
-                writes, decision = _decided(call, target, outcome)
-                written = store.write(writes)
-                if (writes.decision is not None and written.decision_pk is None) or (
-                    writes.effect is not None and written.effect_pk is None
-                ):
-                    raise _LostRace
-                crash_point("commit-after-decision")
-                call.commit_sent = True
-        except _LostRace:
-            continue
-        except CaseLocked:
-            raise _busy(call) from None
-        if written.decision_pk is not None:
-            decision = stored(decision, written.decision_pk)
-        return _answer(call, target, outcome, writes, decision)
-    raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
 
 
 def _busy(call: _Call) -> CaseBusy:
@@ -400,7 +389,6 @@ def _record_failure(call: _Call, exc: Exception) -> None:
         log.exception("could not record the failed attempt of %s", what)
 
 
-@observed_commit  # commit latency by outcome
 def effect_commit(
     *,
     operation_id: str,
@@ -429,40 +417,65 @@ def effect_commit(
     ``expired``): the reviewer is then that actor's own user row and needs no permission.
     """
     call = _Call(operation_id, approved, reviewer, channel, decline_reason, decline_note, system_actor)
-    try:
-        # bool only: 1, "true" or None are not consent.
-        if type(approved) is not bool:
-            raise DecisionOmitted(
-                f"approved must be true or false, not {approved!r}: an omitted decision is not consent"
-            )
-        if not identity.is_operation_id(operation_id):
-            raise InvalidInput(f"{str(operation_id)[:100]!r} is not an operation identity (op-v1- and 64 hex digits)")
-        decline_reason_check(
-            approved=approved, decline_reason=decline_reason, decline_note=decline_note, system_actor=system_actor
-        )
-        if system_actor is None:
-            reviewer_check(reviewer)
-        elif getattr(reviewer, "pk", None) is None:
-            raise PermissionRefused(f"the system actor {system_actor} needs its user row")
-        result = _commit(call)
-    except DecisionflowError as exc:
-        if not call.recorded:
-            outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
-            call.record(outcome, exc.message, exc.reason)
-        raise
-    except Exception as exc:
-        _record_failure(call, exc)
-        if call.commit_sent:
-            # COMMIT was sent and failed (a lost connection, most likely): it may have been
-            # applied. Every caller, not only the workflow's, reports that as uncertain.
-            raise _uncertain(call, exc) from exc
-        raise
-    crash_point("commit-after-transaction")
-    if result.status == COMMITTED and not result.replay and delivery_configured():
-        # After the durable transaction: the worker must see the row. A lost enqueue (the
-        # process stops right here) only delays the delivery: the sweep finds it.
-        delivery_enqueue(result.operation_id)
-    return result
+    with commit_observed(approved=approved) as seen:  # commit latency by outcome
+        try:
+            _arguments_check(call)
+            # The one durable transaction: read under the case lock, decide, write. An insert
+            # the read said was free but a unique key refused rolls back and is decided again.
+            store = commit_store()
+            for _ in range(2):
+                try:
+                    with store.transaction():
+                        target = store.read(operation_id, lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()))
+                        call.case_known = True
+                        if target is None:
+                            raise _not_found(operation_id)
+                        call.case_pk = target.proposal.case_id
+                        if _is_stale(target):
+                            raise StaleProposal.superseded(
+                                operation_id=operation_id,
+                                case_id=target.case_label,
+                                current_operation_id=store.current_operation(target),
+                            )
+                        crash_point("commit-before-decision")
+                        outcome = _outcome(target, approved)
+                        writes, decision = _decided(call, target, outcome)
+                        written = store.write(writes)
+                        if _is_lost_race(writes, written):
+                            raise _LostRace
+                        crash_point("commit-after-decision")
+                        call.commit_sent = True
+                except _LostRace:
+                    continue
+                except CaseLocked:
+                    raise _busy(call) from None
+                if written.decision_pk is not None:
+                    decision = stored(decision, written.decision_pk)
+                result = _answer(call, target, outcome, writes, decision)
+                break
+            else:
+                raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
+        except DecisionflowError as exc:
+            if not call.recorded:
+                refused = (
+                    CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+                )
+                call.record(refused, exc.message, exc.reason)
+            raise
+        except Exception as exc:
+            _record_failure(call, exc)
+            if call.commit_sent:
+                # COMMIT was sent and failed (a lost connection, most likely): it may have been
+                # applied. Every caller, not only the workflow's, reports that as uncertain.
+                raise _uncertain(call, exc) from exc
+            raise
+        crash_point("commit-after-transaction")
+        if result.status == COMMITTED and not result.replay and delivery_configured():
+            # After the durable transaction: the worker must see the row. A lost enqueue (the
+            # process stops right here) only delays the delivery: the sweep finds it.
+            delivery_enqueue(result.operation_id)
+        seen.result = result
+        return result
 
 
 class ReconcileRow(NamedTuple):

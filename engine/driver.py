@@ -44,7 +44,7 @@ class _Driver:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.calls: collections.deque[tuple[contextvars.Context, Callable[..., Any], tuple, asyncio.Future]] = (
+        self.calls: collections.deque[tuple[contextvars.Context, Callable[..., Any], tuple, dict, asyncio.Future]] = (
             collections.deque()
         )
 
@@ -53,15 +53,15 @@ _DRIVER: contextvars.ContextVar[_Driver | None] = contextvars.ContextVar("decisi
 _THREAD = threading.local()  # each thread's own loop, and whether a run is using it
 
 
-async def on_caller(fn: Callable[..., _T], *args: Any) -> _T:
-    """Run ``fn(*args)`` on the calling thread, on its connection, and return its result."""
+async def on_caller(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """Run ``fn(*args, **kwargs)`` on the calling thread, on its connection, and return its result."""
     driver = _DRIVER.get()
     loop = asyncio.get_running_loop()
     if driver is None or driver.loop is not loop:
-        return await sync_to_async(fn, thread_sensitive=True)(*args)
+        return await sync_to_async(fn, thread_sensitive=True)(*args, **kwargs)
     future = loop.create_future()
     # The step's own context, as sync_to_async would run it.
-    driver.calls.append((contextvars.copy_context(), fn, args, future))
+    driver.calls.append((contextvars.copy_context(), fn, args, kwargs, future))
     loop.stop()  # run_on_caller makes the call once the loop has stopped, then runs it again
     return await future
 
@@ -102,9 +102,9 @@ def run_on_caller(coroutine_fn: Callable[..., Coroutine[Any, Any, _T]], /, *args
         while True:
             loop.run_forever()
             while driver.calls:
-                call_context, fn, call_args, future = driver.calls.popleft()
+                call_context, fn, call_args, call_kwargs, future = driver.calls.popleft()
                 try:
-                    result = call_context.run(fn, *call_args)
+                    result = call_context.run(fn, *call_args, **call_kwargs)
                 except BaseException as exc:  # noqa: BLE001 - handed to the step that asked, as sync_to_async does
                     if not future.cancelled():
                         future.set_exception(exc)

@@ -174,27 +174,6 @@ def _lose_connection() -> None:
     raise OperationalError("the connection to the database was lost after the commit")
 
 
-def _commit_sync(decision: dict, answer: Answer) -> CommitResult:
-    reviewer = answer.reviewer
-    if getattr(reviewer, "pk", None) != decision.get("reviewer_pk"):
-        # The answer names a reviewer other than the one the channel authenticated.
-        reviewer = None
-    result = effect_commit(
-        operation_id=decision["operation_id"],
-        approved=decision["approved"],
-        reviewer=reviewer,
-        channel=decision["channel"],
-        decline_reason=decision.get("decline_reason"),
-        decline_note=decision.get("decline_note"),
-    )
-    if answer.fault == FAULT_LOSE_RECEIPT:
-        # The transaction is durable by now; only the receipt goes missing.
-        raise LostReceipt(f"the receipt for {identity.short(decision['operation_id'])} was lost after commit")
-    if answer.fault == FAULT_LOSE_CONNECTION:
-        _lose_connection()
-    return result
-
-
 # The answer of the run in progress, for a commit step built without one (the thread's
 # reused resume workflow, ``resume_workflow``). Each run's task copies the context it was
 # started in, so a run only ever sees its own answer.
@@ -215,11 +194,29 @@ class Commit(Executor):
         answer = self.current_answer()
         if answer is None:
             raise RuntimeError("the commit step ran without an answer from the host")
+        reviewer = answer.reviewer
+        if getattr(reviewer, "pk", None) != decision.get("reviewer_pk"):
+            # The answer names a reviewer other than the one the channel authenticated.
+            reviewer = None
         # From here on a failure may come after the commit statement ran: the host reports
         # it as an uncertain outcome, never as a refusal.
         answer.commit_started = True
-        answer.result = await on_caller(_commit_sync, decision, answer)
-        await ctx.yield_output(conform("output", answer.result.receipt()))
+        result = await on_caller(
+            effect_commit,
+            operation_id=decision["operation_id"],
+            approved=decision["approved"],
+            reviewer=reviewer,
+            channel=decision["channel"],
+            decline_reason=decision.get("decline_reason"),
+            decline_note=decision.get("decline_note"),
+        )
+        if answer.fault == FAULT_LOSE_RECEIPT:
+            # The transaction is durable by now; only the receipt goes missing.
+            raise LostReceipt(f"the receipt for {identity.short(decision['operation_id'])} was lost after commit")
+        if answer.fault == FAULT_LOSE_CONNECTION:
+            await on_caller(_lose_connection)
+        answer.result = result
+        await ctx.yield_output(conform("output", result.receipt()))
 
 
 def build_workflow(*, begin: Begin | None = None, answer: Answer | None = None, checkpoint_storage=None):

@@ -66,14 +66,14 @@ POINTS = {
         "`resume`",
         "before the decision insert: after the locked read and the stale check, before the "
         "verdict and the writes (both databases, inside the commit's transaction)",
-        "effects/services.py `_commit`",
+        "effects/services.py `effect_commit`",
         "Pending",
     ),
     "commit-after-decision": (
         "`resume`",
         "inside the commit transaction, after the writes (the decision, effect, attempt and pending "
         "review, one query string on PostgreSQL), before COMMIT",
-        "effects/services.py `_commit`",
+        "effects/services.py `effect_commit`",
         "Pending (the transaction rolled back)",
     ),
     "commit-after-transaction": (

@@ -47,7 +47,7 @@ from core.errors import (
     WorkflowIncompatible,
 )
 from core.locks import sqlite_bounded_wait
-from core.observability import observed_decision
+from core.observability import decision_observed
 from core.outcomes import DecisionOutcome
 from effects.models import CommitAttempt
 from effects.services import (
@@ -107,7 +107,6 @@ def _conflict(commit: CommitResult) -> ConflictingDecision:
     )
 
 
-@observed_decision  # one metric increment and one JSON event line per call
 def decision_record(
     *,
     case: Case,
@@ -138,56 +137,63 @@ def decision_record(
     a free-text ``decline_note``; an unknown reason is refused (``InvalidInput``) before
     anything runs. A second decline is a replay: the first reason stands.
     """
-    operation_id = str(operation_id)
-    _check_fault(fault)  # a test-only switch, refused before the decision is looked at
-    answer_started = False
-    try:
-        decline_reason_check(approved=approved, decline_reason=decline_reason, decline_note=decline_note)
-        with sqlite_bounded_wait():
-            pending = pending_with_checkpoint(case, operation_id, reviewer)
-            begun = False
-            if pending is None and identity.is_operation_id(operation_id):
-                pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
-            if pending is None:
-                raise no_pending_review(case, operation_id)
-            # Decided, and its pause checkpoint pruned since (reviews/retention.py): the decision
-            # stands, so the review core answers a retry (replay or conflict) without the engine,
-            # exactly as the answered run's commit step would.
-            pruned = pause_pruned(pending)
-            checkpoint = None if pruned else bound_checkpoint(case, pending)
-            if approved is True and pending.reviewer_changed_case:
-                four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
-            answer_started = True
-            if checkpoint is None:
-                commit = effect_commit(
-                    operation_id=operation_id,
-                    approved=approved,
-                    reviewer=reviewer,
-                    channel=str(channel)[:20],
-                    decline_reason=decline_reason,
-                    decline_note=decline_note,
-                )
-            else:
-                commit = answer(
-                    checkpoint,
-                    operation_id=operation_id,
-                    approved=approved,
-                    reviewer=reviewer,
-                    channel=channel,
-                    fault=fault,
-                    decline_reason=decline_reason,
-                    decline_note=decline_note,
-                )
-    except OutcomeUncertain:
-        raise
-    except DecisionflowError as exc:
-        if not answer_started or isinstance(exc, WorkflowIncompatible):
-            # The review core records its own refusals; these happened before it ran.
-            _record_refusal(case, operation_id, approved, reviewer, channel, exc)
-        raise
-    if commit.status == CONFLICTING:
-        raise _conflict(commit)
-    return DecisionResult(outcome=_outcome(commit), commit=commit, checkpoint_id=pending.checkpoint_id, begun=begun)
+    # One metric increment and one JSON event line per call, whatever the outcome.
+    with decision_observed(
+        case=case, operation_id=operation_id, channel=channel, reviewer=reviewer, approved=approved
+    ) as seen:
+        operation_id = str(operation_id)
+        _check_fault(fault)  # a test-only switch, refused before the decision is looked at
+        answer_started = False
+        try:
+            decline_reason_check(approved=approved, decline_reason=decline_reason, decline_note=decline_note)
+            with sqlite_bounded_wait():
+                pending = pending_with_checkpoint(case, operation_id, reviewer)
+                begun = False
+                if pending is None and identity.is_operation_id(operation_id):
+                    pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
+                if pending is None:
+                    raise no_pending_review(case, operation_id)
+                # Decided, and its pause checkpoint pruned since (reviews/retention.py): the decision
+                # stands, so the review core answers a retry (replay or conflict) without the engine,
+                # exactly as the answered run's commit step would.
+                pruned = pause_pruned(pending)
+                checkpoint = None if pruned else bound_checkpoint(case, pending)
+                if approved is True and pending.reviewer_changed_case:
+                    four_eyes_check(proposal_pk=pending.proposal_id, reviewer=reviewer, case_pk=case.pk)
+                answer_started = True
+                if checkpoint is None:
+                    commit = effect_commit(
+                        operation_id=operation_id,
+                        approved=approved,
+                        reviewer=reviewer,
+                        channel=str(channel)[:20],
+                        decline_reason=decline_reason,
+                        decline_note=decline_note,
+                    )
+                else:
+                    commit = answer(
+                        checkpoint,
+                        operation_id=operation_id,
+                        approved=approved,
+                        reviewer=reviewer,
+                        channel=channel,
+                        fault=fault,
+                        decline_reason=decline_reason,
+                        decline_note=decline_note,
+                    )
+        except OutcomeUncertain:
+            raise
+        except DecisionflowError as exc:
+            if not answer_started or isinstance(exc, WorkflowIncompatible):
+                # The review core records its own refusals; these happened before it ran.
+                _record_refusal(case, operation_id, approved, reviewer, channel, exc)
+            raise
+        if commit.status == CONFLICTING:
+            raise _conflict(commit)
+        seen.result = DecisionResult(
+            outcome=_outcome(commit), commit=commit, checkpoint_id=pending.checkpoint_id, begun=begun
+        )
+        return seen.result
 
 
 def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -> tuple[PendingReview | None, bool]:

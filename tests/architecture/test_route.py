@@ -21,10 +21,10 @@ from effects.models import EffectRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("core", "cases", "reviews", "effects", "engine", "workflow", "workplace", "api", "decisionflow")
-# A ratchet on today's route (admin: 11 functions in 8 files, API: 10 in 8): it may shrink,
-# never grow. The aim is 8 functions in 4 files; docs/ARCHITECTURE.md says what stands between.
-MAX_FUNCTIONS = 11
-MAX_FILES = 8
+# A ratchet on today's route (admin: 7 functions in 6 files, API: 6 in 6): it may shrink,
+# never grow. docs/ARCHITECTURE.md lists it and says why each of the six files is its own.
+MAX_FUNCTIONS = 7
+MAX_FILES = 6
 
 
 def _ours(code) -> str | None:
