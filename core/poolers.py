@@ -21,8 +21,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Why preparing is off, per open psycopg connection that asked for it (for /readyz).
+# Why preparing is off, per open psycopg connection that asked for it.
 _turned_off: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Said once per process: every connection of a host behind a pooler finds the same.
+_said = False
 
 
 def prepared_statements_guard(sender, connection, **kwargs) -> None:
@@ -40,7 +42,10 @@ def prepared_statements_guard(sender, connection, **kwargs) -> None:
         f"a pooler answers for PostgreSQL (backend key {raw.info.backend_pid}, server process {server_pid}): "
         "prepared statements are off on this connection (docs/DEPLOY.md, Behind a connection pooler)"
     )
-    log.info("%s", reason)
+    global _said
+    if not _said:
+        _said = True
+        log.info("%s", reason)
 
 
 def prepared_statements(connection) -> dict:

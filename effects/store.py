@@ -3,8 +3,8 @@
 A store reads what a commit depends on, under the case row lock, and writes what
 ``effects.services`` decided from it. It decides nothing: which rows to write, and what the
 outcome and its wording are, come in as arguments. Every statement is compiled by the ORM
-(querysets and ``InsertQuery``); the row read back is converted by the same query's
-compiler and turned into models with ``Model.from_db``.
+(querysets, and ``core.statements.insert`` for the inserts); the row read back is converted
+by the same query's compiler and turned into models with ``Model.from_db``.
 
 PostgreSQL and SQLite implement the same interface (tests/effects/test_store_contract.py
 runs one suite on both). They differ in how they lock and how many statements travel at
@@ -17,22 +17,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, cast
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Exists, Model, OuterRef
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
-from django.db.models.sql import InsertQuery, Query, UpdateQuery
+from django.db.models.sql import Query, UpdateQuery
 
 from cases.models import Case
 from core.locks import lock_not_available
+from core.statements import bound_cursor, insert, loaded
 from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
-
-M = TypeVar("M", bound=Model)
 
 # PostgreSQL's unique_violation: a unique key refused a row.
 UNIQUE_VIOLATION = "23505"
@@ -135,36 +134,6 @@ class _Query:
         return [tuple(row) for row in self.compiler.apply_converters(raw, self.converters)]
 
 
-class _Insert:
-    """The INSERT of a row of ``model`` as the ORM compiles it for ``save()``, answering the
-    new row's id. Each row's values go through the same compiler (``pre_save`` fills the
-    timestamps). The references in ``by_name`` (attname, name) are the id of a row written
-    by the same statement, under that name (``_write``)."""
-
-    def __init__(self, model: type[Model], *, by_name=()):
-        self.fields = [f for f in model._meta.local_concrete_fields if not f.primary_key]
-        self.by_name = {attname for attname, _ in by_name}
-        shape = model(**{attname: RawSQL(f"SELECT id FROM {name}", ()) for attname, name in by_name})
-        query = InsertQuery(model)
-        query.insert_values(self.fields, [shape])
-        self.compiler = query.get_compiler(connection=connection)
-        self.compiler.returning_fields = [model._meta.pk]
-        [(self.sql, _)] = self.compiler.as_sql()
-
-    def params_for(self, obj: Model) -> list:
-        compiler = self.compiler
-        return [
-            compiler.prepare_value(f, compiler.pre_save_val(f, obj))
-            for f in self.fields
-            if f.attname not in self.by_name
-        ]
-
-
-@cache
-def _insert(model: type[Model], by_name: tuple = ()) -> _Insert:
-    return _Insert(model, by_name=by_name)
-
-
 @cache
 def _completion() -> _Query:
     """Complete the operation's pending review: ``QuerySet.update()``'s own statement.
@@ -184,13 +153,13 @@ def _write_sql(decision: bool, effect: bool, delivery: bool, complete: bool, flu
     transaction may skip the WAL flush (``set_config(…, true)``: this transaction only)."""
     parts = []
     if decision:
-        parts.append(("decision", _insert(ReviewDecision).sql))
+        parts.append(("decision", insert(ReviewDecision).sql))
     if effect:
         by_name = (("decision_id", "decision"),) if decision else ()
-        parts.append(("effect", _insert(EffectRecord, by_name).sql))
+        parts.append(("effect", insert(EffectRecord, by_name=by_name).sql))
         if delivery:
-            parts.append(("delivery", _insert(Delivery, (*by_name, ("effect_id", "effect"))).sql))
-    parts.append(("attempt", _insert(CommitAttempt).sql))
+            parts.append(("delivery", insert(Delivery, by_name=(*by_name, ("effect_id", "effect"))).sql))
+    parts.append(("attempt", insert(CommitAttempt, returning=False).sql))
     if complete:
         parts.append(("completion", _completion().sql))
     ids = [f"(SELECT id FROM {name})" for name in ("decision", "effect") if name in dict(parts)]
@@ -204,14 +173,14 @@ def _write_params(writes: Writes) -> list:
     """The parameters of ``_write_sql`` for ``writes``, in its order."""
     params: list = []
     if writes.decision is not None:
-        params += _insert(ReviewDecision).params_for(writes.decision)
+        params += insert(ReviewDecision).params_for(writes.decision)
     if writes.effect is not None:
         by_name = (("decision_id", "decision"),) if writes.decision is not None else ()
-        params += _insert(EffectRecord, by_name).params_for(writes.effect)
+        params += insert(EffectRecord, by_name=by_name).params_for(writes.effect)
         if writes.delivery:
             delivery = Delivery(**delivery_fields(writes.effect))
-            params += _insert(Delivery, (*by_name, ("effect_id", "effect"))).params_for(delivery)
-    params += _insert(CommitAttempt).params_for(writes.attempt)
+            params += insert(Delivery, by_name=(*by_name, ("effect_id", "effect"))).params_for(delivery)
+    params += insert(CommitAttempt, returning=False).params_for(writes.attempt)
     if writes.complete_pending:
         params += _completion().params_for(writes.attempt.operation_id)
     return params
@@ -261,36 +230,23 @@ def _read(locked: bool) -> _Query:
     return _Query(read.values_list(*names).query)
 
 
-def _instance(model: type[M], values: dict[str, Any]) -> M:
-    """A model instance of a row read from the database (``from_db`` takes the values in
-    the model's own field order; the fields not given are deferred)."""
-    names = [f.attname for f in model._meta.concrete_fields if f.attname in values]
-    return model.from_db(connection.alias, names, [values[name] for name in names])
-
-
-def stored(obj: M, pk: int) -> M:
-    """``obj`` as the row it was inserted as, with the id the database gave it."""
-    values = {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
-    return _instance(type(obj), {**values, type(obj)._meta.pk.attname: pk})
-
-
 def _target(read: _Query, raw: list) -> Target | None:
     """The target from the row of ``read``, converted by its own query."""
     rows = read.rows(raw)
     if not rows:
         return None
     values = iter(rows[0])
-    proposal = _instance(Proposal, {name: next(values) for name in _PROPOSAL})
+    proposal = loaded(Proposal, {name: next(values) for name in _PROPOSAL})
     case_label, current_proposal_id = next(values), next(values)
     decided = {name: next(values) for name in _DECISION}
     username, effect_exists, pending_open = next(values), next(values), next(values)
     decision = None
     if decided["id"] is not None:
-        decision = _instance(
+        decision = loaded(
             ReviewDecision, {**decided, "operation_id": proposal.operation_id, "proposal_id": proposal.pk}
         )
         user = get_user_model()
-        decision.reviewer = _instance(user, {"id": decision.reviewer_id, user.USERNAME_FIELD: username})
+        decision.reviewer = loaded(user, {"id": decision.reviewer_id, user.USERNAME_FIELD: username})
     return Target(
         proposal=proposal,
         case_label=case_label,
@@ -311,18 +267,6 @@ class _Store:
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
-def _bound_cursor():
-    """A cursor on Django's connection (so in its transaction, and wrapped as Django wraps
-    every cursor) whose parameters are bound on the server: Django's own
-    ``ServerBindingCursor``, which is what lets psycopg prepare a statement (core/poolers.py).
-    Django's own queries stay client-side."""
-    from django.db.backends.postgresql.base import ServerBindingCursor  # psycopg: PostgreSQL only
-
-    connection.ensure_connection()
-    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
-    return wrap(ServerBindingCursor(connection.connection))
-
-
 @contextmanager
 def _lock_wait_bounded() -> Iterator[None]:
     """A lock wait past the transaction's lock timeout is ``CaseLocked``."""
@@ -341,7 +285,7 @@ def _refused(exc: IntegrityError) -> bool:
 
 class PostgresCommitStore(_Store):
     """Two statements inside Django's durable transaction, both bound on the server
-    (``_bound_cursor``): the lock with the read (``_read``), then the whole write
+    (``core.statements.bound_cursor``): the lock with the read (``_read``), then the whole write
     (``_write_sql``). The lock timeout bounds every lock wait of the transaction, the
     write's included. The settings are transaction-local (``set_config(…, true)``), so a
     pooler in transaction mode sees nothing of them."""
@@ -351,14 +295,14 @@ class PostgresCommitStore(_Store):
 
     def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
         read = _read(lock_timeout_ms is not None)
-        with _bound_cursor() as cursor, _lock_wait_bounded():
+        with bound_cursor() as cursor, _lock_wait_bounded():
             cursor.execute(read.sql, read.params_for(operation_id, f"{lock_timeout_ms}ms"))
             return _target(read, cursor.fetchall())
 
     def write(self, writes: Writes) -> Written:
         new_decision, new_effect = writes.decision is not None, writes.effect is not None
         sql = _write_sql(new_decision, new_effect, writes.delivery, writes.complete_pending, writes.flush)
-        with _bound_cursor() as cursor, _lock_wait_bounded():
+        with bound_cursor() as cursor, _lock_wait_bounded():
             try:
                 cursor.execute(sql, _write_params(writes))
             except IntegrityError as exc:
@@ -374,7 +318,7 @@ class PostgresCommitStore(_Store):
 
 
 class SqliteCommitStore(_Store):
-    """The ORM's own statements, one at a time. Settings open every transaction with BEGIN
+    """The same statements as PostgreSQL's, one at a time. Settings open every transaction with BEGIN
     IMMEDIATE, so the transaction holds the database's write lock from its first statement:
     it is the case lock, and no other writer runs between the read and the writes."""
 
@@ -399,27 +343,36 @@ class SqliteCommitStore(_Store):
             return _target(read, cursor.fetchall())
 
     def write(self, writes: Writes) -> Written:
-        decision, effect = writes.decision, writes.effect
-        try:
-            if decision is not None:
-                decision.save(force_insert=True)
-            if effect is not None:
-                if decision is not None:
-                    effect.decision_id = decision.pk
-                effect.save(force_insert=True)
-                if writes.delivery:
-                    Delivery(**delivery_fields(effect)).save(force_insert=True)
-        except IntegrityError as exc:
-            if not _refused(exc):
-                raise
-            transaction.set_rollback(True)  # nothing of this write may stand
-            return Written(decision_pk=None, effect_pk=None)
-        writes.attempt.save(force_insert=True)
-        if writes.complete_pending:
-            PendingReview.objects.filter(
-                operation_id=writes.attempt.operation_id, status=PendingReview.Status.PENDING
-            ).update(status=PendingReview.Status.COMPLETED, updated_at=Now())
-        return Written(decision_pk=getattr(decision, "pk", None), effect_pk=getattr(effect, "pk", None))
+        with connection.cursor() as cursor:
+            try:
+                for row in _rows(writes):
+                    statement = insert(type(row))
+                    cursor.execute(statement.sql, statement.params_for(row))
+                    row.pk = cursor.fetchone()[0]
+            except IntegrityError as exc:
+                if not _refused(exc):
+                    raise
+                transaction.set_rollback(True)  # nothing of this write may stand
+                return Written(decision_pk=None, effect_pk=None)
+            statement = insert(CommitAttempt, returning=False)
+            cursor.execute(statement.sql, statement.params_for(writes.attempt))
+            if writes.complete_pending:
+                completion = _completion()
+                cursor.execute(completion.sql, completion.params_for(writes.attempt.operation_id))
+        return Written(decision_pk=getattr(writes.decision, "pk", None), effect_pk=getattr(writes.effect, "pk", None))
+
+
+def _rows(writes: Writes) -> Iterator[Model]:
+    """The new rows of ``writes`` in order, each given the id of the row before it that it
+    references once that row is in (the caller inserts each and sets its ``pk``)."""
+    if writes.decision is not None:
+        yield writes.decision
+    if writes.effect is not None:
+        if writes.decision is not None:
+            writes.effect.decision_id = writes.decision.pk
+        yield writes.effect
+        if writes.delivery:
+            yield Delivery(**delivery_fields(writes.effect))
 
 
 def commit_store() -> CommitStore:

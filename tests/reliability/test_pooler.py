@@ -143,7 +143,7 @@ def test_readyz_checks_the_pooler_once_per_connection(client):
 
 @pytest.mark.django_db(transaction=True)
 def test_prepared_statements_are_turned_off_on_a_connection_a_pooler_answers(pgbouncer_installed, tmp_path):
-    from django.db import connection
+    from django.db import connection, connections
 
     from core.poolers import prepared_statements
 
@@ -153,7 +153,7 @@ def test_prepared_statements_are_turned_off_on_a_connection_a_pooler_answers(pgb
     assert prepared_statements(connection)["on"] is True
     with pooler.PgBouncer(server_url=admin_url(), mode="transaction", log_path=tmp_path / "pgbouncer.log") as bouncer:
         settings = {**connection.settings_dict, "HOST": pooler.HOST, "PORT": bouncer.port}
-        pooled = type(connection)(settings, alias="pooled")
+        pooled = type(connections["default"])(settings, alias="pooled")
         try:
             pooled.ensure_connection()
             state = prepared_statements(pooled)

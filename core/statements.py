@@ -1,0 +1,93 @@
+"""Statements the ORM compiles once, sent bound on the server; rows turned back into models.
+
+What the commit's store (effects/store.py) and begin's store (workflow/store.py) share:
+
+- ``insert(model, …)``: a model's INSERT exactly as ``save(force_insert=True)`` compiles it,
+  compiled once per process (its text depends only on the columns), with each instance's
+  values through the fields' own ``pre_save`` and ``get_db_prep_save``. A foreign key may
+  name a row written by the same statement instead, under a WITH part's name.
+- ``bound_cursor()``: a cursor whose parameters are bound on the server, so that psycopg
+  can prepare the statement (core/poolers.py says when it may).
+- ``loaded(model, values)`` and ``stored(obj, pk)``: rows as the ORM loads them
+  (``Model.from_db``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, TypeVar, cast
+
+from django.db import connection
+from django.db.models import Model
+from django.db.models.expressions import RawSQL
+from django.db.models.sql import InsertQuery
+
+M = TypeVar("M", bound=Model)
+
+
+class Insert:
+    """The INSERT of a row of ``model``: its SQL, and the parameters of one instance.
+
+    ``with_pk``: the instance brings its own primary key. ``returning``: the statement
+    answers the new row's primary key. ``by_name`` (attname, name): that foreign key is the
+    primary key of the row written under ``name`` in the same WITH statement."""
+
+    def __init__(self, model: type[Model], *, with_pk: bool, returning: bool, by_name: tuple = ()):
+        self.fields = [f for f in model._meta.concrete_fields if with_pk or not f.primary_key]
+        self.by_name = {attname for attname, _ in by_name}
+        references = {}
+        for attname, name in by_name:
+            (field,) = (f for f in self.fields if f.attname == attname)
+            column = connection.ops.quote_name(cast(Any, field).target_field.column)  # a foreign key
+            references[attname] = RawSQL(f"SELECT {column} FROM {name}", ())
+        query = InsertQuery(model)
+        query.insert_values(self.fields, [model(**references)])
+        compiler = query.get_compiler(connection=connection)
+        compiler.returning_fields = [model._meta.pk] if returning else None
+        [(self.sql, _)] = compiler.as_sql()
+        self.values = [f for f in self.fields if f.attname not in self.by_name]
+
+    def params_for(self, obj: Model) -> list:
+        """``obj``'s values as ``save()`` sends them (``pre_save`` fills the timestamps)."""
+        params = []
+        for field in self.values:
+            value = field.pre_save(obj, add=True)
+            if hasattr(value, "resolve_expression"):
+                raise ValueError(f"the insert of {type(obj).__name__}.{field.attname} takes a value, not an expression")
+            params.append(field.get_db_prep_save(value, connection=connection))
+        return params
+
+
+@cache
+def insert(model: type[Model], *, with_pk: bool = False, returning: bool = True, by_name: tuple = ()) -> Insert:
+    return Insert(model, with_pk=with_pk, returning=returning, by_name=by_name)
+
+
+def bound_cursor():
+    """A cursor on Django's connection (so in its transaction, and wrapped as Django wraps
+    every cursor) whose parameters are bound on the server on PostgreSQL: Django's own
+    ``ServerBindingCursor``, which is what lets psycopg prepare a statement. Django's own
+    queries stay client-side. Elsewhere, Django's own cursor."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    from django.db.backends.postgresql.base import ServerBindingCursor  # psycopg: PostgreSQL only
+
+    connection.ensure_connection()
+    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+    # The stubs know Django's cursor classes only through its wrappers.
+    return wrap(cast(Any, ServerBindingCursor)(connection.connection))
+
+
+def loaded(model: type[M], values: dict[str, Any]) -> M:
+    """A model instance of a row read from the database (``from_db`` takes the values in the
+    model's own field order; the fields not given are deferred)."""
+    names = [f.attname for f in model._meta.concrete_fields if f.attname in values]
+    return model.from_db(connection.alias, names, [values[name] for name in names])
+
+
+def stored(obj: M, pk: Any = None) -> M:
+    """``obj`` as the row it was inserted as (with the id the database gave it, when given)."""
+    values = {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+    if pk is not None:
+        values[type(obj)._meta.pk.attname] = pk
+    return loaded(type(obj), values)
