@@ -105,7 +105,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
                 created, plaintext = token_self_create(user=request.user, name=request.POST.get("name", ""))
             except DecisionflowError as exc:
                 if request.POST.get("action") == "revoke":
-                    self.message_user(request, f"refused: {exc.message}. Nothing changed.", messages.ERROR)
+                    self.message_user(request, exc.message, messages.ERROR)
                     return HttpResponseRedirect(url)
                 name_error = exc.message
         tokens = [

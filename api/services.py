@@ -80,9 +80,13 @@ def token_self_create(*, user, name: str) -> tuple[ApiToken, str]:
     _self_service_check(user)
     name = (name or "").strip()
     if not name:
-        raise InvalidInput("give the token a name that says what it is for, e.g. 'retry loop on host X'")
+        raise InvalidInput(
+            "give the token a name that says what it is for, e.g. 'retry loop on host X'; nothing was created"
+        )
     if len(name) > TOKEN_NAME_MAX:
-        raise InvalidInput(f"the token's name is {len(name)} characters long; at most {TOKEN_NAME_MAX}")
+        raise InvalidInput(
+            f"the token's name is {len(name)} characters long; at most {TOKEN_NAME_MAX}; nothing was created"
+        )
     return token_create(user=user, name=name)
 
 
@@ -95,7 +99,7 @@ def token_self_revoke(*, user, token_id: int) -> tuple[ApiToken, bool]:
     _self_service_check(user)
     token = ApiToken.objects.filter(pk=token_id, user=user).first()
     if token is None:
-        raise NotFound(f"you have no API token {token_id}")
+        raise NotFound(f"you have no API token {token_id}; nothing changed")
     return token, token_revoke(token=token)
 
 

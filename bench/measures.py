@@ -234,11 +234,12 @@ def raw_commit_loop(conn, vendor: str, rows: list[tuple], *, replay: bool) -> No
 
 
 def _commit_loop(ops, reviewer, *, expect_replay: bool) -> None:
+    from core.outcomes import ReceiptStatus
     from effects.services import effect_commit
 
     for op in ops:
         r = effect_commit(operation_id=op, approved=True, reviewer=reviewer, channel="bench")
-        if r.replay is not expect_replay or r.status != "Committed":
+        if r.replay is not expect_replay or r.status != ReceiptStatus.COMMITTED:
             raise AssertionError(f"unexpected commit result for {op}: {r}")
 
 

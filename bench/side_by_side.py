@@ -70,10 +70,11 @@ DECISION_SERVICE = "decision_record"
 def decide(case, operation_id: str, reviewer):
     """Resume + approve + commit through the one decision service, as a channel calls it;
     refuses anything but a fresh commit of an operation that was already begun."""
+    from core.outcomes import DecisionOutcome
     from workflow.decide import decision_record
 
     done = decision_record(case=case, operation_id=operation_id, approved=True, reviewer=reviewer, channel="bench")
-    if done.outcome != "committed" or done.begun:
+    if done.outcome != DecisionOutcome.COMMITTED or done.begun:
         raise AssertionError(f"the decision on {case.case_id} was not a fresh commit of a begun review: {done}")
     return done
 

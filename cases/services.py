@@ -41,7 +41,9 @@ class ImportResult:
 
 
 def _fail(field: str, problem: str) -> NoReturn:
-    raise InvalidInput(f"{field}: {problem}", field=field)
+    # Every channel (the admin, the API, load_case, publish_policy) shows this message as it
+    # is, so the message itself says that the refusal wrote nothing, as core/text.py's do.
+    raise InvalidInput(f"{field}: {problem}; nothing was written", field=field)
 
 
 def _limit(model, name: str) -> int | None:
@@ -109,14 +111,18 @@ def parse_case_file(raw: bytes) -> dict:
     try:
         decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start})") from None
+        raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start}); nothing was written") from None
     try:
         data = json.loads(decoded)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise InvalidInput(
+            f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); nothing was written"
+        ) from None
     except (ValueError, RecursionError) as exc:
         # A number too long to convert, or nesting deeper than the parser's recursion.
-        raise InvalidInput(f"file: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise InvalidInput(
+            f"file: not valid JSON ({type(exc).__name__}: {str(exc)[:200]}); nothing was written"
+        ) from None
     validate_case_data(data)
     return data
 
@@ -217,11 +223,15 @@ def parse_policy_file(raw: bytes) -> dict:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start})") from None
+        raise InvalidInput(f"file: not valid UTF-8 (byte {exc.start}); nothing was written") from None
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        raise InvalidInput(
+            f"file: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); nothing was written"
+        ) from None
     except (ValueError, RecursionError) as exc:
-        raise InvalidInput(f"file: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise InvalidInput(
+            f"file: not valid JSON ({type(exc).__name__}: {str(exc)[:200]}); nothing was written"
+        ) from None
     validate_policy_data(data, "file")
     return {"name": data["name"], "label": data["label"], "parameters": data["parameters"]}
 

@@ -98,6 +98,9 @@ EXPECTED_409 = {"conflicting_decision", "stale_proposal", "case_busy"}
 BUSY = "case_busy"
 MAX_BUSY_RETRIES = 5  # a busy case is "try again": bounded, after Retry-After
 # What a first decision's ``outcome`` must be, from its status (a replay says "replay").
+# These and the states below are the API's and reconcile's wire values, written out: the
+# harness checks that contract, and the code it imports comes from the checkout under test
+# (--code), older ones without core/outcomes.py included.
 OUTCOMES = {"Committed": "committed", "Declined": "declined"}
 # One secret for every process this script starts (and for this script, when it begins a
 # review itself): checkpoint digests are HMACs keyed from SECRET_KEY.

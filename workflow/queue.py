@@ -217,7 +217,7 @@ def review_claim(*, pending: PendingReview, user, now: datetime | None = None) -
     held = live_claim(current, now)
     assert held is not None  # neither renewable nor free: someone else holds it
     raise ClaimHeld(
-        f"being reviewed by {held.username} since {timezone.localtime(held.since):%H:%M} "
+        f"not claimed: being reviewed by {held.username} since {timezone.localtime(held.since):%H:%M} "
         f"(claim until {timezone.localtime(held.until):%H:%M} unless renewed); a claim is advisory: "
         "you may still decide, but tell them first",
         claimed_by=held.username,

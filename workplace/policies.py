@@ -80,7 +80,7 @@ class PolicyAdmin(ViewOnlyAdmin):
                 return TemplateResponse(request, "admin/cases/policy/publish_confirm.html", context)
             result = policy_publish(data=data, publisher=request.user, channel=Channel.ADMIN, apply=True)
         except DecisionflowError as exc:
-            self.message_user(request, f"refused: {exc.message}. Nothing was written.", messages.ERROR)
+            self.message_user(request, exc.message, messages.ERROR)
             context = self._context(request, submitted=raw.decode("utf-8", "replace"))
             return TemplateResponse(request, "admin/cases/policy/publish.html", context)
         s = result.summary()

@@ -241,9 +241,9 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         try:
             claimed = queue.review_claim(pending=pending, user=request.user)
         except ClaimHeld as exc:
-            self.message_user(request, f"not claimed: {exc.message}", messages.WARNING)
+            self.message_user(request, exc.message, messages.WARNING)
         except DecisionflowError as exc:
-            self.message_user(request, f"not claimed: {exc.message}", messages.ERROR)
+            self.message_user(request, exc.message, messages.ERROR)
         else:
             self.message_user(
                 request,

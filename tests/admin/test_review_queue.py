@@ -209,6 +209,9 @@ def test_a_claim_is_advisory_the_other_reviewer_sees_it_and_may_still_decide(cli
     # The editor's renew ping (a page opened before) is refused, with who holds it.
     refused = client.post(reverse("admin:reviews_reviewqueueitem_renew", args=[pending.pk]))
     assert refused.status_code == 409 and refused.json()["code"] == "claim_held"
+    # The claim button says the refusal in the same words as the ping's answer.
+    said = [str(m) for m in client.post(claim_url, follow=True).context["messages"]]
+    assert said == [refused.json()["message"]] and said[0].startswith("not claimed: being reviewed by reviewer since")
     listed_claim = client.get(f"{URL}?claimant={reviewer.pk}").context["cl"].result_list
     assert [row.pk for row in listed_claim] == [pending.pk]
     assert list(client.get(f"{URL}?claimant=me").context["cl"].result_list) == []

@@ -3,14 +3,17 @@
 Each test takes one enum (core/outcomes.py, reviews/models.py) and reads every place that
 lists its values: the model's choices and migrations, the API's OpenAPI document, the metric
 labels, the admin's filters, the picture's words, the commands' help, and the docs' tables.
-A value added, removed or renamed in the enum fails here until each copy says the same.
+A value added, removed or renamed in the enum fails here until each copy says the same. Our
+code names a state or a receipt status by its enum member, never by a string of its own.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,8 @@ from effects.models import CommitAttempt
 from effects.services import _STATE_SQL, CommitResult, operation_state
 from reviews.models import HUMAN_DECLINE_REASONS, Channel, DeclineReason, PendingReview
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 
 
 def _doc(name: str) -> str:
@@ -183,6 +187,46 @@ def test_the_receipt_is_byte_for_byte_the_documented_one():
     assert len(lines) == 5
     table = _doc("COMMANDS.md").split("| situation | result line | exit |", 1)[1].split("\n\n", 1)[0]
     assert sorted(set(re.findall(r'"Status":"(\w+)"', table))) == sorted(ReceiptStatus.values)
+
+
+def _our_modules():
+    """Our packages' Python files (the import layers in pyproject.toml), but for the reference
+    helpdesk (another company's system, with words of its own) and the migrations (the
+    choices' frozen copy, which makemigrations --check compares above)."""
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    for package in packages["root_packages"]:
+        if package != "helpdesk":
+            yield from (path for path in sorted((ROOT / package).rglob("*.py")) if "migrations" not in path.parts)
+
+
+def _choice_labels(tree: ast.AST) -> set[int]:
+    """The label of each ``NAME = value, label`` in a class body (``id`` of its node): display
+    text of another enum, such as the pending review's ``"pending", "Pending"``."""
+    return {
+        id(statement.value.elts[1])
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef)
+        for statement in cls.body
+        if isinstance(statement, ast.Assign)
+        and isinstance(statement.value, ast.Tuple)
+        and len(statement.value.elts) == 2
+    }
+
+
+def test_no_module_of_ours_spells_a_state_or_a_receipt_status_itself():
+    words = set(OperationState.values) | set(ReceiptStatus.values)
+    copies = []
+    for path in _our_modules():
+        if path == ROOT / "core" / "outcomes.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        labels = _choice_labels(tree)
+        copies += [
+            f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in words and id(node) not in labels
+        ]
+    assert copies == [], "use the enum member (core/outcomes.py) instead"
 
 
 def test_the_api_lists_the_statuses_a_decision_answers(openapi):

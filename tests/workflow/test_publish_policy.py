@@ -283,6 +283,30 @@ def test_command_refuses_a_reviewer(world, reviewer, policy_file):
     assert code == 1 and "publish policy permission" in err and snapshot() == before
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {**V4, "parameters": {"allowance_units": 1.5}},  # the file checks' refusal
+        {**V4, "label": "v4\u202e"},  # the text policy's refusal
+    ],
+)
+def test_a_refused_file_says_the_same_words_on_the_admin_page_and_the_command(world, publisher, tmp_path, bad):
+    before = snapshot()
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    code, _, err = run(str(path), "--publisher", "publisher", "--apply")
+    assert code == 1 and err.count("\n") == 1
+    refusal = err.rstrip("\n")
+    assert refusal.startswith("file.") and refusal.endswith("; nothing was written") and refusal.count("nothing") == 1
+    client = Client()
+    client.force_login(publisher)
+    for confirm in ("", "yes"):  # the preview, and the publish itself
+        response = client.post(reverse("admin:cases_policy_publish"), {"policy": path.read_text(), "confirm": confirm})
+        assert response.status_code == 200
+        assert [str(m) for m in response.context["messages"]] == [refusal]
+    assert snapshot() == before
+
+
 def test_api_publishes_for_a_lead_and_refuses_a_reviewer(world, client, lead, reviewer):
     from api.services import token_create
 

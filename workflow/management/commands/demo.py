@@ -37,6 +37,7 @@ from django.utils import timezone
 from cases.selectors import case_by_id
 from core import identity
 from core.commandline import WorkflowCommand
+from core.outcomes import ReceiptStatus
 from effects import delivery
 from effects.models import Delivery
 from effects.services import CommitResult
@@ -68,7 +69,7 @@ def _naive_commit(*, operation_id: str, approved, reviewer, channel: str, **decl
             [uuid.uuid4().hex, operation_id, timezone.now().isoformat()],
         )
     # A random key cannot tell a retry from a first attempt: never a replay.
-    return CommitResult("Committed", False, _naive_count(operation_id), operation_id)
+    return CommitResult(ReceiptStatus.COMMITTED, False, _naive_count(operation_id), operation_id)
 
 
 def _naive_count(operation_id: str) -> int:
