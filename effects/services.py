@@ -510,7 +510,7 @@ class ReconcileRow(NamedTuple):
 
 def operation_state(approved: bool | None, has_effect: bool) -> str:
     """An operation's reconcile state from its decision (None: undecided) and whether its
-    effect exists. The one classification: ``_STATE_SQL`` says the same in SQL."""
+    effect exists. The one classification: reconcile applies it to every row it reads."""
     if approved is None:
         return OperationState.PENDING
     if not approved:
@@ -518,21 +518,8 @@ def operation_state(approved: bool | None, has_effect: bool) -> str:
     return OperationState.COMMITTED if has_effect else OperationState.NO_LOCAL_EFFECT
 
 
-# The same classification as operation_state, in SQL, so the set-based query returns finished rows.
-_STATE_SQL = f"""
-    CASE WHEN d.id IS NULL THEN '{OperationState.PENDING}'
-         WHEN NOT d.approved THEN '{OperationState.DECLINED}'
-         WHEN e.id IS NULL THEN '{OperationState.NO_LOCAL_EFFECT}'
-         ELSE '{OperationState.COMMITTED}' END
-"""
-
-
 # The delivery's state as reconcile prints it: its label (Queued, Unknown, Delivered, ...).
-_DELIVERY_SQL = (
-    "CASE dl.state "
-    + " ".join(f"WHEN '{state.value}' THEN '{state.label}'" for state in DeliveryState)
-    + " ELSE dl.state END"
-)
+_DELIVERY_LABELS = {state.value: state.label for state in DeliveryState}
 
 
 class DeliveryAlert(NamedTuple):
@@ -604,8 +591,8 @@ def operations_reconcile(
             where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
             params += values
     sql = f"""
-        SELECT c.case_id, p.operation_id, {_STATE_SQL}, CASE WHEN e.id IS NULL THEN 0 ELSE 1 END, d.decline_reason,
-               {_DELIVERY_SQL}, dl.reference, dl.created_at
+        SELECT c.case_id, p.operation_id, d.approved, e.id IS NOT NULL, d.decline_reason,
+               dl.state, dl.reference, dl.created_at
         FROM {Proposal._meta.db_table} p
         JOIN {Case._meta.db_table} c ON c.id = p.case_id
         LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
@@ -625,14 +612,21 @@ def operations_reconcile(
         cursor.execute(sql, params)
         converters = connection.ops.get_db_converters(Delivery._meta.get_field("created_at").get_col("dl"))
         while rows := cursor.fetchmany(chunk_size):
-            for row in rows:
-                if row[5] is not None and converters:
+            for case_id, operation_id, approved, has_effect, reason, delivery, reference, since in rows:
+                if delivery is not None:
                     # SQLite returns the timestamp as text: the field's own converter reads it.
-                    since = row[7]
                     for convert in converters:
                         since = convert(since, None, connection)
-                    row = (*row[:7], since)
-                yield ReconcileRow._make(row)
+                yield ReconcileRow(
+                    case_id,
+                    operation_id,
+                    operation_state(approved, has_effect),
+                    1 if has_effect else 0,
+                    reason,
+                    None if delivery is None else _DELIVERY_LABELS.get(delivery, delivery),
+                    reference,
+                    since,
+                )
 
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:
