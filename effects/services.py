@@ -86,8 +86,11 @@ def _attempt_row(
         channel=channel,
         detail=detail[:2000],
         reason=RefusalReason(reason).value if reason else None,
-        # Only a known reason is kept.
-        decline_reason=decline_reason if decline_reason in DeclineReason.values else None,
+        # Only a known reason is kept (most attempts carry none: DeclineReason.values is
+        # built anew on every read).
+        decline_reason=decline_reason
+        if decline_reason is not None and decline_reason in DeclineReason.values
+        else None,
         decline_note=decline_note[:2000] if isinstance(decline_note, str) else None,
     )
 
