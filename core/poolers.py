@@ -1,6 +1,7 @@
 """psycopg's prepared statements, on a direct connection to PostgreSQL and never behind a pooler.
 
-The commit's statements are sent with server-side binding (effects/store.py), so psycopg
+The commit's statements and begin's write are sent with server-side binding
+(core/statements.py ``bound_cursor``), so psycopg
 can prepare them on the server once a statement has run ``prepare_threshold`` times on a
 connection (Django's ``OPTIONS["prepare_threshold"]``, from ``DATABASE_PREPARE_THRESHOLD``).
 A prepared statement belongs to one server session. A pooler in transaction mode hands each

@@ -195,7 +195,8 @@ else:
     # never handed to a request. Needs max_connections >= hosts x workers x threads + cron.
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
-    # psycopg's own prepared statements for the commit's statements (effects/store.py): each
+    # psycopg's own prepared statements for the commit's two statements and begin's write
+    # (effects/store.py, workflow/store.py): each
     # is planned once per connection, after it has run this many times there (empty: never).
     # Turned off by itself on a connection that a pooler answers (core/poolers.py), where a
     # statement prepared on one server session is missing on the next. Figures:
