@@ -196,11 +196,10 @@ else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=300))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
     # psycopg's own prepared statements for the commit's two statements and begin's write
-    # (effects/store.py, workflow/store.py): each
-    # is planned once per connection, after it has run this many times there (empty: never).
-    # Turned off by itself on a connection that a pooler answers (core/poolers.py), where a
-    # statement prepared on one server session is missing on the next. Figures:
-    # docs/PERFORMANCE.md, "Prepared statements".
+    # (effects/store.py, workflow/store.py): each is planned once per connection, after it
+    # has run this many times there (empty: never). Turned off by itself on a connection
+    # that a pooler answers (core/poolers.py), where a statement prepared on one server
+    # session is missing on the next. Figures: docs/PERFORMANCE.md, "Prepared statements".
     _prepare_threshold = env.str("DATABASE_PREPARE_THRESHOLD", default="5").strip()
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
         int(_prepare_threshold) if _prepare_threshold else None
