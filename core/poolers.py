@@ -2,7 +2,8 @@
 
 The commit's statements and begin's write are sent with server-side binding
 (core/statements.py ``bound_cursor``), so psycopg can prepare them on the server once a
-statement has run ``prepare_threshold`` times on a connection (Django's ``OPTIONS["prepare_threshold"]``, from ``DATABASE_PREPARE_THRESHOLD``).
+statement has run ``prepare_threshold`` times on a connection (Django's
+``OPTIONS["prepare_threshold"]``, from ``DATABASE_PREPARE_THRESHOLD``).
 A prepared statement belongs to one server session. A pooler in transaction mode hands each
 transaction whichever server session is free, so a statement prepared on one is missing on
 the next ("prepared statement _pg3_0 does not exist"), and PgBouncer 1.18 (Debian 12) cannot

@@ -144,46 +144,35 @@ def _completion() -> _Query:
     return _Query(query)
 
 
-@cache
-def _write_sql(decision: bool, effect: bool, delivery: bool, complete: bool, flush: bool) -> str:
-    """The whole write as one statement: each row's INSERT (the ORM's) under a name, the
-    pending review's UPDATE, and the new ids. PostgreSQL runs every data-modifying part of a
-    WITH whether or not it is read, all in one snapshot, so a row names one written beside it
-    by its part's name (``RETURNING id``), never by a lookup. Without ``flush``, the
-    transaction may skip the WAL flush (``set_config(…, true)``: this transaction only)."""
-    parts = []
-    if decision:
-        parts.append(("decision", insert(ReviewDecision).sql))
-    if effect:
-        by_name = (("decision_id", "decision"),) if decision else ()
-        parts.append(("effect", insert(EffectRecord, by_name=by_name).sql))
-        if delivery:
-            parts.append(("delivery", insert(Delivery, by_name=(*by_name, ("effect_id", "effect"))).sql))
-    parts.append(("attempt", insert(CommitAttempt, returning=False).sql))
-    if complete:
-        parts.append(("completion", _completion().sql))
-    ids = [f"(SELECT id FROM {name})" for name in ("decision", "effect") if name in dict(parts)]
-    if not flush:
-        ids.append("set_config('synchronous_commit', 'off', true)")
-    body = ", ".join(f"{name} AS ({sql})" for name, sql in parts)
-    return f"WITH {body} SELECT {', '.join(ids) or 'NULL'}"
-
-
-def _write_params(writes: Writes) -> list:
-    """The parameters of ``_write_sql`` for ``writes``, in its order."""
-    params: list = []
+def _write(writes: Writes) -> tuple[str, list]:
+    """The whole write as one statement, and its parameters: each new row's INSERT (the
+    ORM's) under a name, the pending review's UPDATE, and the new ids. PostgreSQL runs every
+    data-modifying part of a WITH whether or not it is read, all in one snapshot, so a row
+    names one written beside it by its part's name (``RETURNING id``), never by a lookup.
+    Without ``flush``, the transaction may skip the WAL flush (``set_config(…, true)``: this
+    transaction only). Each part's text is compiled once per process, so a given shape is
+    the same text every time (psycopg prepares it by its text)."""
+    parts: list[tuple[str, str, list]] = []
     if writes.decision is not None:
-        params += insert(ReviewDecision).params_for(writes.decision)
+        statement = insert(ReviewDecision)
+        parts.append(("decision", statement.sql, statement.params_for(writes.decision)))
     if writes.effect is not None:
         by_name = (("decision_id", "decision"),) if writes.decision is not None else ()
-        params += insert(EffectRecord, by_name=by_name).params_for(writes.effect)
+        statement = insert(EffectRecord, by_name=by_name)
+        parts.append(("effect", statement.sql, statement.params_for(writes.effect)))
         if writes.delivery:
-            delivery = Delivery(**delivery_fields(writes.effect))
-            params += insert(Delivery, by_name=(*by_name, ("effect_id", "effect"))).params_for(delivery)
-    params += insert(CommitAttempt, returning=False).params_for(writes.attempt)
+            statement = insert(Delivery, by_name=(*by_name, ("effect_id", "effect")))
+            parts.append(("delivery", statement.sql, statement.params_for(Delivery(**delivery_fields(writes.effect)))))
+    statement = insert(CommitAttempt, returning=False)
+    parts.append(("attempt", statement.sql, statement.params_for(writes.attempt)))
     if writes.complete_pending:
-        params += _completion().params_for(writes.attempt.operation_id)
-    return params
+        completion = _completion()
+        parts.append(("completion", completion.sql, list(completion.params_for(writes.attempt.operation_id))))
+    ids = [f"(SELECT id FROM {name})" for name, _, _ in parts if name in ("decision", "effect")]
+    if not writes.flush:
+        ids.append("set_config('synchronous_commit', 'off', true)")
+    body = ", ".join(f"{name} AS ({sql})" for name, sql, _ in parts)
+    return f"WITH {body} SELECT {', '.join(ids) or 'NULL'}", [p for _, _, params in parts for p in params]
 
 
 _PROPOSAL = ["id", "case_id", "operation_id", "action", "body", "evidence_id", "passages", "policy_id"]
@@ -286,7 +275,7 @@ def _refused(exc: IntegrityError) -> bool:
 class PostgresCommitStore(_Store):
     """Two statements inside Django's durable transaction, both bound on the server
     (``core.statements.bound_cursor``): the lock with the read (``_read``), then the whole write
-    (``_write_sql``). The lock timeout bounds every lock wait of the transaction, the
+    (``_write``). The lock timeout bounds every lock wait of the transaction, the
     write's included. The settings are transaction-local (``set_config(…, true)``), so a
     pooler in transaction mode sees nothing of them."""
 
@@ -301,10 +290,9 @@ class PostgresCommitStore(_Store):
 
     def write(self, writes: Writes) -> Written:
         new_decision, new_effect = writes.decision is not None, writes.effect is not None
-        sql = _write_sql(new_decision, new_effect, writes.delivery, writes.complete_pending, writes.flush)
         with bound_cursor() as cursor, _lock_wait_bounded():
             try:
-                cursor.execute(sql, _write_params(writes))
+                cursor.execute(*_write(writes))
             except IntegrityError as exc:
                 if not _refused(exc):
                     raise

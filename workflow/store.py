@@ -28,7 +28,6 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
 from django.db import IntegrityError, connection
 from django.db.models import Model
@@ -39,8 +38,6 @@ from core.errors import NotFound
 from core.locks import case_lock
 from core.statements import bound_cursor, insert, stored
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
-
-M = TypeVar("M", bound=Model)
 
 
 @dataclass(frozen=True)
