@@ -5,7 +5,8 @@ What the commit's store (effects/store.py) and begin's store (workflow/store.py)
 - ``insert(model, …)``: a model's INSERT exactly as ``save(force_insert=True)`` compiles it,
   compiled once per process (its text depends only on the columns), with each instance's
   values through the fields' own ``pre_save`` and ``get_db_prep_save``. A foreign key may
-  name a row written by the same statement instead, under a WITH part's name.
+  name a row written by the same statement instead, or a column read beside it, under a
+  WITH part's name.
 - ``bound_cursor()``: a cursor whose parameters are bound on the server, so that psycopg
   can prepare the statement (core/poolers.py says when it may).
 - ``loaded(model, values)`` and ``stored(obj, pk)``: rows as the ORM loads them
@@ -30,15 +31,16 @@ class Insert:
 
     ``with_pk``: the instance brings its own primary key. ``returning``: the statement
     answers the new row's primary key. ``by_name`` (attname, name): that foreign key is the
-    primary key of the row written under ``name`` in the same WITH statement."""
+    primary key of the row written under ``name`` in the same WITH statement; (attname,
+    name, column): that column of the part ``name``."""
 
     def __init__(self, model: type[Model], *, with_pk: bool, returning: bool, by_name: tuple = ()):
         self.fields = [f for f in model._meta.concrete_fields if with_pk or not f.primary_key]
-        self.by_name = {attname for attname, _ in by_name}
+        self.by_name = {attname for attname, *_ in by_name}
         references = {}
-        for attname, name in by_name:
+        for attname, name, *named in by_name:
             (field,) = (f for f in self.fields if f.attname == attname)
-            column = connection.ops.quote_name(cast(Any, field).target_field.column)  # a foreign key
+            column = connection.ops.quote_name(named[0] if named else cast(Any, field).target_field.column)
             references[attname] = RawSQL(f"SELECT {column} FROM {name}", ())
         query = InsertQuery(model)
         query.insert_values(self.fields, [model(**references)])

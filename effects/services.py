@@ -1,8 +1,8 @@
 """Commit (decision + effect in one transaction), reconciliation, and repair.
 
-The commit reads what it depends on under the case row lock (effects/store.py), decides
-here, in Python, what that makes it (not found, stale, a first decision, a replay, a
-conflict), and has the store write exactly that. The unique constraints on
+The commit reads what it depends on (effects/store.py), decides here, in Python, what that
+makes it (not found, stale, a first decision, a replay, a conflict), and has the store write
+exactly that, only while the case is still as read. The unique constraints on
 ``operation_id`` stay the atomic step: an insert they refuse is read back, never assumed.
 """
 
@@ -37,7 +37,7 @@ from core.outcomes import OperationState, ReceiptStatus
 from core.statements import stored
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
-from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store
+from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store, refused_by_server
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision, SystemActor
 
@@ -241,8 +241,8 @@ def _not_found(operation_id: str) -> NotFound:
 
 def _is_stale(target: Target) -> bool:
     """The operation's proposal is no longer its case's current one: it cannot be decided.
-    Read under the case row lock, which every edit takes too, so it cannot change before
-    the commit ends."""
+    A decision is written only while the case row is as read (the store's guard, which an
+    edit's lock excludes), so an edit that commits first makes the commit read again."""
     return target.current_proposal_id != target.proposal.pk
 
 
@@ -277,13 +277,13 @@ def _result(outcome: str, *, approved: bool, effect_count: int, operation_id: st
 
 
 class _LostRace(Exception):
-    """An insert the read said was free was refused by its unique key: a writer that does
-    not take the case lock committed the row after the read. Raised inside the transaction,
-    so that it rolls back; the commit is then decided again from a fresh read."""
+    """The write wrote nothing: a unique key refused a row the read said was free (another
+    commit wrote it after the read), or the case moved on from the read (an edit). Nothing
+    of the write stands; the commit is decided again from a fresh read."""
 
 
 def _is_lost_race(writes: Writes, written: Written) -> bool:
-    """A row the read said was free was refused by its unique key."""
+    """A new row the write was given was not written."""
     return (writes.decision is not None and written.decision_pk is None) or (
         writes.effect is not None and written.effect_pk is None
     )
@@ -323,6 +323,7 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
         # effect or state change is always flushed.
         flush=new or target.pending_open,
         complete_pending=target.decision is None or target.pending_open,
+        basis=target,
     )
     return writes, decision
 
@@ -364,7 +365,7 @@ def _busy(call: _Call) -> CaseBusy:
 def _uncertain(call: _Call, exc: Exception) -> OutcomeUncertain:
     what = identity.short(str(call.operation_id))
     return OutcomeUncertain(
-        f"outcome uncertain: the COMMIT of {what} failed ({type(exc).__name__}) and may have been applied; "
+        f"outcome uncertain: the commit of {what} failed ({type(exc).__name__}) and may have been applied; "
         f"run `manage.py reconcile` to see whether it committed",
         operation_id=call.operation_id,
         error=f"{type(exc).__name__}: {exc}",
@@ -378,9 +379,10 @@ def _record_failure(call: _Call, exc: Exception) -> None:
     """
     what = identity.short(str(call.operation_id))
     if call.commit_sent:
-        # COMMIT itself failed: it may have been applied (with its own attempt row) or not,
-        # and only the effect store can tell. A "failed" row could be a lie.
-        log.warning("commit of %s failed at COMMIT (%s); outcome unknown, no attempt recorded", what, exc)
+        # The commit itself failed (COMMIT, or the write that commits as it runs): it may have
+        # been applied (with its own attempt row) or not, and only the effect store can tell.
+        # A "failed" row could be a lie.
+        log.warning("commit of %s failed as it committed (%s); outcome unknown, no attempt recorded", what, exc)
         return
     if connection.connection is None or connection.needs_rollback:
         # The rollback failed and Django dropped the connection (or an outer block must
@@ -405,15 +407,16 @@ def effect_commit(
 ) -> CommitResult:
     """Record a reviewer's decision on one operation and, for an approval, write its effect.
 
-    One durable transaction: when this returns, the decision and the effect are committed,
+    One atomic write: when this returns, the decision and the effect are committed,
     and the operation's pending review, if any, is marked completed with them. The first
     approval writes both; the same approval again writes nothing and says ``replay``; the
     opposite decision is ``ConflictingDecision`` and never an update. Refusals (not a
     boolean, no permission, unknown or stale operation, ``CaseBusy`` when another action
     holds the case row longer than ``decision_lock_timeout()``) raise and write no decision
     or effect. Every call, refused or not, appends a ``CommitAttempt``; a failure is
-    recorded as ``failed`` only when the transaction is known to have rolled back; a
-    failure once COMMIT was sent (it may have been applied) raises ``OutcomeUncertain``.
+    recorded as ``failed`` only when the write is known to have rolled back; a failure
+    once it may have committed (a connection lost during the write or its COMMIT) raises
+    ``OutcomeUncertain``.
 
     A decline may carry ``decline_reason`` (``DeclineReason``) and ``decline_note``; they are
     stored with the decision, and a replay keeps the first (its attempt row keeps its own).
@@ -424,13 +427,14 @@ def effect_commit(
     with commit_observed(approved=approved) as seen:  # commit latency by outcome
         try:
             _arguments_check(call)
-            # The one durable transaction: read under the case lock, decide, write. An insert
-            # the read said was free but a unique key refused rolls back and is decided again.
+            # Read, decide, write: the write goes ahead only while the case is as read. A
+            # write that wrote nothing (another commit or an edit came first) is decided again.
             store = commit_store()
-            for _ in range(2):
+            timeout = lock_timeout_ms(decision_lock_timeout())
+            for _ in range(3):
                 try:
                     with store.transaction():
-                        target = store.read(operation_id, lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()))
+                        target = store.read(operation_id)
                         call.case_known = True
                         if target is None:
                             raise _not_found(operation_id)
@@ -444,14 +448,19 @@ def effect_commit(
                         crash_point("commit-before-decision")
                         outcome = _outcome(target, approved)
                         writes, decision = _decided(call, target, outcome)
-                        written = store.write(writes)
-                        if _is_lost_race(writes, written):
-                            raise _LostRace
+                        # Decided, nothing written yet; where the write commits as it runs
+                        # (PostgreSQL), from its start only the effect store knows.
                         crash_point("commit-after-decision")
+                        call.commit_sent = store.write_commits()
+                        written = store.write(writes, lock_timeout_ms=timeout)
+                        if _is_lost_race(writes, written):
+                            call.commit_sent = False
+                            raise _LostRace
                         call.commit_sent = True
                 except _LostRace:
                     continue
                 except CaseLocked:
+                    call.commit_sent = False
                     raise _busy(call) from None
                 if written.decision_pk is not None:
                     decision = stored(decision, written.decision_pk)
@@ -467,6 +476,8 @@ def effect_commit(
                 call.record(refused, exc.message, exc.reason)
             raise
         except Exception as exc:
+            if call.commit_sent and refused_by_server(exc):
+                call.commit_sent = False  # the server refused the statement: nothing was applied
             _record_failure(call, exc)
             if call.commit_sent:
                 # COMMIT was sent and failed (a lost connection, most likely): it may have been
@@ -648,7 +659,8 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:
     """Write the missing effect of each ``NoLocalEffectRecorded`` operation.
 
-    Idempotent: each operation is read again under its case row lock, and only an approval
+    Idempotent: each operation is read again, its effect written only while the case is as
+    read and its unique key free, and only an approval
     still without its effect is repaired, so a second run (or a concurrent one, or a
     commit) writes nothing; the effect's unique key stays the last word. Each operation is
     its own transaction, so a crash mid-way leaves every operation either repaired or
@@ -665,7 +677,7 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
         try:
             # Not durable: the rows may stream from reconcile's own open transaction.
             with store.transaction(durable=False):
-                target = store.read(row.operation_id, lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()))
+                target = store.read(row.operation_id)
                 if target is None or target.decision is None:
                     continue
                 decision = target.decision
@@ -681,7 +693,10 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
                     channel="repair",
                     detail="reconcile --repair wrote the missing effect",
                 )
-                written = store.write(Writes(attempt=attempt, effect=effect, delivery=delivery_configured()))
+                written = store.write(
+                    Writes(attempt=attempt, effect=effect, delivery=delivery_configured(), basis=target),
+                    lock_timeout_ms=lock_timeout_ms(decision_lock_timeout()),
+                )
                 if written.effect_pk is None:
                     raise _LostRace
         except _LostRace:

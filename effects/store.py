@@ -1,20 +1,22 @@
 """The commit's storage: every statement ``effect_commit`` sends, behind one small interface.
 
-A store reads what a commit depends on, under the case row lock, and writes what
-``effects.services`` decided from it. It decides nothing: which rows to write, and what the
-outcome and its wording are, come in as arguments. Every statement is compiled by the ORM
+A store reads what a commit depends on, and writes what ``effects.services`` decided from
+it, only while the case is still as read. It decides nothing: which rows to write, and what
+the outcome and its wording are, come in as arguments. Every statement is compiled by the ORM
 (querysets, and ``core.statements.insert`` for the inserts); the row read back is converted
 by the same query's compiler and turned into models with ``Model.from_db``.
 
 PostgreSQL and SQLite implement the same interface (tests/effects/test_store_contract.py
-runs one suite on both). They differ in how they lock and how many statements travel at
-once; the rows they write are the same.
+runs one suite on both). They differ in how they keep the case as read until the write
+(PostgreSQL: a compare-and-swap on the case row inside the write; SQLite: one transaction
+holding the database's write lock) and in how many statements travel at once; the rows they
+write are the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol, cast
@@ -33,18 +35,19 @@ from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
 
-# PostgreSQL's unique_violation: a unique key refused a row.
+# PostgreSQL's unique_violation (a unique key refused a row) and not_null_violation.
 UNIQUE_VIOLATION = "23505"
+NOT_NULL_VIOLATION = "23502"
 
 
 class CaseLocked(Exception):
     """Another transaction held the case (its row, or the whole SQLite database) past the
-    commit's lock timeout. Raised inside the transaction, so that it rolls back."""
+    commit's lock timeout. Nothing of the write stands."""
 
 
 @dataclass(frozen=True)
 class Target:
-    """What a commit of one operation depends on, read under the case row lock."""
+    """What a commit of one operation depends on, read in one snapshot."""
 
     proposal: Proposal  # with the fields its effect copies
     case_label: str  # the case's own id (T-1042)
@@ -68,6 +71,9 @@ class Writes:
     flush: bool = True
     # The operation has a pending review to complete.
     complete_pending: bool = True
+    # The read the new rows were decided from: they are written only while the case row is
+    # still as it read (its current proposal). Required with a new decision or effect.
+    basis: Target | None = None
 
 
 @dataclass(frozen=True)
@@ -80,18 +86,24 @@ class Written:
 
 class CommitStore(Protocol):
     def transaction(self, *, durable: bool = True) -> Any:
-        """The commit's one transaction (a context manager); ``CaseLocked`` when it cannot
-        begin. ``durable=False`` only for a caller that may already be in one (repair)."""
+        """What holds a read and its write together (a context manager); ``CaseLocked``
+        when it cannot begin. ``durable=False`` only for a caller that may already be in a
+        transaction (repair)."""
 
-    def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        """Lock the case of ``operation_id`` and read the target; None: no such proposal.
-        ``lock_timeout_ms`` None: a plain read, without the lock."""
+    def read(self, operation_id: str) -> Target | None:
+        """The target of ``operation_id``, in one snapshot; None: no such proposal."""
 
     def current_operation(self, target: Target) -> str | None:
         """The operation of the case's current proposal (for a stale answer)."""
 
-    def write(self, writes: Writes) -> Written:
-        """Insert the rows of ``writes`` and complete the operation's pending review."""
+    def write_commits(self) -> bool:
+        """Whether ``write()`` is a transaction of its own, committed when it returns: a
+        failure while it runs may then have been applied."""
+
+    def write(self, writes: Writes, *, lock_timeout_ms: int) -> Written:
+        """Insert the rows of ``writes`` and complete the operation's pending review, all or
+        nothing; no row at all (Written(None, None)) when a unique key refused one or the
+        case moved on from ``writes.basis``. Every lock wait is bounded by the timeout."""
 
 
 def attempt_append(attempt: CommitAttempt) -> None:
@@ -103,30 +115,29 @@ def attempt_append(attempt: CommitAttempt) -> None:
 
 # -- the statements, each compiled once by the ORM ------------------------------------------
 
-# The operation's place while a statement is compiled: every statement of a commit is about
-# one operation, so its SQL is the same for all of them and is compiled once; each call's
-# parameters put the operation where this stands. (Never sent: not an operation identity.)
+# Places for a statement's parameters while it is compiled: every statement of a commit is
+# about one operation (and one case), so its SQL is the same for all of them and is compiled
+# once; each call's parameters put the values where these stand. (Never sent.)
 _OPERATION = "\x00operation"
-# The lock timeout's place, the same way (``lock_timeout`` as PostgreSQL writes it: "3000ms").
-_TIMEOUT = "\x00timeout"
+_CASE = "\x00case"
+_CURRENT = "\x00current"
 
 
 class _Query:
     """A statement about one operation: its SQL as the ORM's compiler writes it, and that
     compiler's reading of the rows (the fields' own converters: JSON, timestamps, booleans)."""
 
-    def __init__(self, query: Query):
+    def __init__(self, query: Query, *, lock: str = ""):
         self.compiler = query.get_compiler(connection=connection)
         sql, params = self.compiler.as_sql()
-        self.sql, self.params = sql, tuple(params)
+        self.sql, self.params = f"{sql} {lock}" if lock else sql, tuple(params)
         # What results_iter() would look up on every call, looked up once (a statement that
         # selects nothing has none).
         selected = [s[0] for s in (self.compiler.select or [])[: getattr(self.compiler, "col_count", 0)]]
         self.converters = self.compiler.get_converters(selected) if selected else {}
 
-    def params_for(self, operation_id: str, timeout: str | None = None) -> tuple:
-        places = {_OPERATION: operation_id, _TIMEOUT: timeout}
-        return tuple(places.get(p, p) if isinstance(p, str) else p for p in self.params)
+    def params_for(self, places: dict[str, Any]) -> list:
+        return [places.get(p, p) if isinstance(p, str) else p for p in self.params]
 
     def rows(self, raw: list) -> list[tuple]:
         if not raw or not self.converters:
@@ -144,35 +155,69 @@ def _completion() -> _Query:
     return _Query(query)
 
 
-def _write(writes: Writes) -> tuple[str, list]:
-    """The whole write as one statement, and its parameters: each new row's INSERT (the
-    ORM's) under a name, the pending review's UPDATE, and the new ids. PostgreSQL runs every
-    data-modifying part of a WITH whether or not it is read, all in one snapshot, so a row
-    names one written beside it by its part's name (``RETURNING id``), never by a lookup.
-    Without ``flush``, the transaction may skip the WAL flush (``set_config(…, true)``: this
-    transaction only). Each part's text is compiled once per process, so a given shape is
-    the same text every time (psycopg prepares it by its text)."""
+@cache
+def _guard() -> _Query:
+    """The case row as the commit's read saw it (its id and its current proposal), locked FOR
+    NO KEY UPDATE: not FOR UPDATE, which would wait for the FOR KEY SHARE that the foreign
+    keys of concurrent attempt rows take, while commits and edits, which take FOR NO KEY
+    UPDATE or update the row, still exclude each other. A row an edit is changing is waited
+    for, then compared again at its new version (READ COMMITTED's recheck), so an edit that
+    committed first leaves the guard empty. The lock clause is the backend's own
+    (``for_update_sql``): select_for_update() compiles only inside a transaction, and this
+    statement is compiled once, wherever the first commit runs."""
+    case = Case.objects.filter(pk=RawSQL("%s", (_CASE,)), current_proposal_id=RawSQL("%s", (_CURRENT,)))
+    return _Query(
+        case.order_by().values_list("current_proposal_id").query, lock=connection.ops.for_update_sql(no_key=True)
+    )
+
+
+# The write's new rows take their proposal from the guard: an empty guard (the case moved
+# on) leaves it NULL, and the column's NOT NULL refuses the whole statement.
+_GUARDED = ("proposal_id", "guard", "current_proposal_id")
+
+
+def _write(writes: Writes, timeout: str) -> tuple[str, list]:
+    """The whole write as one statement, and its parameters: the guard on the case row when
+    the write has a new decision or effect, each new row's INSERT (the ORM's) under a name,
+    the pending review's UPDATE, and the new ids.
+
+    PostgreSQL runs every data-modifying part of a WITH whether or not it is read, all in one
+    snapshot, so a row names one written beside it by its part's name (``RETURNING id``),
+    never by a lookup. The final SELECT sets the lock timeout first (``set_config(…, true)``:
+    this transaction only); the guard and the inserts it reads run after it, and the parts
+    nobody reads once it is done, so the timeout bounds every lock wait of the statement: the
+    case row, the unique keys, the foreign keys checked at its end. Without ``flush``, the
+    commit may skip the WAL flush. Each part's text is compiled once per process, so a given
+    shape is the same text every time (psycopg prepares it by its text)."""
     parts: list[tuple[str, str, list]] = []
+    if writes.decision is not None or writes.effect is not None:
+        basis = writes.basis
+        assert basis is not None, "a new decision or effect is written only from a read"
+        guard = _guard()
+        places = {_CASE: basis.proposal.case_id, _CURRENT: basis.current_proposal_id}
+        parts.append(("guard", guard.sql, guard.params_for(places)))
     if writes.decision is not None:
-        statement = insert(ReviewDecision)
+        statement = insert(ReviewDecision, by_name=(_GUARDED,))
         parts.append(("decision", statement.sql, statement.params_for(writes.decision)))
     if writes.effect is not None:
-        by_name = (("decision_id", "decision"),) if writes.decision is not None else ()
-        statement = insert(EffectRecord, by_name=by_name)
+        decided = (("decision_id", "decision"),) if writes.decision is not None else ()
+        statement = insert(EffectRecord, by_name=decided or (_GUARDED,))
         parts.append(("effect", statement.sql, statement.params_for(writes.effect)))
         if writes.delivery:
-            statement = insert(Delivery, by_name=(*by_name, ("effect_id", "effect")))
+            statement = insert(Delivery, by_name=(*decided, ("effect_id", "effect")))
             parts.append(("delivery", statement.sql, statement.params_for(Delivery(**delivery_fields(writes.effect)))))
     statement = insert(CommitAttempt, returning=False)
     parts.append(("attempt", statement.sql, statement.params_for(writes.attempt)))
     if writes.complete_pending:
         completion = _completion()
-        parts.append(("completion", completion.sql, list(completion.params_for(writes.attempt.operation_id))))
-    ids = [f"(SELECT id FROM {name})" for name, _, _ in parts if name in ("decision", "effect")]
+        parts.append(("completion", completion.sql, completion.params_for({_OPERATION: writes.attempt.operation_id})))
+    answers = ["set_config('lock_timeout', %s, true)"]
+    answers += [f"(SELECT id FROM {name})" for name, _, _ in parts if name in ("decision", "effect")]
     if not writes.flush:
-        ids.append("set_config('synchronous_commit', 'off', true)")
+        answers.append("set_config('synchronous_commit', 'off', true)")
     body = ", ".join(f"{name} AS ({sql})" for name, sql, _ in parts)
-    return f"WITH {body} SELECT {', '.join(ids) or 'NULL'}", [p for _, _, params in parts for p in params]
+    params = [p for _, _, part in parts for p in part]
+    return f"WITH {body} SELECT {', '.join(answers)}", [*params, timeout]
 
 
 _PROPOSAL = ["id", "case_id", "operation_id", "action", "body", "evidence_id", "passages", "policy_id"]
@@ -181,21 +226,12 @@ _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "d
 
 
 @cache
-def _read(locked: bool) -> _Query:
-    """What a commit reads of its operation, in one statement: the case with the operation's
-    proposal, the standing decision with its reviewer's username, whether its effect exists
-    and whether a pending review is open.
-
-    ``locked``: it locks the case row FOR NO KEY UPDATE (not FOR UPDATE: it leaves the FOR
-    KEY SHARE that the foreign keys of the commit's own rows take on the case row, while
-    commits and edits, which update the row, still exclude each other), waiting at most the
-    lock timeout, which the statement sets for its transaction (``set_config(…, true)``) as it
-    produces the row, before the row is locked. A locked row is read at its latest version,
-    so the case's current proposal is what the lock protects. The rest is read in the
-    statement's snapshot, which a wait for the lock makes older than the holder's commit: a
-    decision or effect that holder wrote may be missing. Then the commit's insert meets the
-    unique key, writes nothing, and the commit reads again (``Written``), in a new snapshot
-    that has it. Compiled inside a transaction, as the ORM requires of select_for_update()."""
+def _read() -> _Query:
+    """What a commit reads of its operation, in one statement and one snapshot: the case with
+    the operation's proposal, the standing decision with its reviewer's username, whether its
+    effect exists and whether a pending review is open. It takes no lock: whatever of it the
+    write depends on, the write checks as it writes (the case row by the guard, a decision or
+    effect written since by their unique keys)."""
     decision = "proposals__decisions__"
     read = (
         Case.objects.filter(proposals__operation_id=_OPERATION)
@@ -212,10 +248,6 @@ def _read(locked: bool) -> _Query:
     names = [f"proposals__{name}" for name in _PROPOSAL] + ["case_id", "current_proposal_id"]
     names += [decision + name for name in _DECISION] + [f"{decision}reviewer__{get_user_model().USERNAME_FIELD}"]
     names += ["effect_exists", "pending_open"]
-    if locked:
-        read = read.annotate(timeout=RawSQL("set_config('lock_timeout', %s, true)", (_TIMEOUT,)))
-        read = read.select_for_update(no_key=True, of=("self",))
-        names.append("timeout")
     return _Query(read.values_list(*names).query)
 
 
@@ -252,13 +284,51 @@ class _Store:
             return None
         return Proposal.objects.filter(pk=target.current_proposal_id).values_list("operation_id", flat=True).first()
 
+    def read(self, operation_id: str) -> Target | None:
+        read = _read()
+        with bound_cursor() as cursor:
+            cursor.execute(read.sql, read.params_for({_OPERATION: operation_id}))
+            return _target(read, cursor.fetchall())
+
+
+def _refused(exc: IntegrityError) -> bool:
+    """Whether a unique key refused a row: another writer committed this operation's row."""
+    return getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION or "UNIQUE constraint failed" in str(exc)
+
+
+def _moved_on(exc: IntegrityError) -> bool:
+    """Whether the guard refused the write: the case row was no longer as read, so a new
+    row's proposal (``_GUARDED``) came out NULL."""
+    cause = exc.__cause__
+    diag = getattr(cause, "diag", None)
+    return (
+        getattr(cause, "sqlstate", None) == NOT_NULL_VIOLATION
+        and getattr(diag, "column_name", None) == "proposal_id"
+        and getattr(diag, "table_name", None) in (ReviewDecision._meta.db_table, EffectRecord._meta.db_table)
+    )
+
+
+def refused_by_server(exc: BaseException) -> bool:
+    """Whether a database error is the server refusing a statement (its transaction then
+    rolled back) rather than a connection lost or a server going down (SQLSTATE classes 08
+    and 57), after which a statement that commits as it runs may have been applied."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] not in ("08", "57")
+
+
+def _nothing_written() -> Written:
+    """The answer of a write that wrote nothing; in a transaction, it must roll back too."""
+    if connection.in_atomic_block:
+        transaction.set_rollback(True)
+    return Written(decision_pk=None, effect_pk=None)
+
 
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
 @contextmanager
 def _lock_wait_bounded() -> Iterator[None]:
-    """A lock wait past the transaction's lock timeout is ``CaseLocked``."""
+    """A lock wait past the statement's lock timeout is ``CaseLocked``."""
     try:
         yield
     except OperationalError as exc:
@@ -267,48 +337,42 @@ def _lock_wait_bounded() -> Iterator[None]:
         raise
 
 
-def _refused(exc: IntegrityError) -> bool:
-    """Whether a unique key refused a row: another writer committed this operation's row."""
-    return getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION or "UNIQUE constraint failed" in str(exc)
-
-
 class PostgresCommitStore(_Store):
-    """Two statements inside Django's durable transaction, both bound on the server
-    (``core.statements.bound_cursor``): the lock with the read (``_read``), then the whole write
-    (``_write``). The lock timeout bounds every lock wait of the transaction, the
-    write's included. The settings are transaction-local (``set_config(…, true)``), so a
-    pooler in transaction mode sees nothing of them."""
+    """Two statements, each a transaction of its own in Django's autocommit, both bound on the
+    server (``core.statements.bound_cursor``): the read (``_read``), then the whole write
+    (``_write``), which goes ahead only while the case row is as read (``_guard``). Two round
+    trips, no BEGIN and no COMMIT of their own. The settings the write makes are its
+    transaction's (``set_config(…, true)``), so a pooler in transaction mode sees nothing of
+    them. Inside a caller's transaction (repair, a test's) both run in a savepoint of it."""
 
     def transaction(self, *, durable: bool = True):
-        return transaction.atomic(durable=durable)
+        return transaction.atomic(durable=durable) if connection.in_atomic_block else nullcontext()
 
-    def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        read = _read(lock_timeout_ms is not None)
-        with bound_cursor() as cursor, _lock_wait_bounded():
-            cursor.execute(read.sql, read.params_for(operation_id, f"{lock_timeout_ms}ms"))
-            return _target(read, cursor.fetchall())
+    def write_commits(self) -> bool:
+        return not connection.in_atomic_block
 
-    def write(self, writes: Writes) -> Written:
+    def write(self, writes: Writes, *, lock_timeout_ms: int) -> Written:
         new_decision, new_effect = writes.decision is not None, writes.effect is not None
         with bound_cursor() as cursor, _lock_wait_bounded():
             try:
-                cursor.execute(*_write(writes))
+                cursor.execute(*_write(writes, f"{lock_timeout_ms}ms"))
             except IntegrityError as exc:
-                if not _refused(exc):
+                if not (_refused(exc) or _moved_on(exc)):
                     raise
-                transaction.set_rollback(True)  # the statement wrote nothing; neither may the rest
-                return Written(decision_pk=None, effect_pk=None)
-            ids = iter(cursor.fetchone())
-        return Written(decision_pk=next(ids) if new_decision else None, effect_pk=next(ids) if new_effect else None)
+                return _nothing_written()
+            _, *ids = cursor.fetchone()
+        found = iter(ids)
+        return Written(decision_pk=next(found) if new_decision else None, effect_pk=next(found) if new_effect else None)
 
 
 # -- SQLite ----------------------------------------------------------------------------------
 
 
 class SqliteCommitStore(_Store):
-    """The same statements as PostgreSQL's, one at a time. Settings open every transaction with BEGIN
-    IMMEDIATE, so the transaction holds the database's write lock from its first statement:
-    it is the case lock, and no other writer runs between the read and the writes."""
+    """The same statements as PostgreSQL's, one at a time, in one transaction. Settings open
+    every transaction with BEGIN IMMEDIATE, so the transaction holds the database's write lock
+    from its first statement: it is the case lock, no other writer runs between the read and
+    the writes, and the case is as read without a guard."""
 
     @contextmanager
     def transaction(self, *, durable: bool = True) -> Iterator[None]:
@@ -324,13 +388,10 @@ class SqliteCommitStore(_Store):
                 raise
             raise CaseLocked from exc
 
-    def read(self, operation_id: str, *, lock_timeout_ms: int | None) -> Target | None:
-        read = _read(False)
-        with connection.cursor() as cursor:
-            cursor.execute(read.sql, read.params_for(operation_id))
-            return _target(read, cursor.fetchall())
+    def write_commits(self) -> bool:
+        return False
 
-    def write(self, writes: Writes) -> Written:
+    def write(self, writes: Writes, *, lock_timeout_ms: int) -> Written:
         with connection.cursor() as cursor:
             try:
                 for row in _rows(writes):
@@ -340,13 +401,12 @@ class SqliteCommitStore(_Store):
             except IntegrityError as exc:
                 if not _refused(exc):
                     raise
-                transaction.set_rollback(True)  # nothing of this write may stand
-                return Written(decision_pk=None, effect_pk=None)
+                return _nothing_written()
             statement = insert(CommitAttempt, returning=False)
             cursor.execute(statement.sql, statement.params_for(writes.attempt))
             if writes.complete_pending:
                 completion = _completion()
-                cursor.execute(completion.sql, completion.params_for(writes.attempt.operation_id))
+                cursor.execute(completion.sql, completion.params_for({_OPERATION: writes.attempt.operation_id}))
         return Written(decision_pk=getattr(writes.decision, "pk", None), effect_pk=getattr(writes.effect, "pk", None))
 
 

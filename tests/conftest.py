@@ -113,6 +113,43 @@ def case_held_elsewhere(case_id: str):
     return held_elsewhere(lambda: named_lock(f"case:{case_id}", what=f"case {case_id}", timeout=5))
 
 
+@contextmanager
+def commit_lost(*, times: int | None = None):
+    """The connection drops just as a decision's commit goes out, ``times`` times (None: every
+    time): at COMMIT where the commit is a transaction (SQLite), at the write where the write
+    commits as it runs (PostgreSQL in autocommit, effects/store.py). Nothing reaches the
+    server: the one case a client cannot tell from a commit whose answer was lost. Yields the
+    list of the failures so far."""
+    from django.db import OperationalError, connection
+
+    failures: list[bool] = []
+
+    def lose() -> bool:
+        if times is not None and len(failures) >= times:
+            return False
+        failures.append(True)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    def write_lost(execute, sql, params, many, context):
+        if sql.startswith("WITH") and 'INSERT INTO "effects_commitattempt"' in sql:
+            lose()
+        return execute(sql, params, many, context)
+
+    if connection.vendor == "postgresql":
+        with connection.execute_wrapper(write_lost):
+            yield failures
+        return
+    commit = connection._commit
+
+    def commit_or_lose(*args, **kwargs):
+        lose()
+        return commit(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(connection, "_commit", commit_or_lose)
+        yield failures
+
+
 def database_url() -> str:
     """A DATABASE_URL naming the database this test process is using right now.
 

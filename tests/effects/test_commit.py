@@ -9,6 +9,7 @@ from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_revise
+from tests.conftest import commit_lost
 
 
 def written():
@@ -233,25 +234,43 @@ def test_a_failed_audit_row_never_masks_the_failure(proposal, reviewer, monkeypa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failure_of_commit_itself_is_uncertain_and_not_recorded_as_failed(proposal, reviewer, monkeypatch, caplog):
-    """COMMIT may have been applied when it raises; a "failed" row could be a lie."""
-    from django.db import OperationalError, connections
+def test_a_failure_of_commit_itself_is_uncertain_and_not_recorded_as_failed(proposal, reviewer, caplog):
+    """The commit may have been applied when it raises; a "failed" row could be a lie."""
+    from django.db import OperationalError
 
-    def lost(*args, **kwargs):
-        raise OperationalError("server closed the connection unexpectedly")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(connections["default"], "_commit", lost)
-        # Every caller of the service (the SLA expiry, a retry of a pruned pause), not only
-        # the workflow's commit step, hears "uncertain" and where to look, never the bare error.
-        with pytest.raises(OutcomeUncertain, match="may have been applied; run `manage.py reconcile`") as raised:
-            effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    # Every caller of the service (the SLA expiry, a retry of a pruned pause), not only the
+    # workflow's commit step, hears "uncertain" and where to look, never the bare error.
+    uncertain = pytest.raises(OutcomeUncertain, match="may have been applied; run `manage.py reconcile`")
+    with commit_lost(), uncertain as raised:
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     assert isinstance(raised.value.__cause__, OperationalError)
     assert raised.value.details["error"] == "OperationalError: server closed the connection unexpectedly"
     assert raised.value.details["operation_id"] == proposal.operation_id
-    # Here the rollback that followed did undo it; the point is that no row claims to know.
+    # Here nothing was applied; the point is that no row claims to know.
     assert outcomes() == []
+    assert written() == (0, 0)
     assert "outcome unknown" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_the_database_refused_is_recorded_as_failed_not_uncertain(proposal, reviewer):
+    """A statement the database answered with an error rolled back, even where the write
+    commits as it runs: the failure is recorded as failed, never reported as uncertain. (In
+    place of the write of the decision: a statement that fails.)"""
+    from django.db import DatabaseError, connection
+
+    failing = "SELECT 1 / 0" if connection.vendor == "postgresql" else "SELECT abs(-9223372036854775808)"
+
+    def refused(execute, sql, params, many, context):
+        if sql.startswith("WITH") or sql.startswith('INSERT INTO "reviews_reviewdecision"'):
+            return execute(failing, None, many, context)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refused), pytest.raises(DatabaseError) as raised:
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert not isinstance(raised.value, OutcomeUncertain)
+    assert written() == (0, 0)
+    assert outcomes() == ["failed"]
 
 
 def test_the_error_classes_own_the_stale_and_conflict_wording():

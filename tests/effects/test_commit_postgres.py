@@ -27,16 +27,18 @@ from tests.conftest import database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-# What one commit sends, round trip by round trip (round_trips() below reads the wire):
-# Django's durable transaction: BEGIN, one statement that sets the lock timeout, locks the
-# case row and reads the operation, one statement with every write, and COMMIT. The raw
-# floor sends as many (psycopg's BEGIN, two inserts, COMMIT). No SQL PREPARE: psycopg may
-# prepare the two statements at the protocol level (tests/effects/test_store_contract.py),
-# and nothing but set_config(…, true) touches the session, for the transaction only.
-LOCKED_READ = "SELECT … set_config('lock_timeout') … FOR NO KEY UPDATE"
+# What one commit sends, round trip by round trip (round_trips() below reads the wire): two
+# statements, each a transaction of its own in Django's autocommit: the read, and one
+# statement with every write, which sets the lock timeout, locks the case row as the read saw
+# it (the guard) and commits as it ends. No BEGIN, no COMMIT. The raw floor sends four
+# (psycopg's BEGIN, the lock, one write, COMMIT). No SQL PREPARE: psycopg may prepare the two
+# statements at the protocol level (tests/effects/test_store_contract.py), and nothing but
+# set_config(…, true) touches the session, for the statement's transaction only.
+READ = "SELECT … (the read)"
 WRITE = "WITH … INSERT"
+GUARD = "FOR NO KEY UPDATE"
 QUIET = "set_config('synchronous_commit', 'off', true)"
-COMMIT_SHAPE = ["BEGIN", LOCKED_READ, WRITE, "COMMIT"]
+COMMIT_SHAPE = [READ, WRITE]
 # A replay or a conflict writes nothing but its attempt row, without waiting for the flush.
 QUIET_SHAPE = COMMIT_SHAPE
 
@@ -46,8 +48,8 @@ def shape(captured) -> list[str]:
     out = []
     for query in captured.captured_queries:
         sql = " ".join(query["sql"].split())
-        if sql.startswith("SELECT") and "set_config('lock_timeout'" in sql and "FOR NO KEY UPDATE" in sql:
-            out.append(LOCKED_READ)
+        if sql.startswith('SELECT "reviews_proposal"."id" AS "proposals__id"') and " FOR " not in sql:
+            out.append(READ)
         elif sql.startswith("WITH") and " AS (INSERT INTO " in sql:
             out.append(WRITE)
         else:
@@ -119,28 +121,35 @@ def warm(reviewer, make_user):
     return reviewer, other
 
 
-def test_a_first_approval_is_four_round_trips_and_sends_no_prepare(proposal, warm):
+def test_a_first_approval_is_two_round_trips_and_sends_no_prepare(proposal, warm):
     reviewer, _ = warm
     with CaptureQueriesContext(connection) as log:
         result, logged, sent = measured(
             lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
         )
     assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
-    assert logged == COMMIT_SHAPE and len(sent) == 4
-    assert [s.strip('"').split(" ")[0] for s in (sent[0], sent[3])] == ["BEGIN", "COMMIT"]
+    assert logged == COMMIT_SHAPE and len(sent) == 2
+    assert not any(s.strip('"').split(" ")[0] in ("BEGIN", "COMMIT") for s in sent)
     sql = [" ".join(query["sql"].split()) for query in log.captured_queries]
-    # The lock timeout, the case with the proposal, locking the case row, the decision, with
-    # whether its effect and an open pending review exist.
-    assert sql[1].endswith('FOR NO KEY UPDATE OF "cases_case"')
-    # Every write in one statement: the decision, the effect, the attempt, the pending review.
-    assert parts(sql[2]) == [
+    # The read takes no lock; the write's guard locks the case row as the read saw it.
+    assert " FOR " not in sql[0]
+    # Every write in one statement: the guard, the decision, the effect, the attempt, the
+    # pending review; the lock timeout is set before any of them can wait.
+    assert sql[1].startswith('WITH guard AS (SELECT "cases_case"."current_proposal_id"')
+    assert "FOR NO KEY UPDATE)" in sql[1] and "FOR UPDATE" not in sql[1]
+    assert parts(sql[1]) == [
         ("decision", "reviews_reviewdecision"),
         ("effect", "effects_effectrecord"),
         ("attempt", "effects_commitattempt"),
         ("completion", "reviews_pendingreview"),
     ]
-    assert "(SELECT id FROM decision)" in sql[2] and QUIET not in sql[2]
+    assert '(SELECT "current_proposal_id" FROM guard)' in sql[1] and "(SELECT id FROM decision)" in sql[1]
+    assert " SELECT set_config('lock_timeout', " in sql[1] and QUIET not in sql[1]
     assert not any(word in s for s in sent + sql for word in ("PREPARE", "EXECUTE", "DEALLOCATE"))
+    # The lock timeout was the statement's own: the session is back to the server's default.
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
 
 
 @pytest.mark.parametrize(
@@ -152,7 +161,7 @@ def test_a_first_approval_is_four_round_trips_and_sends_no_prepare(proposal, war
         (False, True, {"Status": "ConflictingDecision", "Replay": False, "EffectCount": 0}),
     ],
 )
-def test_a_replay_and_a_conflict_are_four_round_trips_too(proposal, warm, first, then, receipt):
+def test_a_replay_and_a_conflict_are_two_round_trips_too(proposal, warm, first, then, receipt):
     reviewer, other = warm
     effect_commit(operation_id=proposal.operation_id, approved=first, reviewer=reviewer)
     with CaptureQueriesContext(connection) as log:
@@ -160,40 +169,39 @@ def test_a_replay_and_a_conflict_are_four_round_trips_too(proposal, warm, first,
             lambda: effect_commit(operation_id=proposal.operation_id, approved=then, reviewer=other)
         )
     assert result.receipt() == receipt
-    assert logged == QUIET_SHAPE and len(sent) == 4
-    write = " ".join(log.captured_queries[2]["sql"].split())
-    assert parts(write) == [("attempt", "effects_commitattempt")] and write.endswith(f"SELECT {QUIET}")
+    assert logged == QUIET_SHAPE and len(sent) == 2
+    write = " ".join(log.captured_queries[1]["sql"].split())
+    # Nothing new: no guard, nothing to lock, only the attempt row, without the flush.
+    assert parts(write) == [("attempt", "effects_commitattempt")] and write.endswith(f", {QUIET}")
+    assert GUARD not in write
     # The setting is that transaction's own: the session is back to the server's default.
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"
 
 
-def test_a_first_decline_is_four_round_trips(proposal, warm):
+def test_a_first_decline_is_two_round_trips(proposal, warm):
     reviewer, _ = warm
     with CaptureQueriesContext(connection) as log:
         result, logged, sent = measured(
             lambda: effect_commit(operation_id=proposal.operation_id, approved=False, reviewer=reviewer)
         )
     assert result.receipt() == {"Status": "Declined", "Replay": False, "EffectCount": 0}
-    assert logged == COMMIT_SHAPE and len(sent) == 4
-    assert parts(" ".join(log.captured_queries[2]["sql"].split())) == [
+    assert logged == COMMIT_SHAPE and len(sent) == 2
+    assert parts(" ".join(log.captured_queries[1]["sql"].split())) == [
         ("decision", "reviews_reviewdecision"),
         ("attempt", "effects_commitattempt"),
         ("completion", "reviews_pendingreview"),
     ]
 
 
-def test_the_lock_statement_takes_no_key_update_on_the_case_only(db):
-    from django.db import transaction
+def test_the_guard_takes_no_key_update_on_the_case_only(db):
+    from effects.store import _guard, _read
 
-    from effects.store import _read
-
-    with transaction.atomic():
-        lock = " ".join(_read(True).sql.split())
-    assert lock.endswith('FOR NO KEY UPDATE OF "cases_case"') and "FOR UPDATE" not in lock
-    assert lock.startswith('SELECT "reviews_proposal"."id" ')
-    assert "FOR " not in _read(False).sql and "set_config" not in _read(False).sql
+    guard = " ".join(_guard().sql.split())
+    assert guard.endswith("FOR NO KEY UPDATE") and "FOR UPDATE" not in guard
+    assert guard.startswith('SELECT "cases_case"."current_proposal_id" ') and " JOIN " not in guard
+    assert "FOR " not in _read().sql and "set_config" not in _read().sql
 
 
 def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal, warm):
@@ -205,65 +213,77 @@ def test_a_stale_refusal_writes_nothing_and_names_the_current_proposal(proposal,
         lambda: effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     )
     assert isinstance(result, StaleProposal) and result.details["case_id"] == "T-1042"
-    # The read under the lock found the proposal no longer current, and the current one's
-    # operation was read for the answer; nothing was written, the transaction rolled back,
-    # then the attempt row was appended.
+    # The read found the proposal no longer current, and the current one's operation was
+    # read for the answer; nothing was written, then the attempt row was appended.
     assert result.details["current_operation_id"] == edited.proposal.operation_id
-    assert logged == ["BEGIN", LOCKED_READ, "SELECT", "ROLLBACK", "INSERT INTO"]
-    assert len(sent) == 5
+    assert logged == [READ, "SELECT", "INSERT INTO"]
+    assert len(sent) == 3
     assert list(CommitAttempt.objects.values_list("outcome", "case_id")) == [("stale", proposal.case_id)]
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
 
 
-def _synchronous_commit_at_commit(monkeypatch) -> list[str]:
-    """What synchronous_commit is when COMMIT goes out: read inside the commit transaction,
-    at its last crash point (after the writes, before COMMIT)."""
-    seen: list[str] = []
+def test_an_edit_that_commits_between_the_read_and_the_write_makes_the_commit_stale(proposal, warm, monkeypatch):
+    """The read saw the proposal current; an edit commits before the write. The write's
+    guard finds the case row changed and writes nothing; the commit reads again and answers
+    stale, with nothing of its first decision left."""
+    reviewer, _ = warm
+    edits = []
 
     def crash_point(name):
-        if name == "commit-after-decision":
-            with connection.cursor() as cursor:
-                cursor.execute("SHOW synchronous_commit")
-                seen.append(cursor.fetchone()[0])
+        if name == "commit-after-decision" and not edits:
+            edits.append(
+                proposal_revise(
+                    case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer
+                )
+            )
 
     monkeypatch.setattr(services, "crash_point", crash_point)
-    return seen
+    with pytest.raises(StaleProposal) as stale:
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert stale.value.current_operation_id == edits[0].proposal.operation_id
+    assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    assert list(CommitAttempt.objects.values_list("outcome", flat=True)) == ["stale"]
+
+
+def _write_flushes(log) -> list[bool]:
+    """For each write statement logged, whether its commit waits for the WAL flush (the
+    statement sets synchronous_commit off for its own transaction when it need not)."""
+    writes = [" ".join(q["sql"].split()) for q in log.captured_queries if q["sql"].startswith("WITH")]
+    return [QUIET not in write for write in writes]
 
 
 @pytest.mark.parametrize("approved", [True, False])
-def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flushed(
-    proposal, warm, monkeypatch, approved
-):
-    """A fresh decision or effect is flushed before COMMIT returns, and so is a replay
-    that completes a pending review (a state change): both take the locked path."""
+def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flushed(proposal, warm, approved):
+    """A fresh decision or effect is flushed before the commit returns, and so is a replay
+    that completes a pending review (a state change)."""
     reviewer, _ = warm
-    seen = _synchronous_commit_at_commit(monkeypatch)
-    effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
-    # A pending review left pending by another path: the replay completes it, a state change.
-    pending = PendingReview.objects.create(
-        case=proposal.case,
-        proposal=proposal,
-        operation_id=proposal.operation_id,
-        workflow_session_id="s",
-        checkpoint_id="c",
-        workflow_version="test",
-    )
-    assert effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer).replay
+    with CaptureQueriesContext(connection) as log:
+        effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
+        # A pending review left pending by another path: the replay completes it, a state change.
+        pending = PendingReview.objects.create(
+            case=proposal.case,
+            proposal=proposal,
+            operation_id=proposal.operation_id,
+            workflow_session_id="s",
+            checkpoint_id="c",
+            workflow_version="test",
+        )
+        assert effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer).replay
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.COMPLETED
-    assert seen == ["on", "on"]
+    assert _write_flushes(log) == [True, True]
 
 
-def test_only_a_commit_that_wrote_nothing_but_its_attempt_skips_the_wal_flush(proposal, warm, monkeypatch):
-    """A fresh decision or effect is flushed before COMMIT returns; a replay or a conflict,
-    whose only write is its own attempt row, does not wait for the flush."""
+def test_only_a_commit_that_wrote_nothing_but_its_attempt_skips_the_wal_flush(proposal, warm):
+    """A fresh decision or effect is flushed before the commit returns; a replay or a
+    conflict, whose only write is its own attempt row, does not wait for the flush."""
     reviewer, other = warm
-    seen = _synchronous_commit_at_commit(monkeypatch)
     op = proposal.operation_id
-    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is False
-    assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is True
-    assert effect_commit(operation_id=op, approved=False, reviewer=other).status == "ConflictingDecision"
-    assert seen == ["on", "off", "off"]
+    with CaptureQueriesContext(connection) as log:
+        assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is False
+        assert effect_commit(operation_id=op, approved=True, reviewer=reviewer).receipt()["Replay"] is True
+        assert effect_commit(operation_id=op, approved=False, reviewer=other).status == "ConflictingDecision"
+    assert _write_flushes(log) == [True, False, False]
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")
         assert cursor.fetchone()[0] == "on"

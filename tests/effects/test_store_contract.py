@@ -1,8 +1,8 @@
 """The commit store's contract (effects/store.py), one suite for both databases.
 
 The same cases run on SQLite and on PostgreSQL (`make test` runs the suite on each): what
-the store reads under the case lock, what it writes, what it answers when a unique key
-refuses a row, and what effect_commit makes of it, alone, twice and concurrently.
+the store reads, what it writes, what it answers when a unique key refuses a row or the case
+moved on from the read, and what effect_commit makes of it, alone, twice and concurrently.
 """
 
 from __future__ import annotations
@@ -65,14 +65,14 @@ def test_the_store_is_the_databases_own():
 def test_read_of_an_unknown_operation_is_none(db):
     store = commit_store()
     with store.transaction():
-        assert store.read("op-v1-" + "0" * 64, lock_timeout_ms=1000) is None
-    assert store.read("op-v1-" + "0" * 64, lock_timeout_ms=None) is None
+        assert store.read("op-v1-" + "0" * 64) is None
+    assert store.read("op-v1-" + "0" * 64) is None
 
 
 def test_read_finds_the_target_then_the_standing_decision(proposal, pending, reviewer):
     store = commit_store()
     with store.transaction():
-        target = store.read(proposal.operation_id, lock_timeout_ms=1000)
+        target = store.read(proposal.operation_id)
     assert (target.proposal.pk, target.proposal.passages, target.proposal.policy_snapshot) == (
         proposal.pk,
         proposal.passages,
@@ -85,7 +85,7 @@ def test_read_finds_the_target_then_the_standing_decision(proposal, pending, rev
     assert (target.decision, target.effect_exists, target.pending_open) == (None, False, False)
 
     effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    target = store.read(proposal.operation_id, lock_timeout_ms=None)
+    target = store.read(proposal.operation_id)
     stored = ReviewDecision.objects.get()
     decision = target.decision
     assert (decision.pk, decision.approved, decision.decided_at, decision.reviewer_id) == (
@@ -97,7 +97,7 @@ def test_read_finds_the_target_then_the_standing_decision(proposal, pending, rev
     assert decision.reviewer.get_username() == "reviewer"
     assert (target.effect_exists, target.pending_open) == (True, False)
     PendingReview.objects.filter(pk=pending.pk).update(status=PendingReview.Status.PENDING)
-    assert store.read(proposal.operation_id, lock_timeout_ms=None).pending_open is True
+    assert store.read(proposal.operation_id).pending_open is True
 
 
 def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(proposal, pending, reviewer):
@@ -106,7 +106,10 @@ def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(propo
     effect = EffectRecord(**_effect_fields(proposal, decision))
     attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
     with store.transaction():
-        written = store.write(Writes(attempt=attempt, decision=decision, effect=effect))
+        target = store.read(proposal.operation_id)
+        written = store.write(
+            Writes(attempt=attempt, decision=decision, effect=effect, basis=target), lock_timeout_ms=1000
+        )
     stored = ReviewDecision.objects.get()
     assert (written.decision_pk, written.effect_pk) == (stored.pk, EffectRecord.objects.get().pk)
     # The effect names the decision written before it in the same transaction.
@@ -119,12 +122,50 @@ def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(propo
     refused = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
     with store.transaction():
         written = store.write(
-            Writes(attempt=refused, decision=again, effect=EffectRecord(**_effect_fields(proposal, stored)))
+            Writes(
+                attempt=refused,
+                decision=again,
+                effect=EffectRecord(**_effect_fields(proposal, stored)),
+                basis=store.read(proposal.operation_id),
+            ),
+            lock_timeout_ms=1000,
         )
     assert (written.decision_pk, written.effect_pk) == (None, None)
     assert rows() == (1, 1, 0)
     assert ReviewDecision.objects.get().approved is True
     assert CommitAttempt.objects.count() == 1
+
+
+def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pending, reviewer):
+    """PostgreSQL reads and writes in two transactions, so an edit can commit between them;
+    the write then writes nothing at all. SQLite holds the database's write lock from the
+    read to the write, so no edit can come between: the same write after the edit is refused
+    there by the lock instead, and this case is PostgreSQL's alone."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's transaction excludes every other writer between the read and the write")
+    store = commit_store()
+    target = store.read(proposal.operation_id)
+    proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer)
+    decision = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer)
+    attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
+    with store.transaction():
+        written = store.write(
+            Writes(
+                attempt=attempt,
+                decision=decision,
+                effect=EffectRecord(**_effect_fields(proposal, decision)),
+                basis=target,
+            ),
+            lock_timeout_ms=1000,
+        )
+    assert (written.decision_pk, written.effect_pk) == (None, None)
+    assert rows() == (0, 0, 0) and CommitAttempt.objects.count() == 0
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.PENDING
+    # The same write on a fresh read of the case goes ahead (its basis is the case as it is).
+    with store.transaction():
+        fresh = store.read(proposal.operation_id)
+        assert fresh.current_proposal_id != proposal.pk
 
 
 # -- effect_commit on the store: every row of the commit table --------------------------------
@@ -265,7 +306,7 @@ def _prepared_commit_statements() -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s OR statement LIKE %s",
-            ['WITH %INSERT INTO "effects_commitattempt"%', '%FOR NO KEY UPDATE OF "cases_case"'],
+            ['WITH %INSERT INTO "effects_commitattempt"%', 'SELECT "reviews_proposal"."id"%'],
         )
         return cursor.fetchone()[0]
 

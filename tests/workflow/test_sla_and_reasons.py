@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision
+from tests.conftest import commit_lost
 from workflow import queue
 from workflow.begin import review_begin
 
@@ -202,30 +203,18 @@ def test_sla_report_help():
 
 @pytest.mark.django_db(transaction=True)
 def test_an_expiry_whose_commit_fails_is_reported_uncertain(case, reviewer, settings, monkeypatch):
-    """Neither "expired" nor "not expired": the COMMIT may have been applied."""
-    from django.db import OperationalError, connections
-
+    """Neither "expired" nor "not expired": the commit may have been applied."""
     settings.DECISIONFLOW_REVIEW_SLA = "4h"
     settings.DECISIONFLOW_REVIEW_ON_BREACH = "decline"
     pending = review_begin(case=case, actor=reviewer).pending_review
     age(pending, 5)
     queue.system_actor_user()  # its get_or_create commits too: made here, before the fault
-    db, failures = connections["default"], []
-    commit = db._commit
-
-    def lost_once(*args, **kwargs):
-        if not failures:  # the expiry's COMMIT; every later one goes through
-            failures.append(True)
-            raise OperationalError("server closed the connection unexpectedly")
-        return commit(*args, **kwargs)
-
-    monkeypatch.setattr(db, "_commit", lost_once)
-    code, out, _ = run("sla_report", "--expire")
-    assert failures, "the expiry never reached COMMIT"
+    with commit_lost(times=1) as failures:  # the expiry's commit; every later one goes through
+        code, out, _ = run("sla_report", "--expire")
+    assert failures, "the expiry never reached its commit"
     assert code == 10 and "action=uncertain (outcome_uncertain: run `manage.py reconcile`)" in out
     assert "action=expired" not in out and "not_expired" not in out
-    # Here the rollback undid it: still pending, and the next run expires it.
-    monkeypatch.setattr(db, "_commit", commit)
+    # Here nothing was applied: still pending, and the next run expires it.
     code, out, _ = run("sla_report", "--expire")
     assert code == 10 and "action=expired" in out
     assert ReviewDecision.objects.get().decline_reason == "expired"
