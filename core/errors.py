@@ -172,6 +172,11 @@ class CaseBusy(DecisionflowError):
     reason = RefusalReason.BUSY
     retry_after = 2  # seconds: the API's Retry-After
 
+    @classmethod
+    def held(cls, case_id: str) -> CaseBusy:
+        """Case ``case_id`` was held by another action past the lock timeout."""
+        return cls(f"another action on case {case_id} is in progress; try again", case_id=case_id)
+
 
 class ClaimHeld(DecisionflowError):
     """Another reviewer holds a live claim on this review (docs/QUEUE.md).

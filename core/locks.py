@@ -212,9 +212,8 @@ def case_lock(case_id: str, *, timeout: float | None = None, reads: Sequence[Sta
     an answer, never a page that waits forever.
     """
     seconds = decision_lock_timeout() if timeout is None else timeout
-    busy = f"another action on case {case_id} is in progress; try again"
     if connection.vendor != "postgresql":
-        with _file_lock(f"case:{case_id}", timeout=seconds, busy=CaseBusy(busy)), transaction.atomic():
+        with _file_lock(f"case:{case_id}", timeout=seconds, busy=CaseBusy.held(case_id)), transaction.atomic():
             yield [_rows(statement) for statement in reads]
         return
     started = time.monotonic()
@@ -227,7 +226,7 @@ def case_lock(case_id: str, *, timeout: float | None = None, reads: Sequence[Sta
         if not lock_not_available(exc):
             raise
         lock_waited("case", time.monotonic() - started, had=False)
-        raise CaseBusy(busy) from exc
+        raise CaseBusy.held(case_id) from exc
 
 
 def _rows(statement: Statement) -> list[tuple]:
@@ -263,7 +262,7 @@ def case_session_lock(case_id: str, *, timeout: float = DEFAULT_TIMEOUT):
         what=f"case {case_id}",
         timeout=timeout,
         busy=CaseBusy,
-        busy_message=f"another action on case {case_id} is in progress; try again",
+        busy_message=CaseBusy.held(case_id).message,
     )
 
 

@@ -347,19 +347,19 @@ def _busy(call: _Call) -> CaseBusy:
     # A plain read: it waits for no row lock (nor, on SQLite, for another writer).
     found = Case.objects.filter(proposals__operation_id=call.operation_id).order_by().values_list("pk", "case_id")[:1]
     case_pk, case_label = next(iter(found), (None, "?"))
-    message = f"another action on case {case_label} is in progress; try again"
+    busy = CaseBusy.held(case_label)
     what = identity.short(str(call.operation_id))
     call.recorded = True  # either way: another try would wait on the same lock
     if connection.vendor != "postgresql":
-        log.warning("busy attempt on %s not recorded (the database is locked): %s", what, message)
-        return CaseBusy(message, case_id=case_label)
+        log.warning("busy attempt on %s not recorded (the database is locked): %s", what, busy.message)
+        return busy
     call.case_pk = case_pk
     try:
-        attempt_append(call.attempt(CommitAttempt.Outcome.REFUSED, f"busy: {message}", RefusalReason.BUSY))
+        attempt_append(call.attempt(CommitAttempt.Outcome.REFUSED, f"busy: {busy.message}", RefusalReason.BUSY))
     except Exception:
         # The refusal stands without its audit row.
         log.exception("could not record the busy attempt on %s", what)
-    return CaseBusy(message, case_id=case_label)
+    return busy
 
 
 def _uncertain(call: _Call, exc: Exception) -> OutcomeUncertain:
@@ -702,8 +702,6 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
         except _LostRace:
             pass  # another writer wrote the effect first: nothing left to repair
         except CaseLocked:
-            raise CaseBusy(
-                f"another action on case {row.case_id} is in progress; try again", case_id=row.case_id
-            ) from None
+            raise CaseBusy.held(row.case_id) from None
         crash_point("repair-midway")
     return repaired

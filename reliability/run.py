@@ -64,17 +64,17 @@ POINTS = {
     ),
     "commit-before-decision": (
         "`resume`",
-        "before the decision insert: after the locked read and the stale check, before the "
-        "verdict and the writes (both databases, inside the commit's transaction)",
+        "before the decision insert: after the read and the stale check, before the verdict and the writes",
         "effects/services.py `effect_commit`",
         "Pending",
     ),
     "commit-after-decision": (
         "`resume`",
-        "inside the commit transaction, after the writes (the decision, effect, attempt and pending "
-        "review, one query string on PostgreSQL), before COMMIT",
+        "the verdict made and the rows to write built, before the write (on PostgreSQL the write is one "
+        "statement that commits as it ends, so no point lies between its rows and its commit; on SQLite "
+        "inside the commit's transaction)",
         "effects/services.py `effect_commit`",
-        "Pending (the transaction rolled back)",
+        "Pending (nothing written, or the transaction rolled back)",
     ),
     "commit-after-transaction": (
         "`resume`",
@@ -118,14 +118,14 @@ DURABILITY = (
     "What is flushed to disk before an answer: every commit that writes a decision, an effect or a "
     "pending review's completion waits for its WAL flush (PostgreSQL's `synchronous_commit`, on by "
     "default). A replay or a conflict writes nothing but its own attempt row (the audit of that click), "
-    "so its transaction turns `synchronous_commit` off for itself: its answer does not wait for the "
+    "so its write statement turns `synchronous_commit` off for its own transaction: its answer does not wait for the "
     "flush. The trade: if the PostgreSQL server itself crashes (not our process: the server, or the "
     "machine) within about three times `wal_writer_delay` (200 ms by default) of such an answer, that "
     "attempt row can be lost. The decision and the effect it reported were committed and flushed by the "
     "earlier commit, and are never at risk; nor is any database left inconsistent (PostgreSQL recovers to"
-    " a consistent point). Tested by tests/effects/test_commit_postgres.py (`SHOW synchronous_commit` "
-    "inside the commit transaction: `on` for a fresh decision and for a replay that completes a pending "
-    "review, `off` for a plain replay or conflict). docs/PERFORMANCE.md has what it buys. An attempt "
+    " a consistent point). Tested by tests/effects/test_commit_postgres.py (the write statement "
+    "sets `synchronous_commit` off for its own transaction only for a plain replay or conflict, never for "
+    "a fresh decision or a replay that completes a pending review; the session's own stays `on`). docs/PERFORMANCE.md has what it buys. An attempt "
     "row's case and reviewer are references the database does not check (effects migration 0009): "
     "recording an attempt takes no lock on them, so a refusal's row never waits behind the case lock it "
     "reports, and keeps its case. Django's `on_delete=PROTECT` still refuses to delete a case or a user "

@@ -97,20 +97,31 @@ def held_elsewhere(hold):
 
 
 def case_held_elsewhere(case_id: str):
-    """Another action in progress on the case: its case lock held in another thread.
+    """Another action in progress on the case, held in another thread.
 
-    On PostgreSQL that is ``case_lock`` itself (a transaction holding the case's advisory
-    lock). On SQLite only the case's file lock: any SQLite transaction also holds the whole
-    database's write lock, so the refused request could not record its attempt while a real
-    action runs, and these tests are about the case lock.
+    On PostgreSQL that is what an edit holds: ``case_lock`` itself (a transaction holding the
+    case's advisory lock) and the case row (``FOR NO KEY UPDATE``), which a commit's write
+    and a first begin's pointer wait for. On SQLite only the case's file lock: any SQLite
+    transaction also holds the whole database's write lock, so the refused request could not
+    record its attempt while a real action runs, and these tests are about the case lock.
     """
     from django.db import connection
 
     from core.locks import case_lock, named_lock
 
     if connection.vendor == "postgresql":
-        return held_elsewhere(lambda: case_lock(case_id, timeout=5))
+        return held_elsewhere(lambda: _edit_in_progress(case_id))
     return held_elsewhere(lambda: named_lock(f"case:{case_id}", what=f"case {case_id}", timeout=5))
+
+
+@contextmanager
+def _edit_in_progress(case_id: str):
+    from cases.models import Case
+    from core.locks import case_lock
+
+    with case_lock(case_id, timeout=5):
+        list(Case.objects.select_for_update(no_key=True).filter(case_id=case_id).values_list("pk"))
+        yield
 
 
 @contextmanager

@@ -1,11 +1,13 @@
 """Begin: run ``prepare`` and pause at the human step; record the pending review.
 
-One pending review per operation. A begin is one transaction that holds the case lock
-(``core.locks.case_lock``). A case's first begin, the common one, builds its prepared
-proposal here, runs the engine to the human step, and stores the proposal, the case's
-pointer to it, the pause checkpoint and the pending review together (``workflow.store``:
-one statement on PostgreSQL). Every other begin goes the general way: the engine's prepare
-step finds or makes the proposal through the ORM.
+One pending review per operation. A case's first begin, the common one, builds its
+prepared proposal here, runs the engine to the human step, and stores the proposal, the
+case's pointer to it, the pause checkpoint and the pending review together
+(``workflow.store``: one statement on PostgreSQL, all or nothing by itself, so there it
+takes no lock: it reads, runs and writes, and only a lost race on the pointer goes the
+careful way). Every other begin is one transaction that holds the case lock
+(``core.locks.case_lock``) and goes the general way: the engine's prepare step finds or
+makes the proposal through the ORM.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from typing import Any
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from agent_framework import WorkflowRunState
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from cases.models import Case
-from core.errors import DecisionflowError, WorkflowIncompatible
+from core.errors import CaseBusy, DecisionflowError, WorkflowIncompatible
 from core.faults import crash_point
 from core.locks import lock_not_available
 from effects.services import COMMITTED, DECLINED, operation_reconcile
+from effects.store import refused_by_server
 from engine.checkpoints import DatabaseCheckpointStorage, PauseBuffer, checkpoint_row, encode_checkpoint
 from engine.driver import run_on_caller
 from engine.graph import WORKFLOW_VERSION, Begin, build_workflow, review_request_id, run_workflow, status_name
@@ -37,10 +40,18 @@ from reviews.models import (
     ReviewDecision,
     WorkflowCheckpoint,
 )
-from reviews.notifications import notify
+from reviews.notifications import channels, notify
 from reviews.services import prepared_content
 from workflow.bind import bound_checkpoint
-from workflow.store import Opened, begin_transaction, first_begin_write, first_proposal_reserve
+from workflow.store import (
+    Opened,
+    begin_transaction,
+    first_begin_commits,
+    first_begin_read,
+    first_begin_scope,
+    first_begin_write,
+    first_proposal_reserve,
+)
 
 PAUSED = status_name(WorkflowRunState.IDLE_WITH_PENDING_REQUESTS)
 
@@ -213,6 +224,13 @@ def _pause_of_run(case: Case, state, requests: list, buffer: PauseBuffer) -> tup
     return operation_id, request, pause, payload
 
 
+def _answer_lost(case: Case, exc: DatabaseError) -> WorkflowIncompatible:
+    return WorkflowIncompatible(
+        f"begin: the answer to storing the pause of case {case.case_id} was lost ({type(exc).__name__}: {exc}); "
+        "it may have been recorded: run begin again, which finds it"
+    )
+
+
 def _not_stored(case: Case, exc: DatabaseError) -> WorkflowIncompatible:
     return WorkflowIncompatible(
         f"begin: the pause checkpoint for case {case.case_id} could not be stored ({type(exc).__name__}: "
@@ -229,11 +247,12 @@ def _begun_by(actor):
     return actor if getattr(actor, "is_authenticated", False) else None
 
 
-def _begin_first(case: Case, actor, channel: str, opened: Opened) -> BeginResult:
-    """The first begin of a case, inside the transaction that holds its lock: the proposal
-    is built here and asked about by the engine run as it is (no database work inside the
-    run), then stored with the pause and the pending review. ``_FirstBeginLost`` when the
-    case had a proposal after all (the transaction must roll back)."""
+def _begin_first(case: Case, actor, channel: str, opened: Opened, *, unlocked: bool = False) -> BeginResult:
+    """The first begin of a case: the proposal is built here and asked about by the engine
+    run as it is (no database work inside the run), then stored with the pause and the
+    pending review. ``_FirstBeginLost`` when the case had a proposal after all (nothing of
+    this begin stands, or its transaction must roll back). ``unlocked``: PostgreSQL, read
+    without the case lock and written as a transaction of its own."""
     content = prepared_content(case, evidence=opened.evidence, policy=opened.policy)
     proposal = Proposal(origin=Origin.PREPARED, parent=None, author=None, **content)
     if not first_proposal_reserve(case, proposal, opened):
@@ -256,19 +275,19 @@ def _begin_first(case: Case, actor, channel: str, opened: Opened) -> BeginResult
         begun_by=_begun_by(actor),
         begun_channel=str(channel)[:20],
     )
+    # Killed with everything of begin built and nothing of it committed (on PostgreSQL its
+    # write is one statement, a transaction of its own when begin took no lock).
+    crash_point("begin-during-checkpoint-save")
     try:
-        stored = first_begin_write(case, proposal, checkpoint, pending)
+        _proposal, pending = first_begin_write(case, proposal, checkpoint, pending)
     except IntegrityError as exc:
         raise _FirstBeginLost from exc
     except DatabaseError as exc:
         if lock_not_available(exc):
-            raise  # CaseBusy (case_lock), not a storage failure
+            raise  # CaseBusy, not a storage failure
+        if unlocked and first_begin_commits() and not refused_by_server(exc):
+            raise _answer_lost(case, exc) from exc
         raise _not_stored(case, exc) from exc
-    if stored is None:
-        raise _FirstBeginLost
-    # Killed with the pause checkpoint (and all of begin) written, not committed.
-    crash_point("begin-during-checkpoint-save")
-    _proposal, pending = stored
     notify(case=case, operation_id=operation_id, kind=NotificationKind.REVIEW_BEGUN)
     return BeginResult(PAUSED, operation_id, 1, pending, True)
 
@@ -294,15 +313,32 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
     ``WorkflowIncompatible`` if the pause could not be stored, and then nothing is
     recorded.
 
-    Transaction: its own, which holds the case lock for the whole run (``case_lock``;
-    ``CaseBusy`` after the decision lock timeout, for the lock or any row it waits for). A
-    first begin that meets a proposal written without the lock rolls back and runs once
-    more, the careful way. ``actor`` and ``channel`` are recorded on the pending review as
+    Transaction: on PostgreSQL, a case's first begin (without notifications to record)
+    takes no lock: one read, the engine run, and one write statement that commits as it
+    ends and writes nothing if another begin made the case's first proposal meanwhile.
+    Every other begin runs in a transaction of its own that holds the case lock for the
+    whole run (``case_lock``). Either way ``CaseBusy`` after the decision lock timeout, for
+    the lock or any row it waits for. A first begin that meets a proposal made by another
+    begin writes nothing and runs once more, the careful way, under the lock. ``actor`` and ``channel`` are recorded on the pending review as
     who began it and how; the proposal itself has no human author.
 
     Decided means decided: for a case whose current proposal is decided, begin writes
     nothing and returns its reconcile state as ``status``, with ``decision``.
     """
+    if _unlocked_first_begin(case):
+        opened = first_begin_read(case)
+        if opened is not None:
+            try:
+                with first_begin_scope():
+                    return _begin_first(case, actor, channel, opened, unlocked=True)
+            except _FirstBeginLost:
+                pass  # another begin made the case's first proposal: the careful way finds it
+            except OperationalError as exc:
+                if lock_not_available(exc):
+                    raise CaseBusy.held(case.case_id) from exc
+                raise
+        with begin_transaction(case) as opened:
+            return _begin(case, actor, channel, opened, careful=True)
     try:
         with begin_transaction(case) as opened:
             return _begin(case, actor, channel, opened, careful=False)
@@ -310,6 +346,13 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
         pass
     with begin_transaction(case) as opened:
         return _begin(case, actor, channel, opened, careful=True)
+
+
+def _unlocked_first_begin(case: Case) -> bool:
+    """Whether this begin may go without the case lock: PostgreSQL, a case with no proposal
+    yet (a first begin, which only the pointer's compare-and-swap can race), and no
+    notification to record, which must commit in one transaction with the pending review."""
+    return connection.vendor == "postgresql" and case.current_proposal_id is None and not channels()
 
 
 def _decided_begin(case: Case, *, refresh: bool = True) -> BeginResult | None:

@@ -1,41 +1,47 @@
-"""Begin's storage: the reads of a case under its lock, and the write of a first begin.
+"""Begin's storage: the reads of a case, and the write of a first begin.
 
 A case's first begin writes four rows that stand or fall together: the prepared proposal,
 the case's pointer to it (compare-and-swap from none), the pause checkpoint and the pending
 review. ``workflow/begin.py`` decides every rule and builds the rows as model instances;
-this module only reads and stores them, behind three functions that both databases
-implement:
+this module only reads and stores them, behind four functions:
 
+- ``first_begin_read(case)`` (PostgreSQL): what a first begin reads, with no lock and no
+  transaction of its own; None when the case has a proposal (that begin takes the lock).
 - ``begin_transaction(case)``: the transaction that holds the case lock, opened with the
   case's current proposal, policy and evidence, and for a case without a proposal the id
   its first proposal will have (PostgreSQL draws it from the table's sequence; SQLite has
   none until the insert).
 - ``first_proposal_reserve(case, proposal, opened)``: the proposal gets its id before the
   engine run asks about it (its review request names it). SQLite inserts it here.
-- ``first_begin_write(case, proposal, checkpoint, pending)``: the rest, or None when the
-  case had a proposal after all (written without the case lock): the caller rolls back.
+- ``first_begin_write(case, proposal, checkpoint, pending)``: the rest; ``IntegrityError``
+  when the case had a proposal after all, and then nothing of it stands.
 
 On PostgreSQL the write is one statement: the ORM's own INSERT of each instance
 (``core.statements.insert``: as ``save()`` sends them), joined as data-modifying CTEs with
 the pointer's UPDATE, so the four rows cost one round trip instead of four (measured: 1.35 ms
-against 2.41 ms for the four saves). The statement's text is built once per process; it is
-bound on the server, so psycopg may prepare it on a direct connection (core/poolers.py).
+against 2.41 ms for the four saves). The pending review takes its case from the pointer's
+UPDATE, so a pointer that did not move (another begin came first) leaves it NULL and the
+whole statement writes nothing: the statement is all or nothing by itself, so a first begin
+can send it as a transaction of its own (Django's autocommit), after a read that took no
+lock, and a lost race costs only the retry under the lock. The statements' texts are built
+once per process and bound on the server, so psycopg may prepare them on a direct connection
+(core/poolers.py).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Model
 
 from cases.models import Case, Policy
 from cases.selectors import evidence_rows, evidence_sql
 from core.errors import NotFound
-from core.locks import case_lock
+from core.locks import case_lock, decision_lock_timeout, lock_timeout_ms
 from core.statements import bound_cursor, insert, stored
 from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
 
@@ -59,16 +65,63 @@ def begin_transaction(case: Case) -> Iterator[Opened]:
     with case_lock(case.case_id, reads=reads) as (rows, evidence):
         if not rows:
             raise NotFound(f"case {case.case_id} does not exist")
-        current, name, label, parameters, proposal_pk = rows[0]
-        if case.current_proposal_id != current:
-            case.current_proposal_id = current  # the descriptor drops a cached proposal of another id
-        field = Policy._meta.get_field("parameters")
-        policy = {
-            "name": name,
-            "label": label,
-            "parameters": field.from_db_value(parameters, field.cached_col, connection),
-        }
-        yield Opened(current, policy, evidence_rows(evidence), proposal_pk)
+        current, policy_pk, name, label, parameters, proposal_pk = rows[0]
+        _follow(case, current, policy_pk)
+        yield Opened(current, _policy(name, label, parameters), evidence_rows(evidence), proposal_pk)
+
+
+def _follow(case: Case, current: int | None, policy_pk: int) -> None:
+    """The caller's case object follows the row read, as ``refresh_from_db`` would (each
+    descriptor drops a cached object of another id)."""
+    if case.current_proposal_id != current:
+        case.current_proposal_id = current
+    if case.policy_id != policy_pk:
+        case.policy_id = policy_pk
+
+
+def first_begin_read(case: Case) -> Opened | None:
+    """PostgreSQL: what a case's first begin reads (``begin_transaction``'s reads), in one
+    statement and one snapshot, with no lock and no transaction of its own; bound on the
+    server, so psycopg may prepare it. None when the case has a proposal or is gone: that
+    begin takes the case lock."""
+    with bound_cursor() as cursor:
+        cursor.execute(_first_read_sql(), [case.pk, case.pk, case.pk])
+        rows = cursor.fetchall()
+    if not rows or rows[0][0] is not None:
+        return None
+    _, policy_pk, name, label, parameters, proposal_pk = rows[0][:6]
+    _follow(case, None, policy_pk)
+    evidence = [row[6:] for row in rows if row[6] is not None]
+    return Opened(None, _policy(name, label, parameters), evidence_rows(evidence), proposal_pk)
+
+
+def first_begin_scope():
+    """What holds a first begin without the lock: nothing in Django's autocommit, where its
+    write is a transaction of its own (``first_begin_commits``); a savepoint inside a
+    caller's transaction, so that a write the pointer refused leaves that one usable."""
+    return transaction.atomic() if connection.in_atomic_block else nullcontext()
+
+
+def first_begin_commits() -> bool:
+    """Whether a first begin's write commits as it runs (no transaction is open around it):
+    a failure while it runs may then have been applied."""
+    return not connection.in_atomic_block
+
+
+@functools.cache
+def _first_read_sql() -> str:
+    """The case read and the evidence read as one statement: each evidence row carries the
+    case's columns (the case read is a CTE, so the sequence is drawn once)."""
+    columns = "kind, position, pk, source_id, version, quotation, finding, clause"
+    return (
+        f"WITH c AS ({_case_read_sql('postgresql')}) SELECT c.*, e.* FROM c "
+        f"LEFT JOIN ({evidence_sql()}) AS e({columns}) ON true ORDER BY e.kind, e.position, e.pk"
+    )
+
+
+def _policy(name: str, label: str, parameters) -> dict:
+    field = Policy._meta.get_field("parameters")
+    return {"name": name, "label": label, "parameters": field.from_db_value(parameters, field.cached_col, connection)}
 
 
 @functools.cache
@@ -89,7 +142,7 @@ def _case_read_sql(vendor: str) -> str:
     )
     columns = ", ".join(f"p.{_column(Policy, name)}" for name in ("name", "label", "parameters"))
     return (
-        f"SELECT c.{current}, {columns}, {drawn} FROM {qn(Case._meta.db_table)} c "
+        f"SELECT c.{current}, c.{_column(Case, 'policy')}, {columns}, {drawn} FROM {qn(Case._meta.db_table)} c "
         f"JOIN {qn(Policy._meta.db_table)} p ON p.{_column(Policy, 'pk')} = c.{_column(Case, 'policy')} "
         f"WHERE c.{_column(Case, 'pk')} = %s"
     )
@@ -118,11 +171,12 @@ def first_proposal_reserve(case: Case, proposal: Proposal, opened: Opened) -> bo
 
 def first_begin_write(
     case: Case, proposal: Proposal, checkpoint: WorkflowCheckpoint, pending: PendingReview
-) -> tuple[Proposal, PendingReview] | None:
-    """Store a first begin's rows; the stored proposal and pending review, or None when the
-    case had a proposal after all (the caller's transaction must then roll back). The
-    pending review keeps the pause checkpoint's time (``checkpoint_at``): the checkpoint
-    row itself may be pruned once the review is decided."""
+) -> tuple[Proposal, PendingReview]:
+    """Store a first begin's rows; the stored proposal and pending review. ``IntegrityError``
+    when the case had a proposal after all (PostgreSQL: nothing of the statement stands;
+    SQLite: the caller's transaction must roll back). The pending review keeps the pause
+    checkpoint's time (``checkpoint_at``): the checkpoint row itself may be pruned once the
+    review is decided."""
     if connection.vendor != "postgresql":
         checkpoint.save(force_insert=True)
         pending.checkpoint_at = checkpoint.created_at
@@ -130,22 +184,23 @@ def first_begin_write(
         return proposal, pending
     proposal_insert = insert(Proposal, with_pk=True, returning=False)
     pause_insert = insert(WorkflowCheckpoint, with_pk=checkpoint.pk is not None, returning=False)
-    pending_insert = insert(PendingReview)
-    params = [*proposal_insert.params_for(proposal), proposal.pk, case.pk, *pause_insert.params_for(checkpoint)]
+    pending_insert = insert(PendingReview, by_name=(("case_id", "pointer"),))
+    params = [*proposal_insert.params_for(proposal), proposal.pk, case.pk, case.policy_id]
+    params += pause_insert.params_for(checkpoint)
     pending.checkpoint_at = checkpoint.created_at  # set by the checkpoint's pre_save, just now
     params += pending_insert.params_for(pending)
-    # Data-modifying CTEs all run, whatever the final SELECT reads; the foreign keys are
-    # checked at the end of the statement, when every row is in.
+    # Data-modifying CTEs all run, whatever the final SELECT reads; it sets the lock timeout
+    # first (this transaction only), then reads the pending review, whose case comes from
+    # the pointer's UPDATE (the only part that can wait for a lock: the case row). The
+    # foreign keys are checked at the end of the statement, when every row is in.
     sql = (
-        f"WITH proposal AS ({proposal_insert.sql}), pointer AS ({_pointer_sql()} RETURNING 1), "
+        f"WITH proposal AS ({proposal_insert.sql}), pointer AS ({_pointer_sql()} RETURNING {_column(Case, 'pk')}), "
         f"pause AS ({pause_insert.sql}), pending AS ({pending_insert.sql}) "
-        "SELECT (SELECT * FROM pending), EXISTS (SELECT FROM pointer)"
+        "SELECT set_config('lock_timeout', %s, true), (SELECT * FROM pending)"
     )
     with bound_cursor() as cursor:
-        cursor.execute(sql, params)
-        pending_pk, moved = cursor.fetchone()
-    if not moved:
-        return None
+        cursor.execute(sql, [*params, f"{lock_timeout_ms(decision_lock_timeout())}ms"])
+        _, pending_pk = cursor.fetchone()
     pending.pk = pending_pk
     stored_proposal = stored(proposal)
     case.current_proposal = stored_proposal
@@ -163,6 +218,11 @@ def _pointer_update(case: Case, proposal: Proposal) -> int:
 
 @functools.cache
 def _pointer_sql() -> str:
-    """The compare-and-swap of a case's pointer, from none to its first proposal."""
+    """The compare-and-swap of a case's pointer, from none to its first proposal, while the
+    case is still on the policy the proposal was prepared under (a publish moves a case
+    without a proposal to the new version)."""
     current, table = _column(Case, "current_proposal"), connection.ops.quote_name(Case._meta.db_table)
-    return f"UPDATE {table} SET {current} = %s WHERE {_column(Case, 'pk')} = %s AND {current} IS NULL"
+    return (
+        f"UPDATE {table} SET {current} = %s "
+        f"WHERE {_column(Case, 'pk')} = %s AND {current} IS NULL AND {_column(Case, 'policy')} = %s"
+    )

@@ -344,7 +344,11 @@ def test_busy(case, reviewer, settings):
     from tests.conftest import case_held_elsewhere
     from workflow.selectors import decidable_operation_id
 
+    from reviews.services import proposal_create
+
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
+    # A proposal never begun: the decision must begin its review, under the case lock.
+    proposal_create(case=case)
     op = decidable_operation_id(case)
     with case_held_elsewhere(case.case_id), pytest.raises(CaseBusy):
         decide(case, op, reviewer)
