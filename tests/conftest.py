@@ -107,7 +107,7 @@ def case_held_elsewhere(case_id: str):
     """
     from django.db import connection
 
-    from core.locks import case_lock, named_lock
+    from core.locks import named_lock
 
     if connection.vendor == "postgresql":
         return held_elsewhere(lambda: _edit_in_progress(case_id))

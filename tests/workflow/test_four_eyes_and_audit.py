@@ -341,10 +341,9 @@ def test_checkpoint_refusals(case, begun, reviewer, breakage):
 
 def test_busy(case, reviewer, settings):
     from core.errors import CaseBusy
+    from reviews.services import proposal_create
     from tests.conftest import case_held_elsewhere
     from workflow.selectors import decidable_operation_id
-
-    from reviews.services import proposal_create
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
     # A proposal never begun: the decision must begin its review, under the case lock.
