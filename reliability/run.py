@@ -52,15 +52,15 @@ POOLER_MODES = ("transaction", "session")
 POINTS = {
     "begin-after-proposal": (
         "`begin`",
-        "inside begin's one transaction, after the proposal is made (SQLite: written; PostgreSQL's first begin: built, written later with the pause in one statement), before the pause and the pending review",
+        "after the proposal is made, before the pause and the pending review (SQLite: written inside begin's one transaction; PostgreSQL's first begin: built, written later with the pause in one statement that commits as it ends)",
         "engine/graph.py `_review_request`",
-        "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
+        "no operation: nothing written, or the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
     "begin-during-checkpoint-save": (
         "`begin`",
-        "inside begin's one transaction, the pause checkpoint inserted (PostgreSQL's first begin: with the proposal and the pending review, one statement), not committed",
+        "a first begin: the pause checkpoint built, just before the write that stores it (PostgreSQL: one statement with the proposal and the pending review, which commits as it ends; SQLite: inside begin's one transaction); the general way: inserted inside begin's one transaction, not committed",
         "engine/checkpoints.py `DatabaseCheckpointStorage.write` / workflow/begin.py `_begin_first`",
-        "no operation: the transaction rolled back (no proposal, no checkpoint, no pending review)",
+        "no operation: nothing written, or the transaction rolled back (no proposal, no checkpoint, no pending review)",
     ),
     "commit-before-decision": (
         "`resume`",

@@ -339,13 +339,16 @@ def test_409_workflow_incompatible_when_the_pause_fails_its_binding_check(api, b
 
 
 def test_409_case_busy_with_retry_after(api, case, settings):
-    """Another action holds the case (here: the review must be begun, and begin is locked out)."""
+    """Another action holds the case (here: the proposal was never begun, so the decision must
+    begin its review under the case lock, and that is held)."""
     import time
 
     from core.errors import CaseBusy
+    from reviews.services import proposal_create
     from tests.conftest import case_held_elsewhere
 
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.2
+    assert proposal_create(case=case).operation_id == DEMO_OP
     with case_held_elsewhere("T-1042"):
         before = full_snapshot()
         started = time.monotonic()

@@ -43,7 +43,7 @@ BEGIN_POINTS = ["begin-after-proposal", "begin-during-checkpoint-save"]
 # (point, what reconcile must say right after the crash for an approval)
 RESUME_POINTS = {
     "commit-before-decision": "Pending",  # killed before the decision insert
-    "commit-after-decision": "Pending",  # killed inside the transaction: it rolls back
+    "commit-after-decision": "Pending",  # killed with the rows built, before the write commits
     "commit-after-transaction": "Committed",  # killed after the commit, before the receipt
 }
 # The points a decline passes through: all three, since the decision, effect, attempt and
@@ -117,7 +117,8 @@ def test_crash_during_begin_then_reconcile_then_retry(point, reviewer_name):
         case = new_case("b")
         checkpoints = WorkflowCheckpoint.objects.count()
         crash(figures, "begin", case.case_id)
-        # Killed inside begin's one transaction: it rolled back whole. No proposal, no pause
+        # Killed before anything of begin committed (inside its one transaction, or before
+        # the one statement of a lock-free first begin): nothing stands. No proposal, no pause
         # checkpoint, no pending review, the case pointing at nothing; reconcile reports no
         # operation for the case, which is the truth.
         case.refresh_from_db()
