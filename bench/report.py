@@ -45,18 +45,21 @@ FINDINGS = {
         "per 4 KiB to encode."
     ),
     "commit_postgresql": (
-        "The commit is four round trips inside Django's `transaction.atomic(durable=True)` (effects/services.py "
-        "`effect_commit`, effects/store.py): psycopg's BEGIN; one query string with `SET LOCAL lock_timeout`, the "
-        "statement that locks the case row (`FOR NO KEY UPDATE`) with its proposal, and the read of the "
-        "standing decision with its effect and open pending review; Python decides the outcome (stale, "
-        "conflict, replay, new); one query string with every write (the decision and the effect as "
-        "write-once `INSERT ... ON CONFLICT DO NOTHING`, the delivery, the attempt row, the pending review "
-        "completed); COMMIT. The baseline takes four too (psycopg's BEGIN, two inserts, COMMIT). Nothing is "
-        "prepared, so that a pooler in transaction mode works: every statement is parsed and planned on each "
-        "call, which is most of what separates it from raw. The rest is the database work the guarantees "
-        "need: the case row lock, the lock timeout and the append-only attempt row (every click is "
-        'history; four indexes, its case and reviewer unchecked references). The "ORM floor" row (the same two '
-        "inserts through `objects.create`) reaches {orm_postgresql} of raw, for comparison."
+        "The commit is two round trips, each statement a transaction of its own in Django's autocommit "
+        "(effects/services.py `effect_commit`, effects/store.py): one read (the case, the proposal, the "
+        "standing decision with its reviewer, whether its effect and an open pending review exist); "
+        "Python decides the outcome (stale, conflict, replay, new); one statement with every write (a "
+        "guard that locks the case row `FOR NO KEY UPDATE` only while its current proposal is the one "
+        "read, the decision, the effect, the delivery, the attempt row, the pending review completed), "
+        "which sets its own lock timeout and commits as it ends. The baseline takes four (psycopg's "
+        "BEGIN, two inserts, COMMIT). Both statements are bound on the server, so psycopg prepares them "
+        "on a direct connection (`DATABASE_PREPARE_THRESHOLD`; off behind a pooler). What separates it "
+        "from raw is client CPU (about 1 ms per commit: the rows read back as models, the new rows built "
+        "as models and their parameters through the fields' own `get_db_prep_save`) and the database work"
+        " the guarantees need: the case row lock, the lock timeout and the append-only attempt row (every"
+        ' click is history; four indexes, its case and reviewer unchecked references). The "ORM floor" '
+        "row (the same two inserts through `objects.create`) reaches {orm_postgresql} of raw, for "
+        "comparison."
     ),
     "commit_concurrent": (
         "With 8 processes on 2 cores both sides are CPU-bound (the server's backends and the clients share "
@@ -64,11 +67,11 @@ FINDINGS = {
         "trips matter most here: each one is a send, a wake-up of the server and a wake-up of the client."
     ),
     "replay_postgresql": (
-        "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush. A "
-        "replay through `effect_commit` is the same four round trips as a first commit and appends a "
-        "CommitAttempt row (outcome `replay`) by design. That row is all it writes, so its transaction "
-        "turns `synchronous_commit` off for itself (`SET LOCAL`, in the query string of its writes) "
-        "and does not wait for the WAL flush; a fresh decision or effect always does. The trade: a replay's "
+        "The baseline's replay is two statements that write nothing, so its COMMIT has nothing to flush. "
+        "A replay through `effect_commit` is the same two round trips as a first commit and appends a "
+        "CommitAttempt row (outcome `replay`) by design. That row is all it writes, so its write "
+        "statement turns `synchronous_commit` off for its own transaction (`set_config(…, true)`) and "
+        "does not wait for the WAL flush; a fresh decision or effect always does. The trade: a replay's "
         "audit row can be lost if the PostgreSQL server crashes within ~3 × `wal_writer_delay` of the "
         "answer; the decision and effect are never at risk (docs/RELIABILITY.md)."
     ),
@@ -94,11 +97,13 @@ FINDINGS = {
         "tests/bench/test_resume_floor.py compares the floor's decision and effect with `effect_commit`'s."
     ),
     "begin_postgresql": (
-        "Begin = `proposal_create` plus one engine run to the human step, in one transaction with the one "
-        "checkpoint row it writes (the pause; the engine's other checkpoints of the run stay in memory) and "
-        "the pending review row: the case read once, its passages and findings in one query, the first "
-        "proposal inserted without a savepoint, the pause encoded once. The peer's begin does no database "
-        "work of its own in `prepare`."
+        "Begin = `proposal_create` plus one engine run to the human step, with the one checkpoint row it "
+        "writes (the pause; the engine's other checkpoints of the run stay in memory) and the pending "
+        "review row. A case's first begin on PostgreSQL takes no lock: one statement reads the case, its "
+        "policy and its evidence and draws the first proposal's id; the engine runs; one statement writes"
+        " the proposal, the case's pointer (compare-and-swap), the pause and the pending review, and "
+        "commits as it ends. Two round trips, both statements prepared by psycopg on a direct connection."
+        " The peer's begin does no database work of its own in `prepare`."
     ),
     "process_start": (
         "Profiled with `python -X importtime`: `resume` runs the workflow, so its module imports "

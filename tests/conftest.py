@@ -124,6 +124,21 @@ def _edit_in_progress(case_id: str):
         yield
 
 
+def pending_review_of(proposal):
+    """A pending review of ``proposal``'s operation, as a begin records it (without a real
+    pause checkpoint: for the commit, which only completes it)."""
+    from reviews.models import PendingReview
+
+    return PendingReview.objects.create(
+        case=proposal.case,
+        proposal=proposal,
+        operation_id=proposal.operation_id,
+        workflow_session_id="session-1",
+        checkpoint_id="checkpoint-1",
+        workflow_version="test",
+    )
+
+
 @contextmanager
 def commit_lost(*, times: int | None = None):
     """The connection drops just as a decision's commit goes out, ``times`` times (None: every

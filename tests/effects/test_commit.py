@@ -9,7 +9,7 @@ from effects.models import CommitAttempt, EffectRecord
 from effects.services import effect_commit
 from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_revise
-from tests.conftest import commit_lost
+from tests.conftest import commit_lost, pending_review_of
 
 
 def written():
@@ -123,17 +123,6 @@ def fail_at(monkeypatch, point):
     monkeypatch.setattr(services, "crash_point", crash_point)
 
 
-def pending_review(proposal):
-    return PendingReview.objects.create(
-        case=proposal.case,
-        proposal=proposal,
-        operation_id=proposal.operation_id,
-        workflow_session_id="session-1",
-        checkpoint_id="checkpoint-1",
-        workflow_version="test",
-    )
-
-
 @pytest.mark.parametrize(
     "point, decided, outcome, status",
     [
@@ -147,7 +136,7 @@ def pending_review(proposal):
 def test_a_failure_at_each_crash_point_rolls_back_or_has_committed(
     proposal, reviewer, monkeypatch, point, decided, outcome, status
 ):
-    pending = pending_review(proposal)
+    pending = pending_review_of(proposal)
     fail_at(monkeypatch, point)
     with pytest.raises(RuntimeError, match=point):
         effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
@@ -158,7 +147,7 @@ def test_a_failure_at_each_crash_point_rolls_back_or_has_committed(
 
 
 def test_the_pending_review_is_completed_with_the_commit(proposal, reviewer, make_user):
-    pending = pending_review(proposal)
+    pending = pending_review_of(proposal)
     before = pending.updated_at
     effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     pending.refresh_from_db()
@@ -174,7 +163,7 @@ def test_the_pending_review_is_completed_with_the_commit(proposal, reviewer, mak
 def test_a_conflict_completes_a_pending_review_left_pending(proposal, reviewer, make_user, approved):
     # e.g. the decision came in through another path that did not complete the pause.
     effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
-    pending = pending_review(proposal)
+    pending = pending_review_of(proposal)
     result = effect_commit(operation_id=proposal.operation_id, approved=not approved, reviewer=make_user("other"))
     assert result.status == "ConflictingDecision"
     pending.refresh_from_db()
@@ -182,7 +171,7 @@ def test_a_conflict_completes_a_pending_review_left_pending(proposal, reviewer, 
 
 
 def test_a_stale_refusal_leaves_the_pending_review_alone(proposal, reviewer):
-    pending = pending_review(proposal)
+    pending = pending_review_of(proposal)
     proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer)
     with pytest.raises(StaleProposal):
         effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)

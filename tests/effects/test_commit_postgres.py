@@ -23,7 +23,7 @@ from effects.models import CommitAttempt, EffectRecord
 from effects.services import attempt_record, effect_commit, reviewer_check
 from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_revise
-from tests.conftest import database_url
+from tests.conftest import database_url, pending_review_of
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -260,14 +260,7 @@ def test_a_first_decision_and_a_replay_that_completes_a_pending_review_are_flush
     with CaptureQueriesContext(connection) as log:
         effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
         # A pending review left pending by another path: the replay completes it, a state change.
-        pending = PendingReview.objects.create(
-            case=proposal.case,
-            proposal=proposal,
-            operation_id=proposal.operation_id,
-            workflow_session_id="s",
-            checkpoint_id="c",
-            workflow_version="test",
-        )
+        pending = pending_review_of(proposal)
         assert effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer).replay
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.COMPLETED
@@ -306,14 +299,7 @@ def case_row_locked(case_pk: int, mode: str):
 @pytest.mark.parametrize("mode", ["FOR UPDATE", "FOR NO KEY UPDATE"])
 def test_a_locked_case_row_answers_case_busy_then_commits(proposal, reviewer, settings, mode):
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.5
-    pending = PendingReview.objects.create(
-        case=proposal.case,
-        proposal=proposal,
-        operation_id=proposal.operation_id,
-        workflow_session_id="s",
-        checkpoint_id="c",
-        workflow_version="test",
-    )
+    pending = pending_review_of(proposal)
     with case_row_locked(proposal.case_id, mode):
         started = time.monotonic()
         with pytest.raises(CaseBusy) as busy:

@@ -19,7 +19,7 @@ from effects.services import _effect_fields, effect_commit
 from effects.store import PostgresCommitStore, SqliteCommitStore, Writes, commit_store
 from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_create, proposal_revise
-from tests.conftest import race
+from tests.conftest import pending_review_of, race
 
 HELPDESK = "http://127.0.0.1:9/helpdesk"
 
@@ -34,14 +34,7 @@ def rows() -> tuple[int, int, int]:
 
 @pytest.fixture
 def pending(proposal):
-    return PendingReview.objects.create(
-        case=proposal.case,
-        proposal=proposal,
-        operation_id=proposal.operation_id,
-        workflow_session_id="s",
-        checkpoint_id="c",
-        workflow_version="test",
-    )
+    return pending_review_of(proposal)
 
 
 @pytest.fixture
