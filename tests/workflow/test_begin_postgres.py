@@ -210,18 +210,21 @@ def test_a_first_begin_that_loses_the_pointer_writes_nothing_and_finds_the_winne
     pause), and the careful way under the lock reports the winner's pending review."""
     case = fresh_case(t1042_data, "T-LOSE")
     real = engine._review_request
-    won = []
+    won, failed, started = [], [], []
 
     def begin_elsewhere():
         from cases.models import Case
 
         try:
             won.append(review_begin(case=Case.objects.get(pk=case.pk)))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
         finally:
             connections.close_all()
 
     def another_begin_first(message, case_, proposal):
-        if not won:
+        if not started:  # once: the other begin's own engine run comes through here too
+            started.append(True)
             # On another connection, while this begin's engine runs (the engine's loop is
             # async: the other begin needs a thread of its own).
             other = threading.Thread(target=begin_elsewhere)
@@ -232,6 +235,7 @@ def test_a_first_begin_that_loses_the_pointer_writes_nothing_and_finds_the_winne
     monkeypatch.setattr(engine, "_review_request", another_begin_first)
     lost = review_begin(case=case)
     monkeypatch.undo()
+    assert failed == [] and len(won) == 1, (failed, won)
     assert (won[0].created, lost.created) == (True, False)
     assert lost.operation_id == won[0].operation_id
     assert rows() == (1, 1, 1)
