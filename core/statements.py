@@ -11,14 +11,18 @@ What the commit's store (effects/store.py) and begin's store (workflow/store.py)
   can prepare the statement (core/poolers.py says when it may).
 - ``loaded(model, values)`` and ``stored(obj, pk)``: rows as the ORM loads them
   (``Model.from_db``).
+- ``statement_scope()``, ``statement_commits()`` and ``refused_by_server(exc)``: a write that
+  is one statement, all or nothing by itself, runs as a transaction of its own in Django's
+  autocommit, or in a savepoint of a caller's transaction; what a failure of it means.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import cache
 from typing import Any, TypeVar, cast
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery
@@ -93,3 +97,24 @@ def stored(obj: M, pk: Any = None) -> M:
     if pk is not None:
         values[type(obj)._meta.pk.attname] = pk
     return loaded(type(obj), values)
+
+
+def statement_scope(*, durable: bool = False):
+    """What holds a read and the one statement that writes after it: nothing in Django's
+    autocommit, where each is a transaction of its own (``statement_commits``); a savepoint
+    inside a caller's transaction, so that a write a key refused leaves that one usable."""
+    return transaction.atomic(durable=durable) if connection.in_atomic_block else nullcontext()
+
+
+def statement_commits() -> bool:
+    """Whether a statement sent now commits as it ends (no transaction is open around it):
+    a failure while it runs may then have been applied."""
+    return not connection.in_atomic_block
+
+
+def refused_by_server(exc: BaseException) -> bool:
+    """Whether a database error is the server refusing a statement (its transaction then
+    rolled back) rather than a connection lost or a server going down (SQLSTATE classes 08
+    and 57), after which a statement that commits as it runs may have been applied."""
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] not in ("08", "57")

@@ -34,10 +34,10 @@ from core.faults import crash_point
 from core.locks import decision_lock_timeout, lock_timeout_ms
 from core.observability import commit_observed
 from core.outcomes import OperationState, ReceiptStatus
-from core.statements import stored
+from core.statements import refused_by_server, stored
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
-from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store, refused_by_server
+from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
 from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision, SystemActor
 

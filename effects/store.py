@@ -16,7 +16,7 @@ write are the same.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol, cast
@@ -30,7 +30,7 @@ from django.db.models.sql import Query, UpdateQuery
 
 from cases.models import Case
 from core.locks import lock_not_available
-from core.statements import bound_cursor, insert, loaded
+from core.statements import bound_cursor, insert, loaded, statement_commits, statement_scope
 from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
@@ -308,14 +308,6 @@ def _moved_on(exc: IntegrityError) -> bool:
     )
 
 
-def refused_by_server(exc: BaseException) -> bool:
-    """Whether a database error is the server refusing a statement (its transaction then
-    rolled back) rather than a connection lost or a server going down (SQLSTATE classes 08
-    and 57), after which a statement that commits as it runs may have been applied."""
-    sqlstate = getattr(exc.__cause__, "sqlstate", None)
-    return isinstance(sqlstate, str) and sqlstate[:2] not in ("08", "57")
-
-
 def _nothing_written() -> Written:
     """The answer of a write that wrote nothing; in a transaction, it must roll back too."""
     if connection.in_atomic_block:
@@ -346,10 +338,10 @@ class PostgresCommitStore(_Store):
     them. Inside a caller's transaction (repair, a test's) both run in a savepoint of it."""
 
     def transaction(self, *, durable: bool = True):
-        return transaction.atomic(durable=durable) if connection.in_atomic_block else nullcontext()
+        return statement_scope(durable=durable)
 
     def write_commits(self) -> bool:
-        return not connection.in_atomic_block
+        return statement_commits()
 
     def write(self, writes: Writes, *, lock_timeout_ms: int) -> Written:
         new_decision, new_effect = writes.decision is not None, writes.effect is not None

@@ -25,8 +25,8 @@ from cases.models import Case
 from core.errors import CaseBusy, DecisionflowError, WorkflowIncompatible
 from core.faults import crash_point
 from core.locks import lock_not_available
+from core.statements import refused_by_server, statement_commits, statement_scope
 from effects.services import COMMITTED, DECLINED, operation_reconcile
-from effects.store import refused_by_server
 from engine.checkpoints import DatabaseCheckpointStorage, PauseBuffer, checkpoint_row, encode_checkpoint
 from engine.driver import run_on_caller
 from engine.graph import WORKFLOW_VERSION, Begin, build_workflow, review_request_id, run_workflow, status_name
@@ -46,9 +46,7 @@ from workflow.bind import bound_checkpoint
 from workflow.store import (
     Opened,
     begin_transaction,
-    first_begin_commits,
     first_begin_read,
-    first_begin_scope,
     first_begin_write,
     first_proposal_reserve,
 )
@@ -247,12 +245,11 @@ def _begun_by(actor):
     return actor if getattr(actor, "is_authenticated", False) else None
 
 
-def _begin_first(case: Case, actor, channel: str, opened: Opened, *, unlocked: bool = False) -> BeginResult:
+def _begin_first(case: Case, actor, channel: str, opened: Opened) -> BeginResult:
     """The first begin of a case: the proposal is built here and asked about by the engine
     run as it is (no database work inside the run), then stored with the pause and the
     pending review. ``_FirstBeginLost`` when the case had a proposal after all (nothing of
-    this begin stands, or its transaction must roll back). ``unlocked``: PostgreSQL, read
-    without the case lock and written as a transaction of its own."""
+    this begin stands, or its transaction must roll back)."""
     content = prepared_content(case, evidence=opened.evidence, policy=opened.policy)
     proposal = Proposal(origin=Origin.PREPARED, parent=None, author=None, **content)
     if not first_proposal_reserve(case, proposal, opened):
@@ -285,7 +282,7 @@ def _begin_first(case: Case, actor, channel: str, opened: Opened, *, unlocked: b
     except DatabaseError as exc:
         if lock_not_available(exc):
             raise  # CaseBusy, not a storage failure
-        if unlocked and first_begin_commits() and not refused_by_server(exc):
+        if statement_commits() and not refused_by_server(exc):  # the write was its own transaction
             raise _answer_lost(case, exc) from exc
         raise _not_stored(case, exc) from exc
     notify(case=case, operation_id=operation_id, kind=NotificationKind.REVIEW_BEGUN)
@@ -319,8 +316,9 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
     Every other begin runs in a transaction of its own that holds the case lock for the
     whole run (``case_lock``). Either way ``CaseBusy`` after the decision lock timeout, for
     the lock or any row it waits for. A first begin that meets a proposal made by another
-    begin writes nothing and runs once more, the careful way, under the lock. ``actor`` and ``channel`` are recorded on the pending review as
-    who began it and how; the proposal itself has no human author.
+    begin writes nothing and runs once more, the careful way, under the lock. ``actor`` and
+    ``channel`` are recorded on the pending review as who began it and how; the proposal
+    itself has no human author.
 
     Decided means decided: for a case whose current proposal is decided, begin writes
     nothing and returns its reconcile state as ``status``, with ``decision``.
@@ -329,8 +327,8 @@ def review_begin(*, case: Case, actor=None, channel: str = Channel.SERVICE) -> B
         opened = first_begin_read(case)
         if opened is not None:
             try:
-                with first_begin_scope():
-                    return _begin_first(case, actor, channel, opened, unlocked=True)
+                with statement_scope():
+                    return _begin_first(case, actor, channel, opened)
             except _FirstBeginLost:
                 pass  # another begin made the case's first proposal: the careful way finds it
             except OperationalError as exc:

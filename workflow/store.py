@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection
 from django.db.models import Model
 
 from cases.models import Case, Policy
@@ -93,19 +93,6 @@ def first_begin_read(case: Case) -> Opened | None:
     _follow(case, None, policy_pk)
     evidence = [row[6:] for row in rows if row[6] is not None]
     return Opened(None, _policy(name, label, parameters), evidence_rows(evidence), proposal_pk)
-
-
-def first_begin_scope():
-    """What holds a first begin without the lock: nothing in Django's autocommit, where its
-    write is a transaction of its own (``first_begin_commits``); a savepoint inside a
-    caller's transaction, so that a write the pointer refused leaves that one usable."""
-    return transaction.atomic() if connection.in_atomic_block else nullcontext()
-
-
-def first_begin_commits() -> bool:
-    """Whether a first begin's write commits as it runs (no transaction is open around it):
-    a failure while it runs may then have been applied."""
-    return not connection.in_atomic_block
 
 
 @functools.cache
