@@ -22,12 +22,19 @@ from contextlib import nullcontext
 from functools import cache
 from typing import Any, TypeVar, cast
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Model
 from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery
 
 M = TypeVar("M", bound=Model)
+
+
+def database():
+    """The default database's connection itself. ``django.db.connection`` is a proxy: each
+    attribute read through it is a lookup in asgiref's ``Local`` (about 1.5 µs), and the
+    values of one commit's rows pass it some thirty times (docs/PERFORMANCE.md)."""
+    return connections[DEFAULT_DB_ALIAS]
 
 
 class Insert:
@@ -55,12 +62,12 @@ class Insert:
 
     def params_for(self, obj: Model) -> list:
         """``obj``'s values as ``save()`` sends them (``pre_save`` fills the timestamps)."""
-        params = []
+        params, db = [], database()
         for field in self.values:
             value = field.pre_save(obj, add=True)
             if hasattr(value, "resolve_expression"):
                 raise ValueError(f"the insert of {type(obj).__name__}.{field.attname} takes a value, not an expression")
-            params.append(field.get_db_prep_save(value, connection=connection))
+            params.append(field.get_db_prep_save(value, connection=db))
         return params
 
 
@@ -74,21 +81,22 @@ def bound_cursor():
     every cursor) whose parameters are bound on the server on PostgreSQL: Django's own
     ``ServerBindingCursor``, which is what lets psycopg prepare a statement. Django's own
     queries stay client-side. Elsewhere, Django's own cursor."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
+    db = database()
+    if db.vendor != "postgresql":
+        return db.cursor()
     from django.db.backends.postgresql.base import ServerBindingCursor  # psycopg: PostgreSQL only
 
-    connection.ensure_connection()
-    wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+    db.ensure_connection()
+    wrap = db.make_debug_cursor if db.queries_logged else db.make_cursor
     # The stubs know Django's cursor classes only through its wrappers.
-    return wrap(cast(Any, ServerBindingCursor)(connection.connection))
+    return wrap(cast(Any, ServerBindingCursor)(db.connection))
 
 
 def loaded(model: type[M], values: dict[str, Any]) -> M:
     """A model instance of a row read from the database (``from_db`` takes the values in the
     model's own field order; the fields not given are deferred)."""
     names = [f.attname for f in model._meta.concrete_fields if f.attname in values]
-    return model.from_db(connection.alias, names, [values[name] for name in names])
+    return model.from_db(DEFAULT_DB_ALIAS, names, [values[name] for name in names])
 
 
 def stored(obj: M, pk: Any = None) -> M:
@@ -103,13 +111,13 @@ def statement_scope(*, durable: bool = False):
     """What holds a read and the one statement that writes after it: nothing in Django's
     autocommit, where each is a transaction of its own (``statement_commits``); a savepoint
     inside a caller's transaction, so that a write a key refused leaves that one usable."""
-    return transaction.atomic(durable=durable) if connection.in_atomic_block else nullcontext()
+    return transaction.atomic(durable=durable) if database().in_atomic_block else nullcontext()
 
 
 def statement_commits() -> bool:
     """Whether a statement sent now commits as it ends (no transaction is open around it):
     a failure while it runs may then have been applied."""
-    return not connection.in_atomic_block
+    return not database().in_atomic_block
 
 
 def refused_by_server(exc: BaseException) -> bool:
