@@ -433,3 +433,19 @@ def test_a_lock_wait_inside_the_writes_is_case_busy_too(proposal, reviewer, make
     assert (attempt.outcome, attempt.reason) == ("refused", "busy")
     result = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     assert result.receipt() == {"Status": "Committed", "Replay": False, "EffectCount": 1}
+
+
+def test_the_bound_cursor_is_kept_for_its_connection_and_replaced_with_it(proposal, reviewer):
+    # One psycopg cursor carries the thread's bound statements (its dumpers and loaders stay
+    # looked up); a new connection gets a new cursor, and the commit works on it.
+    from core.statements import bound_cursor
+
+    with bound_cursor() as first:
+        kept = first.cursor
+    with bound_cursor() as second:
+        assert second.cursor is kept and not kept.closed
+    connection.close()
+    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    with bound_cursor() as third:
+        assert third.cursor is not kept and third.cursor.connection is connection.connection
+    assert EffectRecord.objects.filter(operation_id=proposal.operation_id).count() == 1
