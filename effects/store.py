@@ -30,7 +30,7 @@ from django.db.models.sql import Query, UpdateQuery
 
 from cases.models import Case
 from core.locks import lock_not_available
-from core.statements import bound_cursor, insert, loaded, statement_commits, statement_scope
+from core.statements import bound_cursor, database, insert, loaded, statement_commits, statement_scope
 from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import PendingReview, Proposal, ReviewDecision
@@ -211,13 +211,19 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
     if writes.complete_pending:
         completion = _completion()
         parts.append(("completion", completion.sql, completion.params_for({_OPERATION: writes.attempt.operation_id})))
-    answers = ["set_config('lock_timeout', %s, true)"]
-    answers += [f"(SELECT id FROM {name})" for name, _, _ in parts if name in ("decision", "effect")]
-    if not writes.flush:
-        answers.append("set_config('synchronous_commit', 'off', true)")
-    body = ", ".join(f"{name} AS ({sql})" for name, sql, _ in parts)
     params = [p for _, _, part in parts for p in part]
-    return f"WITH {body} SELECT {', '.join(answers)}", [*params, timeout]
+    return _joined(tuple((name, sql) for name, sql, _ in parts), writes.flush), [*params, timeout]
+
+
+@cache
+def _joined(parts: tuple[tuple[str, str], ...], flush: bool) -> str:
+    """The write's text for one shape of parts: joined once, the same string every time."""
+    answers = ["set_config('lock_timeout', %s, true)"]
+    answers += [f"(SELECT id FROM {name})" for name, _ in parts if name in ("decision", "effect")]
+    if not flush:
+        answers.append("set_config('synchronous_commit', 'off', true)")
+    body = ", ".join(f"{name} AS ({sql})" for name, sql in parts)
+    return f"WITH {body} SELECT {', '.join(answers)}"
 
 
 _PROPOSAL = ["id", "case_id", "operation_id", "action", "body", "evidence_id", "passages", "policy_id"]
@@ -415,5 +421,9 @@ def _rows(writes: Writes) -> Iterator[Model]:
             yield Delivery(**delivery_fields(writes.effect))
 
 
+# The stores hold no state: one of each serves every commit.
+_STORES: dict[str, CommitStore] = {"postgresql": PostgresCommitStore(), "sqlite": SqliteCommitStore()}
+
+
 def commit_store() -> CommitStore:
-    return PostgresCommitStore() if connection.vendor == "postgresql" else SqliteCommitStore()
+    return _STORES["postgresql" if database().vendor == "postgresql" else "sqlite"]
