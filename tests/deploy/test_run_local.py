@@ -71,7 +71,16 @@ def test_make_run_starts_the_helpdesk_and_a_worker_and_ctrl_c_stops_everything(t
     )
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     proc = subprocess.Popen(
-        [str(SCRIPT)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        [str(SCRIPT)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        # As a terminal starts it: Ctrl-C delivered. A suite started in the background of a
+        # script (`make test &`) inherits SIGINT ignored, and an ignored signal stays ignored
+        # across exec, so neither bash's trap nor runserver would ever see it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     out: list[str] = []
     try:
