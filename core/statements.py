@@ -91,8 +91,8 @@ def bound_cursor():
     On PostgreSQL the psycopg cursor is kept for the thread's connection and used again by
     the next statement: a psycopg cursor looks up a dumper for each parameter type and a
     loader for each column type once and keeps them, so a fresh cursor per statement looks
-    them all up again (a commit's read and write: 182 µs of client CPU on fresh cursors, 113–
-    132 µs on a kept one; docs/PERFORMANCE.md). A new connection gets a new cursor."""
+    them all up again (the commit's read, sent twice: 182 µs of client CPU on fresh cursors,
+    113–132 µs on a kept one; docs/PERFORMANCE.md). A new connection gets a new cursor."""
     db = database()
     if db.vendor != "postgresql":
         return db.cursor()
