@@ -422,8 +422,8 @@ def _rows(writes: Writes) -> Iterator[Model]:
 
 
 # The stores hold no state: one of each serves every commit.
-_STORES: dict[str, CommitStore] = {"postgresql": PostgresCommitStore(), "sqlite": SqliteCommitStore()}
+_POSTGRES, _SQLITE = PostgresCommitStore(), SqliteCommitStore()
 
 
 def commit_store() -> CommitStore:
-    return _STORES["postgresql" if database().vendor == "postgresql" else "sqlite"]
+    return _POSTGRES if database().vendor == "postgresql" else _SQLITE

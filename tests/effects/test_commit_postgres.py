@@ -18,6 +18,7 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from core.errors import CaseBusy, StaleProposal
+from core.statements import bound_cursor
 from effects import services
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import attempt_record, effect_commit, reviewer_check
@@ -438,8 +439,6 @@ def test_a_lock_wait_inside_the_writes_is_case_busy_too(proposal, reviewer, make
 def test_the_bound_cursor_is_kept_for_its_connection_and_replaced_with_it(proposal, reviewer):
     # One psycopg cursor carries the thread's bound statements (its dumpers and loaders stay
     # looked up); a new connection gets a new cursor, and the commit works on it.
-    from core.statements import bound_cursor
-
     with bound_cursor() as first:
         kept = first.cursor
     with bound_cursor() as second:
