@@ -53,8 +53,10 @@ SCALES = {
 BRIDGES = ("driver", "asgiref")  # timed; asyncio.run is only probed (asyncio_run_probe)
 MEASURES = ("run_1", "run_10", "begin", "resume")
 CPU = tuple(f"{m}_cpu" for m in MEASURES)
-# Every place a workflow run starts or one of its steps crosses to the ORM.
-RUN_SITES = ("workflow.begin", "workflow.answer")
+# Every place a workflow run starts or one of its steps crosses to the ORM: begin's run, the
+# answered run (stepped by its host, ``hosted``), and the steps' crossings.
+RUN_SITES = ("workflow.begin",)
+HOST_SITES = ("workflow.answer",)
 CALL_SITES = ("engine.graph", "engine.checkpoints")
 UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
 
@@ -82,21 +84,44 @@ async def _direct_call(fn, /, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-def _bridge(name: str) -> tuple[Callable, Callable]:
-    if name == "driver":
-        from engine.driver import on_caller, run_on_caller
+class _RanWhole:
+    """A bridge's run in ``driver.hosted``'s place: run whole as its block begins, every call
+    made by the bridge itself, so its host is handed none."""
 
-        return run_on_caller, on_caller
+    def __init__(self, result):
+        self._result = result
+
+    def next_call(self):
+        return None
+
+    def finish(self):
+        return self._result
+
+
+def _hosting(run: Callable) -> Callable:
+    @contextlib.contextmanager
+    def hosted(coroutine_fn, /, *args, **kwargs):
+        yield _RanWhole(run(coroutine_fn, *args, **kwargs))
+
+    return hosted
+
+
+def _bridge(name: str) -> tuple[Callable, Callable, Callable]:
+    if name == "driver":
+        from engine.driver import hosted, on_caller, run_on_caller
+
+        return run_on_caller, on_caller, hosted
     if name == "asgiref":
-        return _asgiref_run, _asgiref_call
-    return _asyncio_run, _direct_call
+        return _asgiref_run, _asgiref_call, _hosting(_asgiref_run)
+    return _asyncio_run, _direct_call, _hosting(_asyncio_run)
 
 
 @contextlib.contextmanager
 def bridged(name: str, *, unsafe: bool = True) -> Iterator[tuple[Callable, Callable]]:
     """The product's crossing points use bridge ``name`` inside this block."""
-    run, call = _bridge(name)
+    run, call, host = _bridge(name)
     patched = [(importlib.import_module(m), "run_on_caller", run) for m in RUN_SITES]
+    patched += [(importlib.import_module(m), "hosted", host) for m in HOST_SITES]
     patched += [(importlib.import_module(m), "on_caller", call) for m in CALL_SITES]
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in patched]
     flag = os.environ.get(UNSAFE)

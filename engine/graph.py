@@ -284,5 +284,5 @@ del _GRAPH
 
 
 async def run_workflow(workflow, **kwargs):
-    """``workflow.run`` as a coroutine function, for ``driver.run_on_caller``."""
+    """``workflow.run`` as a coroutine function, for ``driver.hosted`` and ``driver.run_on_caller``."""
     return await workflow.run(**kwargs)

@@ -14,16 +14,17 @@ A decision, in order, on one screen:
    and it must hold exactly one pending request, for this case and this operation, from
    this workflow version and graph, and nothing else in flight. Otherwise the resume is
    refused (``WorkflowIncompatible``) and nothing runs.
-4. One engine run, one sync-to-async crossing: ``run(checkpoint_id=…, responses=…)``
-   restores the bound checkpoint and answers it; its commit step calls ``effect_commit``
-   with the reviewer the channel authenticated. ``effect_commit`` takes the case row lock
-   (bounded by ``lock_timeout``: ``CaseBusy``), writes in one statement and marks the
-   pending review completed in the same transaction.
+4. One engine run: ``answering`` restores the bound checkpoint and answers it, and the run
+   goes as far as its commit step, which asks for its write: ``effect_commit`` with the
+   reviewer the channel authenticated, made here, on this function's stack, while the
+   engine's loop is stopped (``driver.hosted``); the run then goes on to its end.
+   ``effect_commit`` takes the case row lock (bounded by ``lock_timeout``: ``CaseBusy``),
+   writes in one statement and marks the pending review completed in the same transaction.
 5. The truth after a fault: once the commit step has started, any failure is
    ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
 
-The engine runs on the calling thread (``driver.run_on_caller``), and the executors' ORM
-work runs there too, between loop iterations (``driver.on_caller``), so all database work
+The engine runs on the calling thread (``driver.hosted``), and the executors' ORM work
+runs there too, between loop iterations (``driver.on_caller``), so all database work
 uses the caller's connection and transaction (and, in tests, the test transaction), with no
 thread started.
 """
@@ -61,7 +62,7 @@ from effects.services import (
 )
 from engine.graph import FAULTS
 from reviews.models import PendingReview
-from workflow.answer import answer
+from workflow.answer import answering
 from workflow.begin import review_begin
 from workflow.bind import bound_checkpoint, no_pending_review, pause_pruned, pending_with_checkpoint
 from workflow.four_eyes import four_eyes_check
@@ -171,7 +172,7 @@ def decision_record(
                         decline_note=decline_note,
                     )
                 else:
-                    commit = answer(
+                    with answering(
                         checkpoint,
                         operation_id=operation_id,
                         approved=approved,
@@ -180,7 +181,10 @@ def decision_record(
                         fault=fault,
                         decline_reason=decline_reason,
                         decline_note=decline_note,
-                    )
+                    ) as step:
+                        # The engine restored the pause and answered it; its commit step waits
+                        # while its write (effect_commit, with the step's arguments) runs here.
+                        commit = step.made(step.write())
         except OutcomeUncertain:
             raise
         except DecisionflowError as exc:

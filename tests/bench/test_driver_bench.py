@@ -38,11 +38,13 @@ def test_the_bench_measures_both_bridges_and_renders_their_ratios():
 def test_a_bridge_is_swapped_in_for_its_block_only():
     flag = os.environ.get(bench.UNSAFE)
     with bench.bridged("asgiref") as (run, call):
-        assert begin.run_on_caller is answer.run_on_caller is run is not driver.run_on_caller
+        assert begin.run_on_caller is run is not driver.run_on_caller
+        assert answer.hosted is not driver.hosted
         assert graph.on_caller is checkpoints.on_caller is call is not driver.on_caller
     with pytest.raises(RuntimeError, match="a failing op"), bench.bridged("asyncio.run"):
         assert os.environ[bench.UNSAFE] == "1"
         raise RuntimeError("a failing op")
-    assert begin.run_on_caller is answer.run_on_caller is driver.run_on_caller
+    assert begin.run_on_caller is driver.run_on_caller
+    assert answer.hosted is driver.hosted
     assert graph.on_caller is checkpoints.on_caller is driver.on_caller
     assert os.environ.get(bench.UNSAFE) == flag

@@ -5,7 +5,7 @@ Playwright's sync API keeps an asyncio loop registered as running in this thread
   allows them, only while these tests run (elsewhere the check must keep catching real
   mistakes), which is safe because the test thread never awaits anything itself;
 - the workflow host functions run the engine on an event loop of their own
-  (``engine.driver.run_on_caller``), which cannot run in a thread with a
+  (``engine.driver.hosted``), which cannot run in a thread with a
   running loop: tests call them through ``in_thread``.
 
 Screenshots go to a temporary folder, or to ``DECISIONFLOW_SCREENSHOT_DIR`` when set

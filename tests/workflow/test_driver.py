@@ -4,13 +4,14 @@ caller's connection and inside the caller's transaction, with no thread started.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 
-from engine.driver import on_caller, run_on_caller
+from engine.driver import hosted, on_caller, run_on_caller
 from reviews.models import PendingReview
 
 
@@ -60,6 +61,29 @@ def test_errors_reach_the_step_that_asked_and_then_the_caller(db):
 
     with pytest.raises(ValueError, match="boom"):
         run_on_caller(uncaught)
+
+
+def test_a_host_steps_the_run_and_makes_its_calls_on_its_own_stack(db):
+    def caller_of_the_call():
+        return sys._getframe(1).f_code.co_name  # the frame right under this call
+
+    async def steps():
+        first = await on_caller(caller_of_the_call)
+        try:
+            await on_caller(_where)
+        except ValueError as exc:
+            return first, str(exc)
+        return first, None
+
+    with hosted(steps) as run:
+        call = run.next_call()
+        assert call is not None
+        call.returned(call.run())  # made here, by the host
+        call = run.next_call()
+        assert call is not None
+        call.raised(ValueError("refused by the host"))
+        assert run.next_call() is None
+        assert run.finish() == ("test_a_host_steps_the_run_and_makes_its_calls_on_its_own_stack", "refused by the host")
 
 
 def test_a_run_nested_in_a_sync_call_uses_its_own_loop_and_the_outer_run_goes_on(db):
