@@ -121,7 +121,9 @@ def test_classify_says_what_the_answer_proves_and_the_history_decides_the_state(
 
 def tries(operation_id) -> list[tuple]:
     return list(
-        DeliveryTry.objects.filter(operation_id=operation_id).order_by("id").values_list("kind", "outcome", "http_status")
+        DeliveryTry.objects.filter(operation_id=operation_id)
+        .order_by("id")
+        .values_list("kind", "outcome", "http_status")
     )
 
 
