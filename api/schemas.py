@@ -275,13 +275,17 @@ class DeliveryTryOut(Schema):
 class DeliveryOut(Schema):
     state: DeliveryStateOut = Field(
         description="where the approved reply stands on the helpdesk; unknown: a request went out and no answer "
-        "came back, so the helpdesk may have stored it: reconcile --repair settles it (docs/DELIVERY.md)"
+        "came back, so the helpdesk may have stored it: reconcile --repair settles it; needs_check: after unknown, "
+        "the helpdesk refused the resend, so the reply may already be on the ticket: a person looks at the ticket "
+        "first (docs/DELIVERY.md)"
     )
     reference: str | None = Field(description="the helpdesk's own reference of the stored reply (delivered)")
-    reason: str | None = Field(description="why the helpdesk refused it (rejected)")
+    reason: str | None = Field(description="why the helpdesk refused it (rejected, needs_check)")
     tries: int = Field(description="requests made so far, sends and lookups")
     created_at: datetime = Field(description="when the approval queued it (in the commit's transaction)")
-    settled_at: datetime | None = Field(description="when it became delivered or rejected")
+    settled_at: datetime | None = Field(
+        description="when it became delivered or rejected; null while needs_check (nobody knows yet)"
+    )
     last_try: DeliveryTryOut | None = Field(description="the newest try; null before the first")
 
 

@@ -14,11 +14,13 @@ From there on everything here is run by a task worker (effects.tasks) or by ``re
   worker resends with the same key and lets the helpdesk's idempotency decide.
 - **send**: ``POST {url}/replies`` with ``Idempotency-Key: <operation id>``, the same body on
   every try (canonical JSON of the write-once effect).
-- **the answer** decides (``classify``): Delivered with the helpdesk's reference; Rejected on
-  a permanent 4xx; back to Queued when the helpdesk provably stored nothing (503, 429, a
-  refused connection, a bad token); Unknown when it may have (a timeout or a dropped
-  connection after sending, another 5xx, an answer that is not JSON, too large, or names
-  another key). Every try appends a ``DeliveryTry`` row.
+- **the answer** decides (``classify``, then ``delivery_next_state``): Delivered with the
+  helpdesk's reference; Rejected on a permanent 4xx, but NeedsCheck when the delivery was
+  Unknown before (an earlier request may be on the ticket: a person looks); back to Queued
+  when the helpdesk provably stored nothing (503, 429, a refused connection, a bad token);
+  Unknown when it may have (a timeout or a dropped connection after sending, another 5xx,
+  an answer that is not JSON, too large, or names another key). Every try appends a
+  ``DeliveryTry`` row.
 - **sweep**: Sending past its lease -> Unknown (the worker died, maybe after the helpdesk
   committed); deliveries due but not picked up (a lost enqueue) are handed back to be
   enqueued.
@@ -64,7 +66,8 @@ Outcome = DeliveryTry.Outcome
 # token is fixed in settings, then the next try goes through).
 NOT_STORED_STATUSES = frozenset({401, 403, 404, 405, 408, 429, 503})
 # Every other 4xx is a permanent refusal of this very request (400 bad input, 413 too
-# large, 422 the key is already used with another body): Rejected, with the reason.
+# large, 422 the key is already used with another body or the ticket is closed): Rejected,
+# with the reason; NeedsCheck when an earlier request of the delivery may have been stored.
 
 
 def delivery_configured() -> bool:
@@ -356,23 +359,41 @@ def _timed(kind: str, claim: _Claim, call) -> tuple[Answer, Any]:
     return answer, lambda: _record(claim, kind, answer, started, latency)
 
 
+def delivery_next_state(*, from_unknown: bool, answer: Answer) -> DeliveryState:
+    """The state one answer proves, given whether the delivery was Unknown before it.
+
+    Once a delivery has been Unknown, an earlier request may be on the ticket, so only
+    positive evidence settles it: Delivered (a lookup that finds it, or a resend answered
+    as stored). A permanent refusal of the resend says nothing about that earlier request:
+    NeedsCheck, a person looks at the ticket; never Rejected. Anything else leaves it
+    Unknown. A delivery that was never Unknown is Rejected on a permanent refusal, Queued
+    when the try provably stored nothing, Unknown when it may have.
+    """
+    if answer.outcome == Outcome.DELIVERED:
+        return DeliveryState.DELIVERED
+    if answer.outcome == Outcome.REJECTED:
+        return DeliveryState.NEEDS_CHECK if from_unknown else DeliveryState.REJECTED
+    if answer.outcome == Outcome.NOT_STORED and not from_unknown:
+        return DeliveryState.QUEUED
+    return DeliveryState.UNKNOWN
+
+
 def _settle(claim: _Claim, answer: Answer) -> tuple[str, timedelta | None]:
     """Write the state that ``answer`` proves, fenced by the claim. Returns the new state
     and, when it is to be tried again, after how long."""
     now = timezone.now()
     delay = None
     changes: dict[str, Any] = {"updated_at": now, "lease_until": None}
-    if answer.outcome == Outcome.DELIVERED:
-        state = DeliveryState.DELIVERED
+    state = delivery_next_state(from_unknown=claim.from_unknown, answer=answer)
+    if state == DeliveryState.DELIVERED:
         changes.update(reference=answer.reference, reason="", settled_at=now)
-    elif answer.outcome == Outcome.REJECTED:
-        state = DeliveryState.REJECTED
+    elif state == DeliveryState.REJECTED:
         changes.update(reason=answer.error or f"HTTP {answer.http_status}", settled_at=now)
+    elif state == DeliveryState.NEEDS_CHECK:
+        # Not settled: nobody can say whether the ticket has the reply. No retry either:
+        # the same resend would get the same refusal.
+        changes.update(reason=answer.error or f"HTTP {answer.http_status}")
     else:
-        # Not stored by this try. But a delivery that was Unknown stays Unknown: an earlier
-        # send may still have been stored, and Queued would claim it was not.
-        not_stored = answer.outcome == Outcome.NOT_STORED and not claim.from_unknown
-        state = DeliveryState.QUEUED if not_stored else DeliveryState.UNKNOWN
         delay = backoff(claim.tries, answer.retry_after)
         changes.update(reason=answer.error[:2000], next_try_at=now + delay)
     written = Delivery.objects.filter(

@@ -112,8 +112,11 @@ class DeliveryState(models.TextChoices):
     bad token or URL, or the connection was refused before a byte was sent; see
     effects.delivery.NOT_STORED_STATUSES), and only when it was not Unknown before. Unknown (a request went out and no
     answer came back) never goes back to Queued: it is settled by a lookup (Delivered) or
-    by a resend with the same key (Sending). Delivered and Rejected are final. The database
-    enforces the same table (migration 0006).
+    by a resend with the same key (Sending). Once a delivery has been Unknown, only positive
+    evidence settles it: a permanent refusal of the resend cannot say that the earlier
+    request was not stored, so it is NeedsCheck (a person looks at the ticket), never
+    Rejected. Delivered and Rejected are final; NeedsCheck is left to a person, and nothing
+    automatic moves it. The database enforces the same table (migrations 0006 and 0010).
     """
 
     QUEUED = "queued", "Queued"
@@ -121,18 +124,27 @@ class DeliveryState(models.TextChoices):
     UNKNOWN = "unknown", "Unknown"
     DELIVERED = "delivered", "Delivered"
     REJECTED = "rejected", "Rejected"
+    # A token, as reconcile prints it (delivery=NeedsCheck); the pages say it in words.
+    NEEDS_CHECK = "needs_check", "NeedsCheck"
 
 
-# The transitions the database allows (migration 0006 carries its own frozen copy); staying
+# The transitions the database allows (migrations 0006 and 0010 carry their own frozen copy); staying
 # in a state (a new lease, a later retry time) is always allowed except in a final state.
 DELIVERY_TRANSITIONS: dict[str, frozenset[str]] = {
     DeliveryState.QUEUED: frozenset({DeliveryState.SENDING}),
     DeliveryState.SENDING: frozenset(
-        {DeliveryState.QUEUED, DeliveryState.UNKNOWN, DeliveryState.DELIVERED, DeliveryState.REJECTED}
+        {
+            DeliveryState.QUEUED,
+            DeliveryState.UNKNOWN,
+            DeliveryState.DELIVERED,
+            DeliveryState.REJECTED,
+            DeliveryState.NEEDS_CHECK,
+        }
     ),
     DeliveryState.UNKNOWN: frozenset({DeliveryState.SENDING, DeliveryState.DELIVERED, DeliveryState.REJECTED}),
     DeliveryState.DELIVERED: frozenset(),
     DeliveryState.REJECTED: frozenset(),
+    DeliveryState.NEEDS_CHECK: frozenset(),
 }
 DELIVERY_FINAL = frozenset({DeliveryState.DELIVERED, DeliveryState.REJECTED})
 
@@ -161,7 +173,8 @@ class Delivery(models.Model):
     # it Unknown (the worker may have died after the helpdesk committed).
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
-    # The helpdesk's own reference of the stored reply (Delivered), or why it refused (Rejected).
+    # The helpdesk's own reference of the stored reply (Delivered), or why it refused
+    # (Rejected, NeedsCheck).
     reference = models.CharField(max_length=200, blank=True)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -186,6 +199,11 @@ class Delivery(models.Model):
             models.CheckConstraint(
                 condition=~models.Q(state=DeliveryState.REJECTED) | ~models.Q(reason=""),
                 name="delivery_rejected_has_reason",
+            ),
+            # NeedsCheck says what the helpdesk answered, for the person who looks.
+            models.CheckConstraint(
+                condition=~models.Q(state=DeliveryState.NEEDS_CHECK) | ~models.Q(reason=""),
+                name="delivery_needs_check_has_reason",
             ),
             models.CheckConstraint(
                 condition=~models.Q(state=DeliveryState.SENDING) | models.Q(lease_until__isnull=False),

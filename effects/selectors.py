@@ -30,7 +30,16 @@ STATE_SENTENCES = {
     ),
     DeliveryState.DELIVERED: "The helpdesk stored the reply on the customer's ticket.",
     DeliveryState.REJECTED: "The helpdesk refused the reply for good; it is not on the ticket.",
+    DeliveryState.NEEDS_CHECK: (
+        "Needs a person: the reply may already be on the ticket. An earlier request got no answer, and the helpdesk "
+        "refused the resend with the same key, so nobody can say whether the customer's ticket has the reply."
+    ),
 }
+# What the person does for a delivery that needs one: the panel and the list say it.
+NEEDS_CHECK_ADVICE = (
+    "Look at the customer's ticket first: if the reply is there, nothing more is needed. Post it by hand only "
+    "when the ticket does not have it; nothing resends it."
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,8 @@ class DeliveryPanel:
     more_tries: int = 0
     note: str = ""
     sentence: str = ""
+    # What a person should do, where the state needs one (NeedsCheck).
+    advice: str = ""
     # Queued past its due time by more than this: is a worker running?
     overdue: bool = False
     due_at: datetime | None = None
@@ -62,6 +73,7 @@ def _panel_for(delivery: Delivery) -> DeliveryPanel:
         tries=shown,
         more_tries=more,
         sentence=STATE_SENTENCES[DeliveryState(delivery.state)],
+        advice=NEEDS_CHECK_ADVICE if delivery.state == DeliveryState.NEEDS_CHECK else "",
         overdue=overdue,
         due_at=delivery.next_try_at,
     )

@@ -542,6 +542,7 @@ class DeliveryAlert(NamedTuple):
     unknown: int  # Unknown longer than DECISIONFLOW_DELIVERY_UNKNOWN_ALERT after the approval
     rejected: int  # Rejected: the helpdesk refused the reply for good
     queued: int  # Queued or Sending longer than DECISIONFLOW_DELIVERY_QUEUED_ALERT
+    needs_check: int  # NeedsCheck: a person looks at the ticket (the reply may be on it)
 
 
 def delivery_alert(rows: Iterable[ReconcileRow], *, now=None) -> DeliveryAlert:
@@ -549,7 +550,7 @@ def delivery_alert(rows: Iterable[ReconcileRow], *, now=None) -> DeliveryAlert:
     now = now or timezone.now()
     unknown_after = duration_setting("DECISIONFLOW_DELIVERY_UNKNOWN_ALERT", "15m")
     queued_after = duration_setting("DECISIONFLOW_DELIVERY_QUEUED_ALERT", "15m")
-    unknown = rejected = queued = 0
+    unknown = rejected = queued = needs_check = 0
     for row in rows:
         if row.delivery is None:
             continue
@@ -558,9 +559,11 @@ def delivery_alert(rows: Iterable[ReconcileRow], *, now=None) -> DeliveryAlert:
             unknown += 1
         elif row.delivery == DeliveryState.REJECTED.label:
             rejected += 1
+        elif row.delivery == DeliveryState.NEEDS_CHECK.label:
+            needs_check += 1
         elif row.delivery in (DeliveryState.QUEUED.label, DeliveryState.SENDING.label) and age > queued_after:
             queued += 1
-    return DeliveryAlert(unknown, rejected, queued)
+    return DeliveryAlert(unknown, rejected, queued, needs_check)
 
 
 def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:

@@ -32,6 +32,9 @@ SWITCHES: dict[str, tuple[type, float]] = {
     "unavailable_count": (int, 0),
     # The lookup does not see replies younger than this (404), though they are stored.
     "lookup_lag_s": (float, 0.0),
+    # The ticket was closed: the next N valid POSTs answer 422 ticket_closed and store
+    # nothing, whether or not their key already holds a reply (it is checked first).
+    "ticket_closed_count": (int, 0),
 }
 
 
@@ -69,6 +72,7 @@ class Faults:
         self._unavailable_until = 0.0  # time.monotonic()
         self._unavailable_count = 0
         self._lookup_lag_s = 0.0
+        self._ticket_closed_count = 0
 
     def update(self, values: dict[str, Any], *, reset: bool = False) -> None:
         """Apply several switches at once, or none of them if one is wrong."""
@@ -89,6 +93,8 @@ class Faults:
                     self._unavailable_count = int(value)
                 elif name == "lookup_lag_s":
                     self._lookup_lag_s = float(value)
+                elif name == "ticket_closed_count":
+                    self._ticket_closed_count = int(value)
 
     def take_unavailable(self) -> int | None:
         """Seconds for Retry-After when this request is to be refused with 503, else None."""
@@ -100,6 +106,14 @@ class Faults:
                 self._unavailable_count -= 1
                 return 1
             return None
+
+    def take_ticket_closed(self) -> bool:
+        """Whether to refuse this POST as if its ticket were closed; counts one of the next N off."""
+        with self._lock:
+            if self._ticket_closed_count > 0:
+                self._ticket_closed_count -= 1
+                return True
+            return False
 
     def take_drop(self) -> bool:
         """Whether to drop this POST's answer; counts one of the next N off."""
@@ -126,4 +140,5 @@ class Faults:
                 "unavailable_for_s": round(max(0.0, self._unavailable_until - time.monotonic()), 3),
                 "unavailable_count": self._unavailable_count,
                 "lookup_lag_s": self._lookup_lag_s,
+                "ticket_closed_count": self._ticket_closed_count,
             }

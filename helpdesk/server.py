@@ -318,6 +318,11 @@ class Handler(BaseHTTPRequestHandler):
         payload = payload_validate(raw)
         if payload["operation_id"] != key:
             raise Refusal(422, "idempotency_key_mismatch", "Idempotency-Key must equal the body's operation_id")
+        if self.server.faults is not None and self.server.faults.take_ticket_closed():
+            # Like a helpdesk that checks the ticket before the key: a closed ticket refuses
+            # even a resend of a reply it already holds.
+            self.server.counters.outcome("ticket_closed")
+            raise Refusal(422, "ticket_closed", f"ticket {payload['case_id']} is closed; no reply can be added")
 
         with self.server.pool.connection() as conn:
             outcome, reply = store.reply_store(conn, payload=payload)

@@ -14,7 +14,12 @@ from effects.services import effect_commit
 from reviews.models import Proposal
 
 # The last try's HTTP status per final state; Unknown: no answer came back, so none.
-_LAST_STATUS = {DeliveryState.DELIVERED: 201, DeliveryState.REJECTED: 422, DeliveryState.UNKNOWN: None}
+_LAST_STATUS = {
+    DeliveryState.DELIVERED: 201,
+    DeliveryState.REJECTED: 422,
+    DeliveryState.NEEDS_CHECK: 422,
+    DeliveryState.UNKNOWN: None,
+}
 
 
 def approved(proposal: Proposal, reviewer) -> EffectRecord:
@@ -39,6 +44,7 @@ def delivery_in(effect: EffectRecord, state: str, *, tries: int = 0, start=None)
         DeliveryState.UNKNOWN: DeliveryTry.Outcome.UNKNOWN,
         DeliveryState.DELIVERED: DeliveryTry.Outcome.DELIVERED,
         DeliveryState.REJECTED: DeliveryTry.Outcome.REJECTED,
+        DeliveryState.NEEDS_CHECK: DeliveryTry.Outcome.REJECTED,
     }
     for n in range(tries):
         last = n == tries - 1
@@ -69,6 +75,8 @@ def delivery_in(effect: EffectRecord, state: str, *, tries: int = 0, start=None)
         delivery.reference = "HD-REPLY-77"
     if state == DeliveryState.REJECTED:
         delivery.reason = "422: the ticket T-1042 is closed"
+    if state == DeliveryState.NEEDS_CHECK:
+        delivery.reason = "HTTP 422: ticket_closed"
     if state in (DeliveryState.DELIVERED, DeliveryState.REJECTED):
         delivery.settled_at = timezone.now()
     delivery.save()

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from effects.models import Delivery, DeliveryState, DeliveryTry
-from effects.selectors import STATE_SENTENCES
+from effects.selectors import NEEDS_CHECK_ADVICE, STATE_SENTENCES
 from workplace.display import ViewOnlyAdmin, op_html, when, when_html
 from workplace.listing import CaseListAdminMixin
 
@@ -116,6 +116,12 @@ class DeliveryAdmin(CaseListAdminMixin, ViewOnlyAdmin):
             return format_html("<code>{}</code>", obj.reference)
         if obj.state == DeliveryState.REJECTED:
             return format_html('<span class="df-delivery-reason">{}</span>', obj.reason)
+        if obj.state == DeliveryState.NEEDS_CHECK:
+            return format_html(
+                '<span class="df-delivery-reason">{}</span> <span class="df-delivery-next">{}</span>',
+                obj.reason,
+                NEEDS_CHECK_ADVICE,
+            )
         if obj.state == DeliveryState.UNKNOWN:
             return "may have been received: reconcile --repair settles it"
         return "-"

@@ -121,6 +121,26 @@ def test_rejected_shows_the_reason(reviewer_client, reviewer, proposal):
     assert "422: the ticket T-1042 is closed" in shown and "HTTP 422" in shown
 
 
+def test_needs_check_says_the_reply_may_be_on_the_ticket_and_to_look_first(reviewer_client, reviewer, proposal, case):
+    from effects.selectors import NEEDS_CHECK_ADVICE, STATE_SENTENCES
+
+    delivery_in(approved(proposal, reviewer), DeliveryState.NEEDS_CHECK, tries=1)
+    for text in (review_page(reviewer_client, proposal), history_page(reviewer_client, case)):
+        shown = panel(text)
+        assert '<span class="df-delivery-badge df-delivery-needs_check">NeedsCheck</span>' in shown
+        assert "Needs a person: the reply may already be on the ticket." in shown
+        assert STATE_SENTENCES[DeliveryState.NEEDS_CHECK] in shown
+        assert NEEDS_CHECK_ADVICE in shown and "Look at the customer's ticket first" in shown
+        assert "HTTP 422: ticket_closed" in shown
+        # Never the words of Rejected: nobody can say that it is not on the ticket.
+        assert "not on the ticket" not in shown and "refused the reply for good" not in shown
+        # The resend's own try says the helpdesk refused that request; the delivery is not Rejected.
+        assert "df-delivery-rejected" not in shown and "Rejected" not in shown.split("df-delivery-tries")[0]
+    listed = page(reviewer_client, reverse("admin:effects_delivery_changelist") + "?state=needs_check")
+    assert "T-1042" in listed and NEEDS_CHECK_ADVICE in listed and "HTTP 422: ticket_closed" in listed
+    assert "not on the ticket" not in listed
+
+
 def test_queued_and_sending(reviewer_client, reviewer, proposal):
     delivery = delivery_in(approved(proposal, reviewer), DeliveryState.QUEUED)
     shown = panel(review_page(reviewer_client, proposal))

@@ -101,7 +101,14 @@ def test_the_schema_documents_the_delivery(client, db):
         "settled_at",
         "last_try",
     }
-    assert delivery["properties"]["state"]["enum"] == ["queued", "sending", "unknown", "delivered", "rejected"]
+    assert delivery["properties"]["state"]["enum"] == [
+        "queued",
+        "sending",
+        "unknown",
+        "delivered",
+        "rejected",
+        "needs_check",
+    ]
     assert set(components["DeliveryTryOut"]["properties"]) == {
         "kind",
         "outcome",

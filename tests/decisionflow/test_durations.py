@@ -109,7 +109,7 @@ def test_the_reconcile_alerts_take_the_one_rule(name, settings):
     from effects.services import delivery_alert
 
     setattr(settings, name, "0.5h")
-    assert delivery_alert([]) == (0, 0, 0)
+    assert delivery_alert([]) == (0, 0, 0, 0)
     setattr(settings, name, "fifteen minutes")
     with pytest.raises(ImproperlyConfigured, match=f"^{name}: 'fifteen minutes' is not a duration"):
         delivery_alert([])

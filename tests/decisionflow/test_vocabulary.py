@@ -268,3 +268,44 @@ def test_every_copy_of_the_channels(openapi, admin_client):
     page = admin_client.get(reverse("admin:reviews_pendingreview_changelist")).content.decode()
     for channel in Channel:
         assert f"begun_channel__exact={channel.value}" in page, channel
+
+
+# --- a delivery's state ------------------------------------------------------------------
+
+
+def test_every_copy_of_the_delivery_states(openapi, admin_client):
+    from effects.management.commands.reconcile import Command as Reconcile
+    from effects.models import DELIVERY_TRANSITIONS, Delivery, DeliveryState
+    from effects.selectors import STATE_SENTENCES
+    from effects.services import _DELIVERY_LABELS
+
+    assert Delivery._meta.get_field("state").choices == DeliveryState.choices
+    assert _enum(openapi, "DeliveryOut", "state") == DeliveryState.values
+    assert set(STATE_SENTENCES) == set(DeliveryState) and set(DELIVERY_TRANSITIONS) == set(DeliveryState)
+    # reconcile prints the label as a token (delivery=NeedsCheck): no label may hold a space.
+    assert {state.value: state.label for state in DeliveryState} == _DELIVERY_LABELS
+    assert all(label.isalnum() for label in _DELIVERY_LABELS.values())
+    assert DeliveryState.NEEDS_CHECK.label in Reconcile.help
+    page = admin_client.get(reverse("admin:effects_delivery_changelist")).content.decode()
+    for state in DeliveryState:
+        assert f"?state__exact={state.value}" in page, state
+    # The panel says something of its own for each state but Queued (its else branch), and
+    # each has its badge colour.
+    panel = (ROOT / "templates/admin/effects/delivery_panel.html").read_text(encoding="utf-8")
+    styles = (ROOT / "templates/admin/decisionflow/styles.html").read_text(encoding="utf-8")
+    branches = re.findall(r'd\.state == "(\w+)"', panel)
+    assert sorted(branches) == sorted(set(DeliveryState.values) - {DeliveryState.QUEUED})
+    for state in DeliveryState:
+        assert f".df-delivery-{state.value} " in styles, state
+
+
+def test_the_docs_list_the_delivery_states():
+    from effects.models import DeliveryState
+
+    assert _table("DELIVERY.md", "| state | the panel says |") == [f"**{state.label}**" for state in DeliveryState]
+    commands = _doc("COMMANDS.md").split("`delivery` is ", 1)[1].split(". With", 1)[0]
+    assert _ticked(commands) == DeliveryState.labels
+    api = _line("API.md", "| `state` | `queued`")
+    # Each state in order, as it is first named (a meaning may name another state).
+    named = [word for word in _ticked(api)[1:] if word.isidentifier()]
+    assert list(dict.fromkeys(named)) == DeliveryState.values

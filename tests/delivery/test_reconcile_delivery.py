@@ -1,6 +1,6 @@
 """reconcile and deliveries: each delivery's state on its operation's line,
 one exit bit per finding (16 Unknown past the threshold, 32 Rejected, 64 Queued past the
-threshold, on top of NoLocalEffectRecorded's 1), nothing written without --repair, and
+threshold, 128 NeedsCheck, on top of NoLocalEffectRecorded's 1), nothing written without --repair, and
 --repair settling Unknown by a lookup or a resend with the same key, in agreement with the
 helpdesk's own table."""
 
@@ -110,6 +110,29 @@ def test_repair_that_cannot_settle_keeps_unknown_and_says_so(approved, deliverin
     assert code == 16 and lines[-1].endswith("delivery=Unknown")
     assert "could not settle" in err
     assert Delivery.objects.get().state == DeliveryState.UNKNOWN
+
+
+def test_needs_check_is_its_own_state_and_bit_and_repair_leaves_it_to_a_person(approved, delivering):
+    # Stored, the answer lost; the lookup lags; the resend with the same key is refused.
+    delivering.set_faults(drop_after_commit=1, lookup_lag_s=600)
+    deliver.call(approved)
+    delivering.set_faults(ticket_closed_count=5)
+    code, lines, err = reconcile("T-1042", "--repair")
+    assert code == 128
+    assert lines[-1] == f"repaired: case=T-1042 op={approved} state=Committed effects=1 delivery=NeedsCheck"
+    assert "1 delivery(ies) NeedsCheck" in err and "may already be on the ticket" in err
+    assert "Rejected" not in err and "did not get the reply" not in err
+    assert Delivery.objects.get().state == DeliveryState.NEEDS_CHECK
+    tried = DeliveryTry.objects.count()
+    # Plain reconcile reports it; --repair again leaves it alone (no resend, no guess).
+    code, lines, _ = reconcile("T-1042", "--repair")
+    assert code == 128 and lines == [
+        f"reconcile: case=T-1042 op={approved} state=Committed effects=1 delivery=NeedsCheck"
+    ]
+    assert DeliveryTry.objects.count() == tried
+    code, lines, _ = reconcile("--all", "--json")
+    assert code == 128 and json.loads(lines[-1])["deliveries"] == {"NeedsCheck": 1}
+    assert delivering.stats()["replies"] == 1
 
 
 def test_each_finding_has_its_own_bit(case, proposal, reviewer, delivering, settings, make_user):

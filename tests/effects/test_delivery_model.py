@@ -6,6 +6,7 @@ Python guard can be what refuses."""
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -115,7 +116,11 @@ def test_one_delivery_per_operation_and_final_states_say_what_they_are(delivery)
             effect_id=delivery.effect_id,
             next_try_at=timezone.now(),
         )
-    for state, column in ((DeliveryState.DELIVERED, "reference"), (DeliveryState.REJECTED, "reason")):
+    for state, column in (
+        (DeliveryState.DELIVERED, "reference"),
+        (DeliveryState.REJECTED, "reason"),
+        (DeliveryState.NEEDS_CHECK, "reason"),
+    ):
         with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE effects_delivery SET state = 'sending', lease_until = %s WHERE id = %s",
@@ -124,3 +129,19 @@ def test_one_delivery_per_operation_and_final_states_say_what_they_are(delivery)
             cursor.execute(f"UPDATE effects_delivery SET state = %s, {column} = '' WHERE id = %s", [state, delivery.pk])
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("UPDATE effects_delivery SET state = 'sending', lease_until = NULL WHERE id = %s", [delivery.pk])
+
+
+def test_needs_check_says_what_the_helpdesk_answered_both_ways(delivery):
+    delivery.state, delivery.reason = DeliveryState.NEEDS_CHECK, ""
+    with pytest.raises(ValidationError, match="delivery_needs_check_has_reason"):
+        delivery.full_clean(exclude=["case", "decision", "effect"], validate_unique=False)
+    # The check refuses it (not the row's keys, which it shares with the fixture's).
+    with pytest.raises(IntegrityError, match="delivery_needs_check_has_reason"), transaction.atomic():
+        Delivery.objects.create(
+            operation_id="op-v1-" + "0" * 64,
+            case_id=delivery.case_id,
+            decision_id=delivery.decision_id,
+            effect_id=delivery.effect_id,
+            next_try_at=timezone.now(),
+            state=DeliveryState.NEEDS_CHECK,
+        )

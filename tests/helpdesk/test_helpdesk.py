@@ -317,6 +317,20 @@ def test_unavailable_count_answers_503_and_stores_nothing(helpdesk):
     assert helpdesk.post_reply(payload(key)).status == 201
 
 
+def test_a_closed_ticket_refuses_even_a_resend_of_a_stored_reply_and_stores_nothing(helpdesk):
+    stored, fresh = new_key(), new_key()
+    assert helpdesk.post_reply(payload(stored)).status == 201
+    helpdesk.set_faults(ticket_closed_count=2)
+    for key in (stored, fresh):
+        response = helpdesk.post_reply(payload(key))
+        assert (response.status, response.json["error"]) == (422, "ticket_closed")
+    # The stored reply stands, the new one was not stored, and the switch is used up.
+    assert len(rows(helpdesk, stored)) == 1 and rows(helpdesk, fresh) == []
+    assert helpdesk.lookup(stored).status == 200
+    assert helpdesk.stats()["outcomes"]["ticket_closed"] == 2
+    assert helpdesk.post_reply(payload(stored)).status == 200
+
+
 def test_unavailable_for_a_while_answers_503_to_posts_and_lookups_then_recovers(helpdesk):
     key = new_key()
     helpdesk.set_faults(unavailable_for_s=0.5)

@@ -29,6 +29,7 @@ EXIT_NO_LOCAL_EFFECT = 1
 EXIT_DELIVERY_UNKNOWN = 16
 EXIT_DELIVERY_REJECTED = 32
 EXIT_DELIVERY_QUEUED = 64
+EXIT_DELIVERY_NEEDS_CHECK = 128
 # What --repair settles in this process: Unknown, and Sending (the sweep may find its lease over).
 UNSETTLED = (DeliveryState.UNKNOWN.label, DeliveryState.SENDING.label)
 
@@ -47,7 +48,8 @@ class Command(WorkflowCommand):
         "second run exits 1 at once with a message instead of waiting. Exit codes: 0 ok; 1 usage error, "
         f"lock held, unknown case, or {NO_LOCAL_EFFECT} found without --repair; with a helpdesk configured, "
         "these bits are added: 16 a delivery Unknown past DECISIONFLOW_DELIVERY_UNKNOWN_ALERT, 32 a delivery "
-        "Rejected, 64 a delivery Queued or Sending past DECISIONFLOW_DELIVERY_QUEUED_ALERT. --repair also "
+        "Rejected, 64 a delivery Queued or Sending past DECISIONFLOW_DELIVERY_QUEUED_ALERT, 128 a delivery "
+        f"{DeliveryState.NEEDS_CHECK.label} (a person looks at the ticket first: the reply may be on it). --repair also "
         "looks up each Unknown delivery and resends it with the same key (docs/COMMANDS.md). "
         "With --all on a terminal it shows a progress bar (cases done, rate, time left); otherwise "
         "(cron, a pipe, --json) it ends the listing with one summary line: "
@@ -81,7 +83,7 @@ class Command(WorkflowCommand):
         with reconcile_observed(scope="cases" if case_ids else "all", exit_error=Exit) as run, reconcile_lock():
             unrepaired = []
             now = timezone.now()
-            alerts = DeliveryAlert(0, 0, 0)
+            alerts = DeliveryAlert(0, 0, 0, 0)
             to_settle: list[str] = []
             deliveries: Counter[str] = Counter()
             rows = operations_reconcile(case_ids=case_ids or None)
@@ -211,6 +213,13 @@ def _delivery_findings(alerts: DeliveryAlert, code: int, messages: list[str], re
         messages.append(
             f"reconcile: {alerts.rejected} delivery(ies) Rejected by the helpdesk: the customer did not get the reply "
             "(the reason is on each delivery)"
+        )
+    if alerts.needs_check:
+        code |= EXIT_DELIVERY_NEEDS_CHECK
+        messages.append(
+            f"reconcile: {alerts.needs_check} delivery(ies) {DeliveryState.NEEDS_CHECK.label}: an earlier request got "
+            "no answer and the helpdesk refused the resend, so the reply may already be on the ticket; a person "
+            "looks at the ticket first (the helpdesk's answer is on each delivery)"
         )
     if alerts.queued:
         code |= EXIT_DELIVERY_QUEUED
