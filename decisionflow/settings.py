@@ -60,6 +60,9 @@ DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ON_BREAC
 # Both unset (the default): nothing is written or enqueued.
 DECISIONFLOW_NOTIFY_EMAIL_TO = env.list("DECISIONFLOW_NOTIFY_EMAIL_TO", default=[])
 DECISIONFLOW_NOTIFY_WEBHOOK_URL = env.str("DECISIONFLOW_NOTIFY_WEBHOOK_URL", default="")
+# The most one webhook call may take, connecting and the whole answer included (a duration);
+# an answer that has not ended by then is a failed try.
+DECISIONFLOW_NOTIFY_WEBHOOK_DEADLINE = env.str("DECISIONFLOW_NOTIFY_WEBHOOK_DEADLINE", default="10s")
 DECISIONFLOW_NOTIFY_MAX_ATTEMPTS = env.int("DECISIONFLOW_NOTIFY_MAX_ATTEMPTS", default=5)
 # A Sending row older than this is taken for a dead worker's: Unknown, then sent once more.
 DECISIONFLOW_NOTIFY_LEASE = env.str("DECISIONFLOW_NOTIFY_LEASE", default="5m")
@@ -78,6 +81,10 @@ DECISIONFLOW_DELIVERY_CONNECT_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_CONNECT
 DECISIONFLOW_DELIVERY_READ_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_READ_TIMEOUT", default=15.0)
 DECISIONFLOW_DELIVERY_WRITE_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_WRITE_TIMEOUT", default=15.0)
 DECISIONFLOW_DELIVERY_POOL_TIMEOUT = env.float("DECISIONFLOW_DELIVERY_POOL_TIMEOUT", default=5.0)
+# The most one request to the helpdesk may take, all of the above and the whole answer (a
+# duration); each timeout above is capped by what is left of it. An answer cut off after the
+# request went out is Unknown, as a read timeout is.
+DECISIONFLOW_DELIVERY_DEADLINE = env.str("DECISIONFLOW_DELIVERY_DEADLINE", default="20s")
 # The longest helpdesk answer read; a longer one is a bad answer (the try is Unknown).
 DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES = env.int("DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES", default=64 * 1024)
 # The wait before try n+1 after n failed tries: base * 2^(n-1), at most max (seconds).

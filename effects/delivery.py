@@ -19,8 +19,10 @@ From there on everything here is run by a task worker (effects.tasks) or by ``re
   Unknown before (an earlier request may be on the ticket: a person looks); back to Queued
   when the helpdesk provably stored nothing (503, 429, a refused connection, a bad token);
   Unknown when it may have (a timeout or a dropped connection after sending, another 5xx,
-  an answer that is not JSON, too large, or names another key). Every try appends a
-  ``DeliveryTry`` row.
+  an answer that is not JSON, too large, cut off at the try's deadline, or names another
+  key). Every try appends a ``DeliveryTry`` row.
+- **the deadline**: each request (a lookup, a send) has ``DECISIONFLOW_DELIVERY_DEADLINE``
+  for the whole exchange, besides httpx's per-phase timeouts (core.outbound).
 - **sweep**: Sending past its lease -> Unknown (the worker died, maybe after the helpdesk
   committed); deliveries due but not picked up (a lost enqueue) are handed back to be
   enqueued.
@@ -50,6 +52,7 @@ from django.utils import timezone
 from cases.models import Case
 from core.durations import duration_setting
 from core.faults import crash_point
+from core.outbound import Deadline, DeadlinePassed, read_capped
 from effects.models import Delivery, DeliveryState, DeliveryTry, EffectRecord
 
 if TYPE_CHECKING:
@@ -149,6 +152,11 @@ def _http_client() -> httpx.Client:
     return _client_for(_settings_key())
 
 
+def deadline() -> timedelta:
+    """The most one request to the helpdesk may take, all phases and the whole answer."""
+    return duration_setting("DECISIONFLOW_DELIVERY_DEADLINE", "20s")
+
+
 def request_body(effect: EffectRecord, case_label: str) -> bytes:
     """The request body: the same bytes on every try, so the helpdesk's "same key, same
     body" is a replay and never a 422 (canonical JSON of the write-once effect)."""
@@ -178,20 +186,6 @@ def _headers(operation_id: str) -> dict[str, str]:
 
 def _url(path: str) -> str:
     return settings.DECISIONFLOW_DELIVERY_URL.rstrip("/") + path
-
-
-def _read_capped(response: httpx.Response) -> bytes | None:
-    """The body, or None when it is larger than the cap (read no further than the cap)."""
-    cap = int(settings.DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES)
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        return None
-    data = bytearray()
-    for chunk in response.iter_bytes():
-        data += chunk
-        if len(data) > cap:
-            return None
-    return bytes(data)
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -255,14 +249,17 @@ def _exchange(method: str, url: str, operation_id: str, *, lookup: bool, body: b
     import httpx  # noqa: PLC0415 (see the module's docstring; already loaded by _http_client)
 
     client = _http_client()
+    until = Deadline.after(deadline())
+    connect, read, write, pool = _settings_key()
     sent = False
     try:
-        request = client.build_request(method, url, headers=_headers(operation_id), content=body)
+        timeout = httpx.Timeout(**until.timeouts(connect=connect, read=read, write=write, pool=pool))
+        request = client.build_request(method, url, headers=_headers(operation_id), content=body, timeout=timeout)
         sent = True  # from here on, bytes may have reached the helpdesk
         response = client.send(request, stream=True)
         try:
             crash_point("deliver-before-read")
-            data = _read_capped(response)
+            data = read_capped(response, cap=int(settings.DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES), deadline=until)
         finally:
             response.close()
     except (
@@ -274,8 +271,9 @@ def _exchange(method: str, url: str, operation_id: str, *, lookup: bool, body: b
     ) as exc:
         # Nothing reached the helpdesk: provably not stored.
         return Answer(Outcome.NOT_STORED, None, f"{type(exc).__name__}: {exc}"[:2000])
-    except httpx.HTTPError as exc:
-        # Sent (or partly) and no answer: the helpdesk may have committed.
+    except (httpx.HTTPError, DeadlinePassed) as exc:
+        # Sent (or partly) and no answer, or one cut off at the deadline: the helpdesk may
+        # have committed.
         what = Outcome.UNKNOWN if sent else Outcome.NOT_STORED
         return Answer(what, None, f"{type(exc).__name__}: {exc or 'no detail'}"[:2000])
     except Exception as exc:  # noqa: BLE001 (any other failure of the exchange is a try that failed)

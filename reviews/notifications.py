@@ -9,14 +9,21 @@ then marks it Sent. A failed try goes back to Queued (retried after a backoff) o
 webhook accepted the message leaves the row Sending: ``notify_sweep`` turns it Unknown after
 the lease and sends it once more. The promise is at-least-once, with Unknown visible, and a
 Message-ID derived from the key so that mail clients thread and drop the repeat.
+
+The webhook is one httpx request: no redirects, an overall deadline
+(``DECISIONFLOW_NOTIFY_WEBHOOK_DEADLINE``) besides the per-phase timeouts, and an answer
+read no further than a cap (core.outbound). Only a whole 2xx answer is an acceptance.
+httpx is imported by ``_webhook_client`` only, in the worker that sends: cron's
+``sla_report`` and ``notify_sweep`` import this module and never send.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import urllib.request
 from datetime import timedelta
+from functools import cache
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.mail import EmailMessage
@@ -28,12 +35,18 @@ from django_tasks import task, task_backends
 from cases.models import Case
 from core.durations import duration_setting
 from core.faults import crash_point
+from core.outbound import Deadline, read_capped
 from core.text import shown
 from reviews.models import Notification, NotificationKind, NotificationState
 
+if TYPE_CHECKING:
+    import httpx
+
 EMAIL = "email"
 WEBHOOK = "webhook"
-WEBHOOK_TIMEOUT = 10  # seconds
+WEBHOOK_TIMEOUT = 10  # seconds, each phase (connecting, each read and write); the deadline caps them
+# The longest webhook answer read (Slack's is "ok"); a longer one is not read to the end.
+WEBHOOK_MAX_ANSWER_BYTES = 16 * 1024
 # The wait before try n+1 after n failed tries: 30 s, 1 min, 2 min, ... at most an hour.
 BACKOFF_BASE = timedelta(seconds=30)
 BACKOFF_MAX = timedelta(hours=1)
@@ -112,16 +125,54 @@ def _send_email(notification: Notification, text: str) -> None:
     ).send(fail_silently=False)
 
 
+class WebhookNotAccepted(Exception):
+    """The webhook answered, but not with a whole 2xx: nothing says it took the message."""
+
+
+def webhook_deadline() -> timedelta:
+    """The most one webhook call may take, connecting and the whole answer included."""
+    return duration_setting("DECISIONFLOW_NOTIFY_WEBHOOK_DEADLINE", "10s")
+
+
+@cache
+def _webhook_client() -> httpx.Client:
+    import httpx  # noqa: PLC0415 (imported where it is used: see the module's docstring)
+
+    # One client per process (thread-safe, keeps the connection alive). No redirects: a 3xx
+    # is not an acceptance, and following it would send the worker to an address nobody
+    # configured. The environment's proxy settings apply, as they do to the mail's.
+    return httpx.Client(timeout=WEBHOOK_TIMEOUT, follow_redirects=False)
+
+
 def _send_webhook(text: str) -> None:
-    request = urllib.request.Request(
+    """POST the text; returns when the webhook took it, raises otherwise (a failed try)."""
+    import httpx  # noqa: PLC0415 (see the module's docstring; already loaded by _webhook_client)
+
+    client = _webhook_client()
+    until = Deadline.after(webhook_deadline())
+    phases = until.timeouts(connect=WEBHOOK_TIMEOUT, read=WEBHOOK_TIMEOUT, write=WEBHOOK_TIMEOUT, pool=WEBHOOK_TIMEOUT)
+    # Slack reads &, < and > as its own markup: escaped as its docs ask.
+    body = json.dumps({"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}).encode()
+    with client.stream(
+        "POST",
         settings.DECISIONFLOW_NOTIFY_WEBHOOK_URL,
-        # Slack reads &, < and > as its own markup: escaped as its docs ask.
-        data=json.dumps({"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}).encode(),
+        content=body,
         headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:  # noqa: S310 (a configured URL)
-        response.read()
+        timeout=httpx.Timeout(**phases),
+    ) as response:
+        answer = read_capped(response, cap=WEBHOOK_MAX_ANSWER_BYTES, deadline=until)
+    status = response.status_code
+    if 300 <= status < 400:
+        where = shown(response.headers.get("location", "")[:200])
+        raise WebhookNotAccepted(
+            f"HTTP {status}, a redirect to {where}, not followed: set DECISIONFLOW_NOTIFY_WEBHOOK_URL "
+            "to the address that takes the POST"
+        )
+    if not 200 <= status < 300:
+        said = f": {shown(answer[:200].decode(errors='replace'))}" if answer else ""
+        raise WebhookNotAccepted(f"HTTP {status}{said}")
+    if answer is None:
+        raise WebhookNotAccepted(f"HTTP {status}: the answer is longer than {WEBHOOK_MAX_ANSWER_BYTES} bytes")
 
 
 @task()

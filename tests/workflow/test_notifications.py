@@ -278,7 +278,7 @@ def test_states_in_the_case_history_and_the_view_only_admin_list(
     page = admin_client.get(reverse("admin:cases_case_history", args=[case.pk])).content.decode()
     assert "df-ev-notification" in page
     assert 'Review begun by email,webhook: <strong class="df-notification-queued">Queued</strong> after 1 try' in page
-    assert "HTTPError: HTTP Error 500" in page
+    assert "WebhookNotAccepted: HTTP 500" in page
     listing = admin_client.get(reverse("admin:reviews_notification_changelist")).content.decode()
     assert op[:12] in listing and "Queued" in listing
     assert admin_client.get(reverse("admin:reviews_notification_add")).status_code == 403
