@@ -93,7 +93,11 @@ def case_get(case_id: str) -> Case:
 def _warnings_out(warnings: text.Warnings) -> dict:
     """The API's ``warnings`` (at most ``text.MARKERS_LISTED`` per field), their full count,
     and the fields whose list was cut."""
-    return {"warnings": warnings, "warnings_total": text.summary(warnings)["total"], "warnings_omitted": warnings.omitted()}
+    return {
+        "warnings": warnings,
+        "warnings_total": text.summary(warnings)["total"],
+        "warnings_omitted": warnings.omitted(),
+    }
 
 
 def proposal_data(proposal: Proposal, *, warnings: text.Warnings | None = None) -> dict:

@@ -32,7 +32,7 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -451,23 +451,24 @@ class Marker:
         return f'{self.name} at {where}: "{self.text}" ({self.code_point})'
 
 
-def markers(text: str) -> list[Marker]:
-    """Every invisible or format character and every mixed-script word of ``text``, in order."""
-    found: list[Marker] = []
-    if text.isascii():
-        return found  # the common case: nothing to mark (ASCII controls are refused at entry)
-    # Each loop asks for its positions in increasing order: one scan of the text each.
-    lines = _Lines(text)
+def _invisible_at(text: str) -> Iterator[int]:
+    """The index of each marked character of ``text``, in order."""
     for match in _MARKED_RE.finditer(text):
-        index = match.start()
-        if _ordinary(text, index):
-            continue
-        ch = match.group()
-        line, column = lines.of(index)
-        cp = code_point(ch)
-        label = f"{short_name(ch)} {cp}".strip()
-        found.append(Marker(INVISIBLE, index, index + 1, line, column, ch, cp, char_name(ch), label))
-    lines = _Lines(text)
+        if not _ordinary(text, match.start()):
+            yield match.start()
+
+
+def _invisible_marker(text: str, index: int, lines: _Lines) -> Marker:
+    ch = text[index]
+    line, column = lines.of(index)
+    cp = code_point(ch)
+    label = f"{short_name(ch)} {cp}".strip()
+    return Marker(INVISIBLE, index, index + 1, line, column, ch, cp, char_name(ch), label)
+
+
+def _mixed_words(text: str) -> Iterator[tuple[re.Match, list[tuple[str, str | None]], list[str]]]:
+    """Each word of ``text`` that mixes scripts: the match, its letters' scripts, the scripts
+    (the most used first), in order."""
     for match in _WORD_RE.finditer(text):
         word = match.group()
         if word.isascii():
@@ -477,26 +478,56 @@ def markers(text: str) -> list[Marker]:
         for _ch, script in letters:
             if script is not None:
                 counts[script] = counts.get(script, 0) + 1
-        if len(counts) < 2:
-            continue
-        scripts = sorted(counts, key=lambda s: (-counts[s], s))
-        minority = [ch for ch, script in letters if script is not None and script != scripts[0]]
-        line, column = lines.of(match.start())
-        found.append(
-            Marker(
-                MIXED_SCRIPT,
-                match.start(),
-                match.end(),
-                line,
-                column,
-                word,
-                " ".join(dict.fromkeys(f"{code_point(ch)} {char_name(ch)}" for ch in minority)),
-                f"a word mixing {' and '.join(scripts)} letters",
-                "+".join(scripts),
-            )
-        )
+        if len(counts) >= 2:
+            yield match, letters, sorted(counts, key=lambda s: (-counts[s], s))
+
+
+def _mixed_marker(found: tuple[re.Match, list[tuple[str, str | None]], list[str]], lines: _Lines) -> Marker:
+    match, letters, scripts = found
+    minority = [ch for ch, script in letters if script is not None and script != scripts[0]]
+    line, column = lines.of(match.start())
+    return Marker(
+        MIXED_SCRIPT,
+        match.start(),
+        match.end(),
+        line,
+        column,
+        match.group(),
+        " ".join(dict.fromkeys(f"{code_point(ch)} {char_name(ch)}" for ch in minority)),
+        f"a word mixing {' and '.join(scripts)} letters",
+        "+".join(scripts),
+    )
+
+
+def marked(text: str, *, listed: int | None = None) -> tuple[list[Marker], dict[str, int]]:
+    """The first ``listed`` markers of ``text`` in order (all of them with None), and how
+    many there are of each kind (``{INVISIBLE: n, MIXED_SCRIPT: m}``).
+
+    Linear in the text: each kind is found in one pass, and its lines and columns in one
+    more scan (``_Lines``); only the markers listed are built.
+    """
+    counts = {INVISIBLE: 0, MIXED_SCRIPT: 0}
+    if text.isascii():
+        return [], counts  # the common case: nothing to mark (ASCII controls are refused at entry)
+    found: list[Marker] = []
+    lines = _Lines(text)
+    for index in _invisible_at(text):
+        if listed is None or counts[INVISIBLE] < listed:
+            found.append(_invisible_marker(text, index, lines))
+        counts[INVISIBLE] += 1
+    lines = _Lines(text)
+    for word in _mixed_words(text):
+        if listed is None or counts[MIXED_SCRIPT] < listed:
+            found.append(_mixed_marker(word, lines))
+        counts[MIXED_SCRIPT] += 1
+    # The first ``listed`` of each kind hold the first ``listed`` of both.
     found.sort(key=lambda m: m.start)
-    return found
+    return (found if listed is None else found[:listed]), counts
+
+
+def markers(text: str) -> list[Marker]:
+    """Every invisible or format character and every mixed-script word of ``text``, in order."""
+    return marked(text)[0]
 
 
 # The markers listed per field (the API's ``warnings``, a banner's "Where"): a text can hold
@@ -558,13 +589,13 @@ def warnings(fields: Iterable[tuple[str, str]]) -> Warnings:
     for field, value in fields:
         if not isinstance(value, str):
             continue
-        found = markers(value)
+        found, counts = marked(value, listed=MARKERS_LISTED)
         if not found:
             continue
-        counts = out.counts.setdefault(field, {INVISIBLE: 0, MIXED_SCRIPT: 0})
+        into = out.counts.setdefault(field, {INVISIBLE: 0, MIXED_SCRIPT: 0})
+        for kind, n in counts.items():
+            into[kind] += n
         for m in found:
-            counts[m.kind] += 1
-        for m in found[:MARKERS_LISTED]:
             out.append(
                 {
                     "field": field,

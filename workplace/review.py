@@ -216,7 +216,8 @@ def mark_sentences(body: str, sentences: list[str]):
     they stand, inside or outside the marked sentences (docs/TEXT.md).
     """
     spans = []
-    for sentence in sentences:
+    # Each sentence once: finding a repeated one again would list its places again.
+    for sentence in dict.fromkeys(sentences):
         start = body.find(sentence)
         while start != -1:
             spans.append((start, start + len(sentence)))
