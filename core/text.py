@@ -544,10 +544,10 @@ class Warnings(list):
         super().__init__(listed)
         self.counts: dict[str, dict[str, int]] = dict(counts or {})
 
-    def __add__(self, other):  # type: ignore[override]
+    def __add__(self, other):
         return Warnings([*self, *other], {**self.counts, **_counts_of(other)})
 
-    def __iadd__(self, other):  # type: ignore[override]
+    def __iadd__(self, other):
         self.counts.update(_counts_of(other))
         self.extend(other)
         return self

@@ -437,7 +437,7 @@ class ProposalAdmin(ViewOnlyAdmin):
         if request.method == "POST":
             form = ProposalEditForm(request.POST, proposal=proposal)
             if not form.is_valid():
-                errors = "; ".join(f"{name}: {' '.join(e)}" for name, e in form.errors.items())
+                errors = "; ".join(f"{name}: {' '.join(str(m) for m in e)}" for name, e in form.errors.items())
                 self._refused_edit(request, proposal, InvalidInput(f"the edit form was refused: {errors}"))
             else:
                 expected = form.cleaned_data["expected_operation_id"]
