@@ -51,14 +51,16 @@ def _permitted(request: HttpRequest, user):
 
 
 def _record_refused_decision(request: HttpRequest, user, message: str) -> None:
-    """The attempt row of a decision refused for want of the permission.
+    """The attempt row of a decision or an edit refused for want of the permission.
 
-    Only for ``POST /api/cases/{id}/decision`` of a case that exists. The operation and the
-    decision are read from the body for the record only, never answered: a body that names
-    no operation is recorded against the case's current one.
+    Only for ``POST /api/cases/{id}/decision`` and ``POST /api/cases/{id}/edits`` of a case
+    that exists. The operation (and the decision) are read from the body for the record
+    only, never answered: a body that names no operation is recorded against the case's
+    current one.
     """
     match = request.resolver_match
-    if match is None or not request.path.endswith("/decision") or "case_id" not in match.kwargs:
+    edit = request.path.endswith("/edits")
+    if match is None or not (edit or request.path.endswith("/decision")) or "case_id" not in match.kwargs:
         return
     case = Case.objects.select_related("current_proposal").filter(case_id=match.kwargs["case_id"]).first()
     if case is None:
@@ -68,10 +70,10 @@ def _record_refused_decision(request: HttpRequest, user, message: str) -> None:
     except Exception:  # noqa: BLE001 - any unreadable body: record without it
         body = None
     body = body if isinstance(body, dict) else {}
-    named = body.get("operation_id")
+    named = body.get("expected_operation_id" if edit else "operation_id")
     if not (isinstance(named, str) and identity.is_operation_id(named)):
         named = case.current_proposal.operation_id if case.current_proposal is not None else ""
-    approved = body.get("approved")
+    approved = None if edit else body.get("approved")
     refusal_record(
         case=case,
         operation_id=named,
@@ -79,6 +81,7 @@ def _record_refused_decision(request: HttpRequest, user, message: str) -> None:
         reviewer=user,
         channel=Channel.API,
         error=PermissionRefused(message),
+        edit=edit,
     )
 
 

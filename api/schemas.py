@@ -214,6 +214,19 @@ class TextWarningOut(Schema):
     message: str
 
 
+class TextWarningsOmittedOut(Schema):
+    """A field with more markers than ``warnings`` lists (docs/TEXT.md)."""
+
+    field: str
+    count: int = Field(description="how many of the field's markers are not listed")
+    message: str = Field(description='e.g. "body: and 124950 more"')
+
+
+_LISTED = f"at most {text.MARKERS_LISTED} per field"
+_TOTAL = f"how many markers there are in all; warnings lists {_LISTED}"
+_OMITTED = "the fields whose list was cut, and how many of their markers are not listed"
+
+
 class ProposalOut(Schema):
     operation_id: str
     action: str
@@ -233,8 +246,11 @@ class ProposalOut(Schema):
     unchecked_sentences: list[str]
     warnings: list[TextWarningOut] = Field(
         description="invisible or format characters and mixed-script words in the proposal's texts: kept in the "
-        "text and its identity, listed so that a client can show them (docs/TEXT.md)"
+        "text and its identity, listed so that a client can show them, "
+        f"{_LISTED} (docs/TEXT.md)"
     )
+    warnings_total: int = Field(description=_TOTAL)
+    warnings_omitted: list[TextWarningsOmittedOut] = Field(description=_OMITTED)
 
 
 class PendingOut(Schema):
@@ -323,8 +339,11 @@ class CaseOut(Schema):
     reconcile: OperationOut | None
     warnings: list[TextWarningOut] = Field(
         description="the text policy's markers of the case's subject and of its current proposal "
-        '(fields of the proposal are prefixed "proposal."); see docs/TEXT.md'
+        '(fields of the proposal are prefixed "proposal."), '
+        f"{_LISTED}; see docs/TEXT.md"
     )
+    warnings_total: int = Field(description=_TOTAL)
+    warnings_omitted: list[TextWarningsOmittedOut] = Field(description=_OMITTED)
 
 
 class EditOut(Schema):

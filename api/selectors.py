@@ -90,7 +90,17 @@ def case_get(case_id: str) -> Case:
     return case
 
 
-def proposal_data(proposal: Proposal, *, warnings: list[dict] | None = None) -> dict:
+def _warnings_out(warnings: text.Warnings) -> dict:
+    """The API's ``warnings`` (at most ``text.MARKERS_LISTED`` per field), their full count,
+    and the fields whose list was cut."""
+    return {
+        "warnings": warnings,
+        "warnings_total": text.summary(warnings)["total"],
+        "warnings_omitted": warnings.omitted(),
+    }
+
+
+def proposal_data(proposal: Proposal, *, warnings: text.Warnings | None = None) -> dict:
     """The proposal as the API shows it; ``warnings``: its text markers, when the caller
     found them already."""
     return {
@@ -108,7 +118,7 @@ def proposal_data(proposal: Proposal, *, warnings: list[dict] | None = None) -> 
         "findings": proposal.findings,
         "policy": proposal.policy_snapshot,
         "unchecked_sentences": proposal.unchecked_sentences,
-        "warnings": text.warnings(proposal_text_fields(proposal)) if warnings is None else warnings,
+        **_warnings_out(text.warnings(proposal_text_fields(proposal)) if warnings is None else warnings),
     }
 
 
@@ -233,12 +243,6 @@ def operation_data(operation_id: str) -> dict:
     return _operation_view(case_id=case_id, operation_id=operation_id, current=current_pk == pk, found=found)
 
 
-def _prefixed(warnings: list[dict], prefix: str) -> list[dict]:
-    """``text.warnings`` of the same texts named with ``prefix``: its message starts with the
-    field's name, so the markers need not be found twice."""
-    return [{**w, "field": prefix + w["field"], "message": prefix + w["message"]} for w in warnings]
-
-
 def case_data(case: Case) -> dict:
     """What GET /api/cases/{id} shows; ``case`` from ``case_get`` reads its
     proposal with it (any other case reads it here)."""
@@ -251,7 +255,8 @@ def case_data(case: Case) -> dict:
     shown = reconcile = pending = None
     if proposal is not None:
         proposal_warnings = text.warnings(proposal_text_fields(proposal))
-        warnings += _prefixed(proposal_warnings, "proposal.")
+        # The same markers named "proposal.…": they need not be found twice.
+        warnings += proposal_warnings.prefixed("proposal.")
         shown = proposal_data(proposal, warnings=proposal_warnings)
         found = _operation_read(proposal.operation_id)
         reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True, found=found)
@@ -264,7 +269,7 @@ def case_data(case: Case) -> dict:
         "status": reconcile["state"] if reconcile else NOT_STARTED,
         "decidable": decision is None,
         "decision": decision,
-        "warnings": warnings,
+        **_warnings_out(warnings),
         "operation_id": decidable_operation_id(case),
         "proposal": shown,
         "pending": pending,

@@ -20,6 +20,7 @@ SCALES = {
         "runs": 5,
         "identity_runs": 9,
         "identity_number": 3000,
+        "marker_sizes": (10_000, 100_000, 250_000),
         # Long enough for steady state: on these VMs a loop right after an idle moment runs up
         # to twice as fast for its first ~50 ms (docs/PERFORMANCE.md, "Short runs"), which
         # a 300-operation raw loop fits in and ours does not.
@@ -39,6 +40,7 @@ SCALES = {
         "runs": 1,
         "identity_runs": 1,
         "identity_number": 50,
+        "marker_sizes": (1_000, 2_000),
         "commit_n": 2,
         "concurrent_per_worker": 1,
         "workers": 2,
@@ -66,6 +68,8 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
         plan.append(
             ("identity", lambda: measures.bench_identity(runs=scale["identity_runs"], number=scale["identity_number"]))
         )
+        # Pure CPU: measured once, beside identity.
+        plan.append(("markers", lambda: measures.bench_markers(runs=runs, sizes=scale["marker_sizes"])))
     plan.append(("commit", lambda: list(measures.bench_commit(runs=runs, n=scale["commit_n"], vendor=vendor))))
     if pg:
         plan.append(
@@ -141,7 +145,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
-    parser.add_argument("--only", default="", help="comma-separated subset: identity,commit,concurrent,begin,...")
+    parser.add_argument(
+        "--only", default="", help="comma-separated subset: identity,markers,commit,concurrent,begin,..."
+    )
     parser.add_argument("--requests", type=int, help="pages: timed requests per page (default: the scale's)")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL"):

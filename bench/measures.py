@@ -144,6 +144,57 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
     return [res for res, _, _ in entries]
 
 
+# --- 1b. the text policy's markers ---------------------------------------------------------
+
+MARKER_SIZES = (10_000, 100_000, 250_000)  # bytes of UTF-8
+
+
+def adversarial_text(target_bytes: int) -> str:
+    """Soft hyphens (two bytes each), a line break after every 79: the text the API's
+    request limit lets in with the most markers and lines."""
+    line = "\u00ad" * 79
+    return "\n".join([line] * max(1, target_bytes // (len(line.encode()) + 1)))
+
+
+def bench_markers(*, runs: int, sizes=MARKER_SIZES) -> list[dict]:
+    """``core.text.markers`` over adversarial text at each size vs ``str.count`` of the
+    marked character over the same text: a constant ratio across the sizes is linear
+    growth (docs/TEXT.md)."""
+    from core import text
+
+    entries = []
+    for size in sizes:
+        body = adversarial_text(size)
+        found = text.markers(body)
+        if len(found) != body.count("\u00ad"):
+            raise AssertionError(f"markers: {len(found)} markers in a text with {body.count(chr(0xAD))}")
+        res = result(
+            f"markers_{size // 1000}k",
+            f"1b. text policy: markers over {size // 1000} KB of soft hyphens",
+            subject="`core.text.markers` (find, place by line and column, name)",
+            baseline="`str.count` of the soft hyphen over the same text",
+            kind="cost",
+            unit="ms/op",
+            text_bytes=len(body.encode()),
+            markers=len(found),
+        )
+
+        def baseline(_, body=body):
+            start = time.perf_counter()
+            body.count("\u00ad")
+            return time.perf_counter() - start
+
+        def subject(_, body=body):
+            start = time.perf_counter()
+            text.markers(body)
+            return time.perf_counter() - start
+
+        for s_time, b_time in paired(runs, baseline, subject):
+            add_pair(res, s_time * 1e3, b_time * 1e3)
+        entries.append(res)
+    return entries
+
+
 # --- raw baselines ----------------------------------------------------------------------
 
 

@@ -9,6 +9,9 @@ from bench.stats import summary
 ORDER = [
     "identity",
     "identity_nonascii",
+    "markers_10k",
+    "markers_100k",
+    "markers_250k",
     "commit_postgresql",
     "orm_postgresql",
     "commit_concurrent",
@@ -31,6 +34,19 @@ ORDER = [
 # What profiling found, per measure; printed under "Findings". Kept next to the renderer so
 # a re-run regenerates the whole document.
 FINDINGS = {
+    "markers_250k": (
+        "Each marker's line and column were found by counting the line breaks from the start of the text "
+        "(`core.text.position` per marker), so marking grew with the square of the text: one 250 KB edit of "
+        "soft hyphens took 26.9 s to answer, and the case's API answer (65 MB) and review page (72 MB) "
+        "listed every marker. Now each kind of marker is found in one pass and placed in one more scan "
+        "(`core.text._Lines`), and only the listed ones are built. `markers()` still builds one object per "
+        "marker (measured ad hoc: about 3.5 µs each, and the cyclic garbage collector walking them adds up "
+        "to as much again at 250 KB), so the ratio to `str.count` stays of the same order from 100 KB to "
+        "250 KB rather than growing with the text; `warnings()`, what the pages and the API call, builds "
+        "50 per field and took about 40 ms at 250 KB. What a page or answer lists is capped at "
+        "`MARKERS_LISTED` (50) per field, with the full count beside it, and a draft body is at most "
+        "`DECISIONFLOW_MAX_BODY_CHARS` (20,000) characters (docs/TEXT.md)."
+    ),
     "identity": (
         "Profiled with cProfile/timeit: of ~14 µs per `operation_id` on a 4 KiB draft, SHA-256 itself was "
         "~4 µs; `normalize_newlines` ran two `str.replace` scans over the draft even when it had no CR "

@@ -134,8 +134,8 @@ def validate_case_data(data: Any) -> None:
     text.check_case_id(data["case_id"])
     _check_text(data["subject"], "subject", "subject")
     _check_text(data["action"], "action", "action")
-    for name in ("customer_message", "draft"):
-        _check_text(data[name], name)
+    _check_text(data["customer_message"], "customer_message")
+    text.check_body(data["draft"], field="draft")
 
     texts: dict[tuple[str, int], str] = {}
     for i, source in enumerate(_check_list(data["sources"], "sources")):

@@ -164,6 +164,12 @@ CHECKPOINT_REFUSED = Counter(
     "Pause checkpoints that failed a binding check (version, graph, HMAC, request, in-flight "
     "messages): the decision was refused and nothing ran.",
 )
+REFUSALS_UNRECORDED = Counter(
+    "decisionflow_refusal_unrecorded",
+    "Refused decisions and edits whose attempt row could not be written (the refusal was still "
+    "answered; the audit misses it): by the refusal's error code.",
+    ["code"],
+)
 RECONCILE_RUNS = Counter(
     "decisionflow_reconcile_runs",
     f"reconcile runs by result: ok, unrepaired ({OperationState.NO_LOCAL_EFFECT} found, exit 1), repaired, "

@@ -32,10 +32,11 @@ import functools
 import json
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.utils import timezone
 
 from core.errors import InvalidInput
@@ -272,6 +273,28 @@ def position(text: str, index: int) -> tuple[int, int]:
     return line, column
 
 
+class _Lines:
+    """Line and column of one text's indexes, asked for in increasing order: one scan of the
+    text from its start, however many are asked for (``position`` scans from the start each
+    time)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.at = 0  # scanned up to here
+        self.line = 1
+        self.line_start = 0
+
+    def of(self, index: int) -> tuple[int, int]:
+        if index < self.at:  # a caller out of order starts again rather than answer wrong
+            self.at, self.line, self.line_start = 0, 1, 0
+        breaks = self.text.count("\n", self.at, index)
+        if breaks:
+            self.line += breaks
+            self.line_start = self.text.rfind("\n", self.at, index) + 1
+        self.at = index
+        return self.line, index - self.line_start + 1
+
+
 def _where(text: str, index: int) -> str:
     line, column = position(text, index)
     return f"line {line}, column {column}" if "\n" in text else f"position {index + 1}"
@@ -313,6 +336,20 @@ def check_text(value: object, *, field: str, one_line: bool = False, max_length:
     if max_length is not None and len(value) > max_length:
         raise _refuse(field, f"is {len(value)} characters long; at most {max_length} are allowed")
     return value
+
+
+def max_body_chars() -> int:
+    """The longest draft body accepted, in code points (``DECISIONFLOW_MAX_BODY_CHARS``)."""
+    return settings.DECISIONFLOW_MAX_BODY_CHARS
+
+
+def check_body(value: object, *, field: str = "body") -> str:
+    """A draft body: the text policy, and at most ``max_body_chars()`` code points.
+
+    The one check of a body's length, for every way one comes in (an edit, a case file):
+    a body past it would be marked, hashed and shown in full on every page and answer.
+    """
+    return check_text(value, field=field, max_length=max_body_chars())
 
 
 def check_case_id(value: object, *, field: str = "case_id") -> str:
@@ -414,20 +451,24 @@ class Marker:
         return f'{self.name} at {where}: "{self.text}" ({self.code_point})'
 
 
-def markers(text: str) -> list[Marker]:
-    """Every invisible or format character and every mixed-script word of ``text``, in order."""
-    found: list[Marker] = []
-    if text.isascii():
-        return found  # the common case: nothing to mark (ASCII controls are refused at entry)
+def _invisible_at(text: str) -> Iterator[int]:
+    """The index of each marked character of ``text``, in order."""
     for match in _MARKED_RE.finditer(text):
-        index = match.start()
-        if _ordinary(text, index):
-            continue
-        ch = match.group()
-        line, column = position(text, index)
-        cp = code_point(ch)
-        label = f"{short_name(ch)} {cp}".strip()
-        found.append(Marker(INVISIBLE, index, index + 1, line, column, ch, cp, char_name(ch), label))
+        if not _ordinary(text, match.start()):
+            yield match.start()
+
+
+def _invisible_marker(text: str, index: int, lines: _Lines) -> Marker:
+    ch = text[index]
+    line, column = lines.of(index)
+    cp = code_point(ch)
+    label = f"{short_name(ch)} {cp}".strip()
+    return Marker(INVISIBLE, index, index + 1, line, column, ch, cp, char_name(ch), label)
+
+
+def _mixed_words(text: str) -> Iterator[tuple[re.Match, list[tuple[str, str | None]], list[str]]]:
+    """Each word of ``text`` that mixes scripts: the match, its letters' scripts, the scripts
+    (the most used first), in order."""
     for match in _WORD_RE.finditer(text):
         word = match.group()
         if word.isascii():
@@ -437,35 +478,124 @@ def markers(text: str) -> list[Marker]:
         for _ch, script in letters:
             if script is not None:
                 counts[script] = counts.get(script, 0) + 1
-        if len(counts) < 2:
-            continue
-        scripts = sorted(counts, key=lambda s: (-counts[s], s))
-        minority = [ch for ch, script in letters if script is not None and script != scripts[0]]
-        line, column = position(text, match.start())
-        found.append(
-            Marker(
-                MIXED_SCRIPT,
-                match.start(),
-                match.end(),
-                line,
-                column,
-                word,
-                " ".join(dict.fromkeys(f"{code_point(ch)} {char_name(ch)}" for ch in minority)),
-                f"a word mixing {' and '.join(scripts)} letters",
-                "+".join(scripts),
-            )
-        )
+        if len(counts) >= 2:
+            yield match, letters, sorted(counts, key=lambda s: (-counts[s], s))
+
+
+def _mixed_marker(found: tuple[re.Match, list[tuple[str, str | None]], list[str]], lines: _Lines) -> Marker:
+    match, letters, scripts = found
+    minority = [ch for ch, script in letters if script is not None and script != scripts[0]]
+    line, column = lines.of(match.start())
+    return Marker(
+        MIXED_SCRIPT,
+        match.start(),
+        match.end(),
+        line,
+        column,
+        match.group(),
+        " ".join(dict.fromkeys(f"{code_point(ch)} {char_name(ch)}" for ch in minority)),
+        f"a word mixing {' and '.join(scripts)} letters",
+        "+".join(scripts),
+    )
+
+
+def marked(text: str, *, listed: int | None = None) -> tuple[list[Marker], dict[str, int]]:
+    """The first ``listed`` markers of ``text`` in order (all of them with None), and how
+    many there are of each kind (``{INVISIBLE: n, MIXED_SCRIPT: m}``).
+
+    Linear in the text: each kind is found in one pass, and its lines and columns in one
+    more scan (``_Lines``); only the markers listed are built.
+    """
+    counts = {INVISIBLE: 0, MIXED_SCRIPT: 0}
+    if text.isascii():
+        return [], counts  # the common case: nothing to mark (ASCII controls are refused at entry)
+    found: list[Marker] = []
+    lines = _Lines(text)
+    for index in _invisible_at(text):
+        if listed is None or counts[INVISIBLE] < listed:
+            found.append(_invisible_marker(text, index, lines))
+        counts[INVISIBLE] += 1
+    lines = _Lines(text)
+    for word in _mixed_words(text):
+        if listed is None or counts[MIXED_SCRIPT] < listed:
+            found.append(_mixed_marker(word, lines))
+        counts[MIXED_SCRIPT] += 1
+    # The first ``listed`` of each kind hold the first ``listed`` of both.
     found.sort(key=lambda m: m.start)
-    return found
+    return (found if listed is None else found[:listed]), counts
 
 
-def warnings(fields: Iterable[tuple[str, str]]) -> list[dict]:
-    """The markers of several named texts, as the API and the pages' banners report them."""
-    out = []
+def markers(text: str) -> list[Marker]:
+    """Every invisible or format character and every mixed-script word of ``text``, in order."""
+    return marked(text)[0]
+
+
+# The markers listed per field (the API's ``warnings``, a banner's "Where"): a text can hold
+# one on every other character, and a list of them all is larger than the text. The counts
+# stay whole (``summary``), and a cut list says how many more there are.
+MARKERS_LISTED = 50
+
+
+class Warnings(list):
+    """The listed markers of several named texts (at most ``MARKERS_LISTED`` per field),
+    with the counts of all of them: ``counts[field]`` is ``{INVISIBLE: n, MIXED_SCRIPT: m}``."""
+
+    def __init__(self, listed: Iterable[dict] = (), counts: dict[str, dict[str, int]] | None = None):
+        super().__init__(listed)
+        self.counts: dict[str, dict[str, int]] = dict(counts or {})
+
+    def __add__(self, other):
+        return Warnings([*self, *other], {**self.counts, **_counts_of(other)})
+
+    def __iadd__(self, other):
+        self.counts.update(_counts_of(other))
+        self.extend(other)
+        return self
+
+    def prefixed(self, prefix: str) -> Warnings:
+        """The same markers, their fields named with ``prefix`` (the message starts with it)."""
+        return Warnings(
+            [{**w, "field": prefix + w["field"], "message": prefix + w["message"]} for w in self],
+            {prefix + field: n for field, n in self.counts.items()},
+        )
+
+    def omitted(self) -> list[dict]:
+        """Each field whose list was cut: how many of its markers are not listed."""
+        listed: dict[str, int] = {}
+        for w in self:
+            listed[w["field"]] = listed.get(w["field"], 0) + 1
+        out = []
+        for field, n in sorted(self.counts.items()):
+            more = sum(n.values()) - listed.get(field, 0)
+            if more > 0:
+                out.append({"field": field, "count": more, "message": f"{field}: and {more} more"})
+        return out
+
+
+def _counts_of(found: Iterable[dict]) -> dict[str, dict[str, int]]:
+    if isinstance(found, Warnings):
+        return found.counts
+    counts: dict[str, dict[str, int]] = {}
+    for w in found:
+        field = counts.setdefault(w["field"], {INVISIBLE: 0, MIXED_SCRIPT: 0})
+        field[w["kind"]] += 1
+    return counts
+
+
+def warnings(fields: Iterable[tuple[str, str]]) -> Warnings:
+    """The markers of several named texts, as the API and the pages' banners report them:
+    at most ``MARKERS_LISTED`` listed per field, all of them counted."""
+    out = Warnings()
     for field, value in fields:
         if not isinstance(value, str):
             continue
-        for m in markers(value):
+        found, counts = marked(value, listed=MARKERS_LISTED)
+        if not found:
+            continue
+        into = out.counts.setdefault(field, {INVISIBLE: 0, MIXED_SCRIPT: 0})
+        for kind, n in counts.items():
+            into[kind] += n
+        for m in found:
             out.append(
                 {
                     "field": field,
@@ -483,17 +613,19 @@ def warnings(fields: Iterable[tuple[str, str]]) -> list[dict]:
     return out
 
 
-def summary(found: list[dict]) -> dict:
-    """Counts for a banner: how many of each kind, and in which fields."""
-    fields: dict[str, int] = {}
-    for w in found:
-        fields[w["field"]] = fields.get(w["field"], 0) + 1
+def summary(found: Iterable[dict]) -> dict:
+    """Counts for a banner: how many of each kind, and in which fields, all of them (a
+    ``Warnings`` counts the markers it does not list), and where the list was cut."""
+    found = found if isinstance(found, Warnings) else Warnings(found, _counts_of(found))
+    counts = found.counts
     return {
-        "total": len(found),
-        "invisible": sum(1 for w in found if w["kind"] == INVISIBLE),
-        "mixed": sum(1 for w in found if w["kind"] == MIXED_SCRIPT),
-        "fields": sorted(fields.items()),
+        "total": sum(sum(n.values()) for n in counts.values()),
+        "invisible": sum(n[INVISIBLE] for n in counts.values()),
+        "mixed": sum(n[MIXED_SCRIPT] for n in counts.values()),
+        "fields": sorted((field, sum(n.values())) for field, n in counts.items()),
         "labels": sorted({w["label"] for w in found}),
+        "listed": len(found),
+        "omitted": found.omitted(),
     }
 
 

@@ -109,6 +109,10 @@ TASKS = {
 
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
+# The longest draft body an edit or a case file may bring, in characters (code points); a
+# longer one is refused (docs/TEXT.md). A reply is read by a person: the demo's longest is
+# about 500.
+DECISIONFLOW_MAX_BODY_CHARS = env.int("DECISIONFLOW_MAX_BODY_CHARS", default=20_000)
 
 # Prometheus metrics (docs/DEPLOY.md). PROMETHEUS_MULTIPROC_DIR is the folder that every process
 # of a host (gunicorn workers, cron commands) writes its counts to; /metrics sums them. Metrics

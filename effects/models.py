@@ -100,8 +100,16 @@ class CommitAttempt(AppendOnlyModel):
             models.Index(fields=["operation_id"], name="attempt_operation"),
         ]
 
+    # A refused edit's row: on the operation the editor named, no decision asked (approved
+    # None), and its detail starts with this; the history calls it an edit.
+    EDIT_DETAIL = "edit refused, "
+
     def __str__(self):
         return f"{self.outcome} {short(self.operation_id)}"
+
+    @property
+    def refused_edit(self) -> bool:
+        return self.detail.startswith(self.EDIT_DETAIL)
 
 
 class DeliveryState(models.TextChoices):

@@ -181,7 +181,7 @@ def proposal_revise(
         raise InvalidInput("an edit needs a new body, new source versions, or both")
     if body is not None:
         # The text policy (docs/TEXT.md): the same check as load_case, for every channel.
-        text.check_text(body, field="body")
+        text.check_body(body, field="body")
         if not body.strip():
             raise InvalidInput("body must not be empty", field="body")
     for source_id, version in (source_versions or {}).items():

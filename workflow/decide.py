@@ -48,7 +48,7 @@ from core.errors import (
     WorkflowIncompatible,
 )
 from core.locks import sqlite_bounded_wait
-from core.observability import decision_observed
+from core.observability import REFUSALS_UNRECORDED, decision_observed
 from core.outcomes import DecisionOutcome
 from effects.models import CommitAttempt
 from effects.services import (
@@ -217,15 +217,18 @@ def _begin_if_decidable(case: Case, operation_id: str, reviewer, channel: str) -
 
 
 def refusal_record(
-    *, case: Case, operation_id: str, approved, reviewer, channel: str, error: DecisionflowError
+    *, case: Case, operation_id: str, approved, reviewer, channel: str, error: DecisionflowError, edit: bool = False
 ) -> None:
-    """The attempt row of a decision a channel refused before calling ``decision_record``
-    (an authenticated user without the permission, a click without a decision)."""
-    _record_refusal(case, operation_id, approved, reviewer, channel, error)
+    """The attempt row of a refused decision or edit: the one function every refusal's row is
+    written by (the decision service's own refusals, a channel's before it calls a service,
+    ``review_edit``'s). ``edit``: the call was an edit (its row says so, ``CommitAttempt.EDIT_DETAIL``).
 
-
-def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
-    outcome = CommitAttempt.Outcome.STALE if isinstance(exc, StaleProposal) else CommitAttempt.Outcome.REFUSED
+    The refusal stands whether or not its row could be written (a busy case may still hold
+    the row lock the attempt's foreign key needs): a row not written is counted
+    (``decisionflow_refusal_unrecorded_total``) and logged at ERROR, and never raised.
+    """
+    outcome = CommitAttempt.Outcome.STALE if isinstance(error, StaleProposal) else CommitAttempt.Outcome.REFUSED
+    detail = f"{error.code}: {error.message}"
     try:
         attempt_record(
             operation_id=operation_id,
@@ -234,10 +237,21 @@ def _record_refusal(case, operation_id, approved, reviewer, channel, exc: Decisi
             reviewer=reviewer,
             channel=channel,
             outcome=outcome,
-            detail=f"{exc.code}: {exc.message}",
-            reason=exc.reason,
+            detail=CommitAttempt.EDIT_DETAIL + detail if edit else detail,
+            reason=error.reason,
         )
-    except (CaseBusy, DatabaseError) as error:
-        # The refusal stands whether or not the audit row could be written (a busy case
-        # may still hold the row lock the attempt's foreign key needs).
-        log.warning("could not record the refused attempt on %s: %s", operation_id, error)
+    except (CaseBusy, DatabaseError) as failure:
+        REFUSALS_UNRECORDED.labels(code=error.code).inc()
+        log.error(
+            "the refused %s on %s (%s) has no attempt row: %s",
+            "edit" if edit else "decision",
+            operation_id,
+            error.code,
+            failure,
+        )
+
+
+def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
+    refusal_record(
+        case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, error=exc
+    )

@@ -14,6 +14,7 @@ from effects.services import reviewer_check
 from reviews.models import Channel, PendingReview
 from reviews.services import RevisionResult, proposal_revise
 from workflow.begin import BeginResult, begin_under_lock
+from workflow.decide import refusal_record
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +43,41 @@ def review_edit(
     and the workflow is begun for the case's current proposal (the new one, unless another
     edit came in between).
 
+    Every refusal (no permission, bad input, stale or decided, a busy case) is answered as
+    its error class and recorded as one commit attempt on ``expected_operation_id``, marked
+    as an edit (``refusal_record``), as a refused decision is.
+
     Transactions: two, each holding the case lock (``case_lock``). The revision commits
     before begin runs: if begin fails (``CaseBusy`` included), the new proposal is saved and
     current, and the result says so (``begin_error``); the first decision on it, or
     ``manage.py begin``, begins it.
     """
-    reviewer_check(editor)
-    with case_lock(case.case_id):
-        revision = proposal_revise(
+    try:
+        reviewer_check(editor)
+        with case_lock(case.case_id):
+            revision = proposal_revise(
+                case=case,
+                expected_operation_id=expected_operation_id,
+                body=body,
+                source_versions=source_versions,
+                editor=editor,
+            )
+            if revision.changed:
+                # update() skips auto_now; checkpoint retention counts its window from this time.
+                PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
+                    operation_id=revision.proposal.operation_id
+                ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+    except DecisionflowError as exc:
+        refusal_record(
             case=case,
-            expected_operation_id=expected_operation_id,
-            body=body,
-            source_versions=source_versions,
-            editor=editor,
+            operation_id=str(expected_operation_id),
+            approved=None,
+            reviewer=editor,
+            channel=channel,
+            error=exc,
+            edit=True,
         )
-        if revision.changed:
-            # update() skips auto_now; checkpoint retention counts its window from this time.
-            PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
-                operation_id=revision.proposal.operation_id
-            ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+        raise
     if not revision.changed:
         return EditResult(revision, None)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -73,10 +74,16 @@ def _marker_html(m: Marker, piece: str) -> str:
     )
 
 
-def _chunk(text: str, start: int, end: int, found: list[Marker]) -> str:
+def _chunk(text: str, start: int, end: int, found: list[Marker], starts: list[int]) -> str:
     out: list[str] = []
     pos = start
-    for m in found:
+    # The markers are in order and do not overlap (a marked character is no letter of a
+    # word), so only the one before ``start`` can reach into the chunk: each chunk reads its
+    # own markers, not the text's.
+    for i in range(max(bisect.bisect_left(starts, start) - 1, 0), len(found)):
+        m = found[i]
+        if m.start >= end:
+            break
         a, b = max(m.start, start), min(m.end, end)
         if a >= b or a < pos:
             continue
@@ -97,11 +104,12 @@ def marked_html(text: str | None, *, wrap: Iterable[tuple[int, int, str, str]] =
     """
     text = text or ""
     found = markers(text)
+    starts = [m.start for m in found]
     out, pos = [], 0
     for start, end, opening, closing in sorted(wrap):
         if start < pos:  # overlapping: already inside a wrap
             continue
-        out += [_chunk(text, pos, start, found), opening, _chunk(text, start, end, found), closing]
+        out += [_chunk(text, pos, start, found, starts), opening, _chunk(text, start, end, found, starts), closing]
         pos = end
-    out.append(_chunk(text, pos, len(text), found))
+    out.append(_chunk(text, pos, len(text), found, starts))
     return mark_safe("".join(out))  # noqa: S308 - every piece of text above is escaped

@@ -216,7 +216,8 @@ def mark_sentences(body: str, sentences: list[str]):
     they stand, inside or outside the marked sentences (docs/TEXT.md).
     """
     spans = []
-    for sentence in sentences:
+    # Each sentence once: finding a repeated one again would list its places again.
+    for sentence in dict.fromkeys(sentences):
         start = body.find(sentence)
         while start != -1:
             spans.append((start, start + len(sentence)))
@@ -409,15 +410,36 @@ class ProposalAdmin(ViewOnlyAdmin):
 
     # --- Edit --------------------------------------------------------------------------
 
-    def edit_view(self, request, pk):
+    def _refused_edit(self, request, proposal: Proposal, error: DecisionflowError) -> None:
+        """The attempt row of an edit refused before the edit service (the permission, the form)."""
+        named = request.POST.get("expected_operation_id", "")
+        refusal_record(
+            case=proposal.case,
+            operation_id=named if identity.is_operation_id(named) else proposal.operation_id,
+            approved=None,
+            reviewer=request.user,
+            channel=Channel.ADMIN,
+            error=error,
+            edit=True,
+        )
 
+    def edit_view(self, request, pk):
         if not can_review(request.user):
+            # A forged POST is audited like any other refused edit.
+            if request.method == "POST":
+                proposal = Proposal.objects.select_related("case").filter(pk=pk).first()
+                if proposal is not None:
+                    refusal = PermissionRefused(f"{request.user.get_username()} does not have the review permission")
+                    self._refused_edit(request, proposal, refusal)
             raise PermissionDenied
         proposal = get_object_or_404(Proposal.objects.select_related("case"), pk=pk)
         case = proposal.case
         if request.method == "POST":
             form = ProposalEditForm(request.POST, proposal=proposal)
-            if form.is_valid():
+            if not form.is_valid():
+                errors = "; ".join(f"{name}: {' '.join(str(m) for m in e)}" for name, e in form.errors.items())
+                self._refused_edit(request, proposal, InvalidInput(f"the edit form was refused: {errors}"))
+            else:
                 expected = form.cleaned_data["expected_operation_id"]
                 try:
                     edited = review_edit(
@@ -428,6 +450,13 @@ class ProposalAdmin(ViewOnlyAdmin):
                         editor=request.user,
                         channel=Channel.ADMIN,
                     )
+                except InvalidInput as exc:
+                    # The service's refusal of the text (the policy, the body limit) is the
+                    # field's error, in its own words.
+                    if exc.details.get("field") in form.fields:
+                        form.add_error(exc.details["field"], exc.message)
+                    else:
+                        self.message_user(request, exc.message, messages.ERROR)
                 except DecisionflowError as exc:
                     self.message_user(request, _refused(case, exc), messages.ERROR)
                 else:

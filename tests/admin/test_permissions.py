@@ -58,14 +58,18 @@ def test_forged_posts_get_403_and_write_nothing(who, lead_client, make_user, beg
     for name, url, data in state_changing_requests(case, case.current_proposal):
         response = client.post(url, data)
         assert response.status_code == 403, name
-    # Nothing is written but the audit: each refused decision (two clicks, one bulk row).
-    assert counts() == before | {"attempts": 3}
+    # Nothing is written but the audit: each refused decision (two clicks, one bulk row) and
+    # the refused edit.
+    assert counts() == before | {"attempts": 4}
     user = get_user_model().objects.get(username="lead" if who == "lead" else "nobody")
-    assert list(CommitAttempt.objects.order_by("id").values_list("reason", "approved", "reviewer", "operation_id")) == [
+    rows = CommitAttempt.objects.order_by("id")
+    assert list(rows.values_list("reason", "approved", "reviewer", "operation_id")) == [
         ("no_permission", True, user.pk, case.current_proposal.operation_id),
         ("no_permission", False, user.pk, case.current_proposal.operation_id),
+        ("no_permission", None, user.pk, case.current_proposal.operation_id),
         ("no_permission", True, user.pk, case.current_proposal.operation_id),
     ]
+    assert [row.refused_edit for row in rows] == [False, False, True, False]
 
 
 def test_lead_reads_the_review_page_without_buttons(lead_client, begun, case):

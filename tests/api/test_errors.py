@@ -206,8 +206,8 @@ def test_403_without_review_permission(lead_api, before, tripwire):
     assert_error(lead_api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi."}), 403, "forbidden")
     # Even an invalid body is refused for the permission first: nothing is validated for them.
     assert_error(lead_api.post(DECISION, {"approved": "yes"}), 403, "forbidden")
-    # Nothing is written but the audit of the two refused decisions (the edit is no decision).
-    assert full_snapshot() == before | {"attempts": before["attempts"] + 2}
+    # Nothing is written but the audit of the two refused decisions and the refused edit.
+    assert full_snapshot() == before | {"attempts": before["attempts"] + 3}
     from effects.models import CommitAttempt
 
     rows = CommitAttempt.objects.order_by("id").values_list("reason", "approved", "reviewer__username", "channel")
@@ -218,8 +218,10 @@ def test_403_without_review_permission(lead_api, before, tripwire):
         )
     ] == [
         ("no_permission", True, "lead", "api", DEMO_OP),
+        ("no_permission", None, "lead", "api", DEMO_OP),  # the edit: no decision asked
         ("no_permission", None, "lead", "api", DEMO_OP),  # no decision given: recorded as none
     ]
+    assert [a.refused_edit for a in CommitAttempt.objects.order_by("id")] == [False, True, False]
     # Reading needs no review permission: support leads browse.
     assert lead_api.get("/api/cases/T-1042").status_code == 200
     assert lead_api.get(f"/api/operations/{DEMO_OP}").status_code == 200

@@ -154,6 +154,8 @@ def test_warnings_name_the_field_and_summary_counts_them():
         "mixed": 1,
         "fields": [("body", 2)],
         "labels": None,
+        "listed": 2,
+        "omitted": [],
     }
 
 

@@ -44,12 +44,13 @@ def test_reconcile_help_starts_with_cron_usage():
     assert "*/5 * * * *" in Command.help and "--repair" in Command.help
 
 
-def _refused(*args, code=1, match=""):
+def _refused(*args, code=1, match="", audited=0):
+    """``audited``: the attempt rows the refusal appends (an edit the edit service refused)."""
     before = (
         Proposal.objects.count(),
         ReviewDecision.objects.count(),
         PendingReview.objects.count(),
-        CommitAttempt.objects.count(),
+        CommitAttempt.objects.count() + audited,
     )
     with pytest.raises(CommandError, match=match) as error:
         call_command(*args)
@@ -137,6 +138,7 @@ def test_usage_errors_exit_1_and_write_nothing(case, reviewer, settings, capsys)
         "--editor",
         "reviewer",
         match="HOLD-7 has no version 9",
+        audited=1,
     )
     _refused("reconcile", match="CASE_IDs, or --all")
     _refused("reconcile", "T-1042", "--all", match="not both")

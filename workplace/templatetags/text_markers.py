@@ -23,13 +23,13 @@ def marked(value):
 @register.inclusion_tag("admin/decisionflow/text_banner.html")
 def text_banner(warnings, where="on this page"):
     """The banner that counts the markers of a page; nothing when there are none."""
-    return {"summary": text.summary(list(warnings or [])), "warnings": warnings or [], "where": where}
+    return {"summary": text.summary(warnings or []), "warnings": warnings or [], "where": where}
 
 
 @register.inclusion_tag("admin/decisionflow/text_markers_cell.html")
 def text_markers_cell(warnings):
     """A compact per-row list of markers (the bulk confirmation)."""
-    return {"summary": text.summary(list(warnings or []))}
+    return {"summary": text.summary(warnings or [])}
 
 
 @register.simple_tag
