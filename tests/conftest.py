@@ -176,6 +176,21 @@ def commit_lost(*, times: int | None = None):
         yield failures
 
 
+@contextmanager
+def http_server(handler):
+    """A local HTTP server answering with ``handler`` (a ``BaseHTTPRequestHandler``) on a
+    free port of 127.0.0.1, in a thread, for the block: its base URL."""
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def database_url() -> str:
     """A DATABASE_URL naming the database this test process is using right now.
 

@@ -10,9 +10,8 @@ does, a trickle of an answer it would otherwise give in full.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -20,6 +19,7 @@ from effects import delivery
 from effects.models import Delivery, DeliveryState, DeliveryTry
 from effects.services import effect_commit
 from effects.tasks import deliver
+from tests.conftest import http_server
 
 TRICKLE_FOR_S = 6.0  # the stub gives up after this (the old, unbounded read waited it out)
 
@@ -58,14 +58,10 @@ def slow_helpdesk(settings, delivering):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    settings.DECISIONFLOW_DELIVERY_URL = f"http://127.0.0.1:{server.server_address[1]}"
-    settings.DECISIONFLOW_DELIVERY_DEADLINE = "1s"
-    yield answer, written
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as url:
+        settings.DECISIONFLOW_DELIVERY_URL = url
+        settings.DECISIONFLOW_DELIVERY_DEADLINE = "1s"
+        yield answer, written
 
 
 def acknowledged(request: dict) -> dict:

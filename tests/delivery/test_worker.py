@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.db import connections
@@ -17,6 +17,7 @@ from effects import delivery
 from effects.models import Delivery, DeliveryState, DeliveryTry
 from effects.services import effect_commit
 from effects.tasks import deliver
+from tests.conftest import http_server
 
 State, Outcome = DeliveryState, DeliveryTry.Outcome
 
@@ -223,14 +224,10 @@ def bad_helpdesk(settings, delivering):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    settings.DECISIONFLOW_DELIVERY_URL = f"http://127.0.0.1:{server.server_address[1]}"
-    settings.DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES = 4096
-    yield answer
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as url:
+        settings.DECISIONFLOW_DELIVERY_URL = url
+        settings.DECISIONFLOW_DELIVERY_MAX_RESPONSE_BYTES = 4096
+        yield answer
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import socket
 import threading
 from datetime import timedelta
 from email import message_from_bytes
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from io import StringIO
 
 import pytest
@@ -27,6 +27,7 @@ from django_tasks_db.models import DBTaskResult
 
 from reviews import notifications
 from reviews.models import Notification, NotificationKind, NotificationState, PendingReview
+from tests.conftest import http_server
 from workflow.begin import review_begin
 
 IMMEDIATE = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
@@ -79,12 +80,8 @@ def webhook():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received, state
-    server.shutdown()
-    server.server_close()
+    with http_server(Handler) as url:
+        yield f"{url}/hook", received, state
 
 
 @pytest.fixture
