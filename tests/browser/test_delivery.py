@@ -109,3 +109,45 @@ def test_unknown_then_delivered_on_the_review_and_history_pages(demo, helpdesk, 
         found[name] = axe_violations(page)
     report = [f"{name}: {v['id']} ({v['impact']}) {v['help']}: {v['nodes']}" for name, vs in found.items() for v in vs]
     assert not report, "\n".join(report)
+
+
+def test_needs_check_says_look_at_the_ticket_and_never_rejected(demo, helpdesk, login, live_server, screenshot_dir):
+    """Stored but its answer lost, the lookup lagging (404), the resend refused (422
+    ``ticket_closed``): the page says a person must look, the reply may already be on the
+    ticket, and never "Rejected" or "not on the ticket"."""
+    url = live_server.url
+    _context, page = login(*REVIEWER)
+    review = f"{url}/admin/reviews/proposal/{demo.current_proposal_id}/review/"
+    page.goto(review)
+    helpdesk.set_faults(reset=True, drop_after_commit=1, lookup_lag_s=600)
+    page.click("#df-approve")
+    page.wait_for_selector("#df-decision")
+    operation_id = demo.current_proposal.operation_id
+    done, _delay = in_thread(delivery_attempt, operation_id=operation_id, worker="host-a:4121", due_only=False)
+    assert done == DeliveryState.UNKNOWN
+    helpdesk.set_faults(ticket_closed_count=1)
+    done, _delay = in_thread(delivery_attempt, operation_id=operation_id, worker="host-a:4121", due_only=False)
+    assert done == DeliveryState.NEEDS_CHECK
+    assert helpdesk.stats()["replies"] == 1
+
+    page.goto(review)
+    panel = page.locator("#df-delivery")
+    expect(panel.locator(".df-delivery-badge")).to_have_text("NeedsCheck")
+    expect(panel).to_contain_text("the reply may already be on the ticket")
+    expect(panel).to_contain_text("Look at the customer's ticket first")
+    expect(panel).not_to_contain_text("not on the ticket")
+    expect(panel).not_to_contain_text("Rejected:")
+    # The try's error already names its status: said once.
+    expect(panel.locator(".df-try").first).to_contain_text("HTTP 422: ticket_closed")
+    expect(panel).not_to_contain_text("HTTP 422: HTTP 422")
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir / "delivery-needs-check.png"), full_page=False)
+    found = {"review page, NeedsCheck": axe_violations(page)}
+    page.goto(f"{url}/admin/effects/delivery/")
+    expect(page.locator("#result_list")).to_contain_text("NeedsCheck")
+    found["deliveries list, NeedsCheck"] = axe_violations(page)
+    page.emulate_media(color_scheme="dark")
+    page.goto(review)
+    found["review page, NeedsCheck (dark)"] = axe_violations(page)
+    report = [f"{name}: {v['id']} ({v['impact']}) {v['help']}: {v['nodes']}" for name, vs in found.items() for v in vs]
+    assert not report, "\n".join(report)
