@@ -95,7 +95,7 @@ def _warnings_out(warnings: text.Warnings) -> dict:
     and the fields whose list was cut."""
     return {
         "warnings": warnings,
-        "warnings_total": text.summary(warnings)["total"],
+        "warnings_total": warnings.total,
         "warnings_omitted": warnings.omitted(),
     }
 

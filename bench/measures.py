@@ -146,8 +146,6 @@ def bench_identity(*, runs: int, number: int) -> list[dict]:
 
 # --- 1b. the text policy's markers ---------------------------------------------------------
 
-MARKER_SIZES = (10_000, 100_000, 250_000)  # bytes of UTF-8
-
 
 def adversarial_text(target_bytes: int) -> str:
     """Soft hyphens (two bytes each), a line break after every 79: the text the API's
@@ -156,10 +154,10 @@ def adversarial_text(target_bytes: int) -> str:
     return "\n".join([line] * max(1, target_bytes // (len(line.encode()) + 1)))
 
 
-def bench_markers(*, runs: int, sizes=MARKER_SIZES) -> list[dict]:
+def bench_markers(*, runs: int, sizes: tuple[int, ...]) -> list[dict]:
     """``core.text.markers`` over adversarial text at each size vs ``str.count`` of the
-    marked character over the same text: a constant ratio across the sizes is linear
-    growth (docs/TEXT.md)."""
+    marked character over the same text, at each size (bytes of UTF-8): a constant ratio
+    across the sizes is linear growth (docs/TEXT.md)."""
     from core import text
 
     entries = []

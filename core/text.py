@@ -552,6 +552,11 @@ class Warnings(list):
         self.extend(other)
         return self
 
+    @property
+    def total(self) -> int:
+        """How many markers there are in all, listed or not."""
+        return sum(sum(n.values()) for n in self.counts.values())
+
     def prefixed(self, prefix: str) -> Warnings:
         """The same markers, their fields named with ``prefix`` (the message starts with it)."""
         return Warnings(
@@ -619,7 +624,7 @@ def summary(found: Iterable[dict]) -> dict:
     found = found if isinstance(found, Warnings) else Warnings(found, _counts_of(found))
     counts = found.counts
     return {
-        "total": sum(sum(n.values()) for n in counts.values()),
+        "total": found.total,
         "invisible": sum(n[INVISIBLE] for n in counts.values()),
         "mixed": sum(n[MIXED_SCRIPT] for n in counts.values()),
         "fields": sorted((field, sum(n.values())) for field, n in counts.items()),

@@ -190,7 +190,14 @@ def decision_record(
         except DecisionflowError as exc:
             if not answer_started or isinstance(exc, WorkflowIncompatible):
                 # The review core records its own refusals; these happened before it ran.
-                _record_refusal(case, operation_id, approved, reviewer, channel, exc)
+                refusal_record(
+                    case=case,
+                    operation_id=operation_id,
+                    approved=approved,
+                    reviewer=reviewer,
+                    channel=channel,
+                    error=exc,
+                )
             raise
         if commit.status == CONFLICTING:
             raise _conflict(commit)
@@ -249,9 +256,3 @@ def refusal_record(
             error.code,
             failure,
         )
-
-
-def _record_refusal(case, operation_id, approved, reviewer, channel, exc: DecisionflowError) -> None:
-    refusal_record(
-        case=case, operation_id=operation_id, approved=approved, reviewer=reviewer, channel=channel, error=exc
-    )

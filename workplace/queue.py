@@ -212,7 +212,7 @@ class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
         found = text_policy.warnings(case_text_fields(obj.case) + proposal_text_fields(obj.proposal))
         if not found:
             return ""
-        total = text_policy.summary(found)["total"]
+        total = found.total
         return format_html(
             '<span class="df-text-warnings" title="{}">{} warning{}</span>',
             format_html_join("; ", "{}", ((w["message"],) for w in found[:10])),
