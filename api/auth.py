@@ -45,12 +45,12 @@ def _permitted(request: HttpRequest, user):
             raise AuthorizationError(message=f"{user.get_username()} does not have the publish policy permission")
     elif not user.has_perm(REVIEW_PERMISSION):
         message = f"{user.get_username()} does not have the review permission"
-        _record_refused_decision(request, user, message)
+        _record_refused_call(request, user, message)
         raise AuthorizationError(message=message)
     return user
 
 
-def _record_refused_decision(request: HttpRequest, user, message: str) -> None:
+def _record_refused_call(request: HttpRequest, user, message: str) -> None:
     """The attempt row of a decision or an edit refused for want of the permission.
 
     Only for ``POST /api/cases/{id}/decision`` and ``POST /api/cases/{id}/edits`` of a case
