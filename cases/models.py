@@ -20,7 +20,8 @@ class Policy(models.Model):
     label = models.CharField(max_length=100, help_text="Display only; not part of the identity.")
     parameters = models.JSONField(default=dict)
     policy_id = models.CharField(max_length=80, db_index=True)
-    # Set by the first publish of this version; None for a version that came with a case file.
+    # Set by each publish that makes this version the current one (the last published);
+    # None for a version that came with a case file and was never published.
     published_at = models.DateTimeField(null=True, blank=True)
     published_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"

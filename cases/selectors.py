@@ -6,7 +6,7 @@ import functools
 
 from django.db import connection
 
-from cases.models import Case, Finding, SelectedPassage, Source, SourceVersion
+from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
 from core.errors import NotFound
 
 
@@ -16,6 +16,12 @@ def case_by_id(case_id: str) -> Case:
     if case is None:
         raise NotFound(f"no case {case_id!r}; load it with `manage.py load_case FILE.json`")
     return case
+
+
+def current_policy(name: str) -> Policy | None:
+    """The version of policy ``name`` that governs now: the last one published (None: no
+    version of it was ever published, and a case may come under any version)."""
+    return Policy.objects.filter(name=name, published_at__isnull=False).order_by("-published_at", "-pk").first()
 
 
 def case_text_fields(case: Case) -> list[tuple[str, str]]:

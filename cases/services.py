@@ -7,12 +7,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from django.db import transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
 from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
+from cases.selectors import current_policy
 from core import identity, text
 from core.errors import InvalidInput
+from core.locks import policy_lock
 
 _REQUIRED = {
     "": [
@@ -246,6 +247,22 @@ def policy_version_get_or_create(*, data: dict) -> tuple[Policy, bool]:
     )
 
 
+def policy_current_check(policy: dict, field: str = "policy") -> None:
+    """A case comes in under its policy's current version (the last published), or under
+    any version while none is published. A superseded version is refused, naming the
+    current one: the publish that superseded it has already moved every undecided case
+    off it, and a case let in under it would be reviewed under rules no longer in force."""
+    current = current_policy(policy["name"])
+    if current is None or current.policy_id == identity.policy_id(policy["name"], policy["parameters"]):
+        return
+    _fail(
+        field,
+        f"{text.shown(policy['name'])} {text.shown(policy['label'])} is not the current version of "
+        f"{text.shown(policy['name'])}: {text.shown(current.label)} was published at {text.when(current.published_at)} "
+        f"and supersedes it; prepare the case under {text.shown(current.label)} ({current.policy_id})",
+    )
+
+
 def _import_digest(data: dict) -> str:
     canonical = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -260,7 +277,9 @@ def case_import(*, data: dict) -> ImportResult:
     validate_case_data(data)
     data = dict(data, draft=identity.normalize_newlines(data["draft"]))
     digest = _import_digest(data)
-    with transaction.atomic():
+    # Under the policy's shared lock: a publish switches the cases of a policy while no import
+    # into it is running, so an import is either switched with the rest or checked after it.
+    with policy_lock(data["policy"]["name"], shared=True):
         existing = Case.objects.filter(case_id=data["case_id"]).first()
         if existing is not None:
             if existing.import_digest == digest:
@@ -289,6 +308,7 @@ def case_import(*, data: dict) -> ImportResult:
                 versions[(src["source_id"], ver["version"])] = sv
 
         pol = data["policy"]
+        policy_current_check(pol)
         policy, _ = Policy.objects.get_or_create(
             policy_id=identity.policy_id(pol["name"], pol["parameters"]),
             label=pol["label"],

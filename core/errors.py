@@ -110,6 +110,25 @@ class StaleProposal(DecisionflowError):
             case_id=case_id,
         )
 
+    @classmethod
+    def policy_superseded(
+        cls, *, operation_id: str, case_id: str, policy: str, prepared_under: str, current: str
+    ) -> StaleProposal:
+        """``operation_id`` was prepared under version ``prepared_under`` of ``policy``, and
+        the publish of version ``current`` has switched case ``case_id`` onto it: no decision
+        under the old version commits once that publish has (docs/COMMANDS.md,
+        publish_policy). The case's new proposal is being prepared, so there is no current
+        operation to name yet."""
+        return cls(
+            f"stale: {short(operation_id)} was prepared under policy {policy} {prepared_under}, and {policy} "
+            f"{current} has been published since; case {case_id} is being prepared again under {current} "
+            "(reload to review its new proposal); nothing was written",
+            current_operation_id=None,
+            case_id=case_id,
+            policy=policy,
+            current_policy_label=current,
+        )
+
 
 class AlreadyDecided(DecisionflowError):
     code = "already_decided"

@@ -229,6 +229,45 @@ def case_lock(case_id: str, *, timeout: float | None = None, reads: Sequence[Sta
         raise CaseBusy.held(case_id) from exc
 
 
+@contextmanager
+def policy_lock(name: str, *, shared: bool, timeout: float = DEFAULT_TIMEOUT):
+    """One transaction that holds policy ``name``'s lock: shared by the imports of cases
+    under it, exclusive for a publish's switch of its cases onto a new version. So an import
+    either commits before the switch (and is switched with the rest) or starts after it and
+    sees the new version.
+
+    PostgreSQL: ``transaction.atomic()`` whose first statements bound every lock wait of the
+    transaction (``SET LOCAL lock_timeout``) and take ``pg_advisory_xact_lock_shared`` or
+    ``pg_advisory_xact_lock``, released by the server when the transaction ends, so a pooler
+    in transaction mode is safe. A wait past ``timeout`` rolls back and raises ``LockBusy``.
+    SQLite: ``transaction.atomic()`` alone: every transaction opens with BEGIN IMMEDIATE and
+    holds the database's write lock, which already orders an import against a publish.
+    """
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            yield
+        return
+    take = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    started = time.monotonic()
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SET LOCAL lock_timeout = '{lock_timeout_ms(timeout)}ms'; SELECT {take}(%s)",
+                    [_advisory_key(f"policy:{name}")],
+                )
+            lock_waited("policy", time.monotonic() - started, had=True)
+            yield
+    except OperationalError as exc:
+        if not lock_not_available(exc):
+            raise
+        lock_waited("policy", time.monotonic() - started, had=False)
+        raise LockBusy(
+            f"policy {name}: another action held its lock, or a lock on one of its cases, for more than "
+            f"{timeout:g} s (a publish, or an import into it); nothing was written; try again"
+        ) from exc
+
+
 def _rows(statement: Statement) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(*statement)

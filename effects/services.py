@@ -246,6 +246,14 @@ def _is_stale(target: Target) -> bool:
     return target.current_proposal_id != target.proposal.pk
 
 
+def _policy_moved_on(target: Target) -> bool:
+    """A publish has switched the case onto another version of its policy than the one the
+    proposal was prepared under: the proposal cannot be decided, although it is still current
+    until the publish prepares the case again. The guard also holds the case's policy as
+    read, so a switch that commits first makes the commit read again."""
+    return not target.proposal.under_policy(target.case_policy_id)
+
+
 def _is_conflict(standing: ReviewDecision | None, approved: bool) -> bool:
     """The opposite decision stands: refused, never an update."""
     return standing is not None and standing.approved != approved
@@ -444,6 +452,14 @@ def effect_commit(
                                 operation_id=operation_id,
                                 case_id=target.case_label,
                                 current_operation_id=store.current_operation(target),
+                            )
+                        if _policy_moved_on(target):
+                            raise StaleProposal.policy_superseded(
+                                operation_id=operation_id,
+                                case_id=target.case_label,
+                                policy=target.proposal.policy_snapshot.get("name", "?"),
+                                prepared_under=target.proposal.policy_snapshot.get("label", "?"),
+                                current=target.case_policy_label,
                             )
                         crash_point("commit-before-decision")
                         outcome = _outcome(target, approved)

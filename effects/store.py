@@ -52,6 +52,11 @@ class Target:
     proposal: Proposal  # with the fields its effect copies
     case_label: str  # the case's own id (T-1042)
     current_proposal_id: int | None
+    # The policy version the case is under now (its row, identity and label): a publish
+    # switches it for every undecided case at once, before it prepares each one again.
+    case_policy_pk: int
+    case_policy_id: str
+    case_policy_label: str
     decision: ReviewDecision | None  # the decision that stands, its reviewer's username loaded
     # Known only with a decision: without one there is no effect (it references the
     # decision), and a new decision completes any pending review anyway.
@@ -72,7 +77,7 @@ class Writes:
     # The operation has a pending review to complete.
     complete_pending: bool = True
     # The read the new rows were decided from: they are written only while the case row is
-    # still as it read (its current proposal). Required with a new decision or effect.
+    # still as it read (its current proposal and policy). Required with a new decision or effect.
     basis: Target | None = None
 
 
@@ -121,6 +126,7 @@ def attempt_append(attempt: CommitAttempt) -> None:
 _OPERATION = "\x00operation"
 _CASE = "\x00case"
 _CURRENT = "\x00current"
+_POLICY = "\x00policy"
 
 
 class _Query:
@@ -157,15 +163,18 @@ def _completion() -> _Query:
 
 @cache
 def _guard() -> _Query:
-    """The case row as the commit's read saw it (its id and its current proposal), locked FOR
+    """The case row as the commit's read saw it (its id, current proposal and policy), locked FOR
     NO KEY UPDATE: not FOR UPDATE, which would wait for the FOR KEY SHARE that the foreign
     keys of concurrent attempt rows take, while commits and edits, which take FOR NO KEY
-    UPDATE or update the row, still exclude each other. A row an edit is changing is waited
-    for, then compared again at its new version (READ COMMITTED's recheck), so an edit that
-    committed first leaves the guard empty. The lock clause is the backend's own
+    UPDATE or update the row, still exclude each other. A row an edit or a publish is
+    changing is waited for, then compared again at its new version (READ COMMITTED's
+    recheck), so an edit, or a publish's switch of the case's policy, that committed first
+    leaves the guard empty. The lock clause is the backend's own
     (``for_update_sql``): select_for_update() compiles only inside a transaction, and this
     statement is compiled once, wherever the first commit runs."""
-    case = Case.objects.filter(pk=RawSQL("%s", (_CASE,)), current_proposal_id=RawSQL("%s", (_CURRENT,)))
+    case = Case.objects.filter(
+        pk=RawSQL("%s", (_CASE,)), current_proposal_id=RawSQL("%s", (_CURRENT,)), policy_id=RawSQL("%s", (_POLICY,))
+    )
     return _Query(
         case.order_by().values_list("current_proposal_id").query, lock=connection.ops.for_update_sql(no_key=True)
     )
@@ -194,7 +203,7 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
         basis = writes.basis
         assert basis is not None, "a new decision or effect is written only from a read"
         guard = _guard()
-        places = {_CASE: basis.proposal.case_id, _CURRENT: basis.current_proposal_id}
+        places = {_CASE: basis.proposal.case_id, _CURRENT: basis.current_proposal_id, _POLICY: basis.case_policy_pk}
         parts.append(("guard", guard.sql, guard.params_for(places)))
     if writes.decision is not None:
         statement = insert(ReviewDecision, by_name=(_GUARDED,))
@@ -234,10 +243,10 @@ _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "d
 @cache
 def _read() -> _Query:
     """What a commit reads of its operation, in one statement and one snapshot: the case with
-    the operation's proposal, the standing decision with its reviewer's username, whether its
-    effect exists and whether a pending review is open. It takes no lock: whatever of it the
-    write depends on, the write checks as it writes (the case row by the guard, a decision or
-    effect written since by their unique keys)."""
+    the operation's proposal and the case's policy version, the standing decision with its
+    reviewer's username, whether its effect exists and whether a pending review is open. It
+    takes no lock: whatever of it the write depends on, the write checks as it writes (the
+    case row by the guard, a decision or effect written since by their unique keys)."""
     decision = "proposals__decisions__"
     read = (
         Case.objects.filter(proposals__operation_id=_OPERATION)
@@ -252,6 +261,7 @@ def _read() -> _Query:
         )
     )
     names = [f"proposals__{name}" for name in _PROPOSAL] + ["case_id", "current_proposal_id"]
+    names += ["policy_id", "policy__policy_id", "policy__label"]
     names += [decision + name for name in _DECISION] + [f"{decision}reviewer__{get_user_model().USERNAME_FIELD}"]
     names += ["effect_exists", "pending_open"]
     return _Query(read.values_list(*names).query)
@@ -265,6 +275,7 @@ def _target(read: _Query, raw: list) -> Target | None:
     values = iter(rows[0])
     proposal = loaded(Proposal, {name: next(values) for name in _PROPOSAL})
     case_label, current_proposal_id = next(values), next(values)
+    case_policy_pk, case_policy_id, case_policy_label = next(values), next(values), next(values)
     decided = {name: next(values) for name in _DECISION}
     username, effect_exists, pending_open = next(values), next(values), next(values)
     decision = None
@@ -278,6 +289,9 @@ def _target(read: _Query, raw: list) -> Target | None:
         proposal=proposal,
         case_label=case_label,
         current_proposal_id=current_proposal_id,
+        case_policy_pk=case_policy_pk,
+        case_policy_id=case_policy_id,
+        case_policy_label=case_policy_label,
         decision=decision,
         effect_exists=bool(effect_exists) and decision is not None,
         pending_open=bool(pending_open) and decision is not None,

@@ -117,6 +117,12 @@ class Proposal(AppendOnlyModel):
         """The person who changed what the pipeline prepared; None for a prepared proposal."""
         return None if self.origin == Origin.PREPARED else self.author
 
+    def under_policy(self, policy_id: str) -> bool:
+        """Whether this proposal was prepared under policy version ``policy_id``. A publish
+        switches a case onto the new version before it prepares the case again: until then
+        the case's current proposal is not under the case's policy and cannot be decided."""
+        return self.policy_id == policy_id
+
 
 class ReviewDecision(AppendOnlyModel):
     """A reviewer's approval or decline of one operation. One per operation, never updated.

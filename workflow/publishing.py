@@ -2,19 +2,27 @@
 
 The one service behind the admin's publish page, ``POST /api/policies/publish`` and
 ``manage.py publish_policy``. First a plan (what would be superseded: a dry run writes
-nothing), then, when told to apply, the cases one at a time:
+nothing), then, when told to apply, two steps:
 
-- each case under its case lock, in one transaction: the new proposal (origin
-  ``policy_change``, the old one as parent, no author), the pointer moved by
-  compare-and-swap, the case's other pending reviews superseded, and the review of the new
-  proposal begun (its pause checkpoint and pending review). A crash anywhere in a case
-  leaves that case untouched.
-- the cases are read in bounded batches, by primary key, from the database's own answer to
-  "which undecided cases are still under another version of this policy": so a second run
-  with the same file finds nothing (idempotent), and a run killed part-way is finished by
-  the next (resumable), with nothing done twice and nothing left out.
-- a concurrent approval takes the same case row lock in its commit: it either commits
-  first (the case is then decided and left alone) or waits and is refused as stale.
+1. **The switch** (``_switch``), one transaction under the policy's exclusive lock: the
+   version is recorded, every undecided case under another version of the policy points at
+   it, and it becomes the current version (the last published). This is the publish's
+   commit point. From then on no decision on a proposal prepared under an older version
+   commits (the commit reads the case's policy, and its guard holds it as read), and no
+   case is imported under an older version. A concurrent approval either committed before
+   the switch reached its case (the case is then decided and left alone) or is refused as
+   stale, naming the new version.
+2. **Preparing again**, each case under its case lock, in one transaction: the new
+   proposal (origin ``policy_change``, the old one as parent, no author), the pointer moved
+   by compare-and-swap, the case's other pending reviews superseded, and the review of the
+   new proposal begun (its pause checkpoint and pending review). A crash anywhere in a case
+   leaves that case switched but not yet prepared again: refused as stale until it is.
+
+Both steps read the cases in bounded batches, by primary key, from the database's own
+answer to "which undecided cases are still under (or prepared under) another version of
+this policy": so a second run with the same file finds nothing (idempotent), and a run
+killed part-way is finished by the next (resumable), with nothing done twice and nothing
+left out.
 
 Decided proposals are never touched: history does not change.
 """
@@ -25,14 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import CharField, Exists, OuterRef, Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from cases.models import Case, Policy
+from cases.selectors import current_policy
 from cases.services import can_publish, policy_version_get_or_create, validate_policy_data
 from core import faults, identity
 from core.errors import CaseBusy, DecisionflowError, PermissionRefused
-from core.locks import case_lock
+from core.locks import case_lock, policy_lock
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.services import proposal_policy_change
 from workflow.begin import begin_under_lock
@@ -90,14 +101,28 @@ class PublishResult:
         }
 
 
-def _affected(name: str, policy_id: str) -> QuerySet[Case]:
-    """Cases under another version of policy ``name`` whose current proposal is undecided
-    (or who have none yet). Decided cases never match: history does not change."""
-    decided = Exists(ReviewDecision.objects.filter(proposal_id=OuterRef("current_proposal_id")))
+def _decided():
+    return Exists(ReviewDecision.objects.filter(proposal_id=OuterRef("current_proposal_id")))
+
+
+def _unswitched(name: str, policy_id: str) -> QuerySet[Case]:
+    """Cases of policy ``name`` still under another version whose current proposal is
+    undecided (or who have none yet): the cases the switch moves onto the new version.
+    Decided cases never match: history does not change."""
     return (
         Case.objects.filter(policy__name=name)
         .exclude(policy__policy_id=policy_id)
-        .filter(Q(current_proposal__isnull=True) | ~decided)
+        .filter(Q(current_proposal__isnull=True) | ~_decided())
+    )
+
+
+def _unprepared(name: str, policy_id: str) -> QuerySet[Case]:
+    """Cases of policy ``name`` whose current proposal is undecided and prepared under
+    another version: the cases to prepare again, one at a time (switched or not yet)."""
+    return (
+        Case.objects.filter(policy__name=name, current_proposal__isnull=False)
+        .exclude(current_proposal__policy_id=policy_id)
+        .filter(~_decided())
     )
 
 
@@ -105,17 +130,21 @@ def publish_plan(*, data: dict) -> PublishPlan:
     """What publishing ``data`` would do now; reads only."""
     validate_policy_data(data, "policy")
     new_id = identity.policy_id(data["name"], data["parameters"])
-    affected = _affected(data["name"], new_id)
-    to_move = affected.filter(current_proposal__isnull=True).count()
-    to_supersede = affected.filter(current_proposal__isnull=False).count()
-    rows = affected.order_by("pk").values_list("case_id", "current_proposal__operation_id", "policy__label")[:SAMPLE]
+    to_move = _unswitched(data["name"], new_id).filter(current_proposal__isnull=True)
+    to_supersede = _unprepared(data["name"], new_id)
+    affected = Case.objects.filter(Q(pk__in=to_move.values("pk")) | Q(pk__in=to_supersede.values("pk")))
+    # The version each case's proposal was prepared under; the case's own without one.
+    label = Coalesce(
+        KeyTextTransform("label", "current_proposal__policy_snapshot"), "policy__label", output_field=CharField()
+    )
+    rows = affected.order_by("pk").values_list("case_id", "current_proposal__operation_id", label)[:SAMPLE]
     return PublishPlan(
         name=data["name"],
         label=data["label"],
         parameters=dict(data["parameters"]),
         policy_id=new_id,
-        to_supersede=to_supersede,
-        to_move=to_move,
+        to_supersede=to_supersede.count(),
+        to_move=to_move.count(),
         sample=[PlanRow(case_id, op, label) for case_id, op, label in rows],
     )
 
@@ -135,6 +164,45 @@ def _publish_case(case: Case, policy: Policy, publisher, channel: str) -> Propos
         return proposal
 
 
+def _switch(plan: PublishPlan, data: dict, publisher, size: int) -> tuple[Policy, bool, int]:
+    """Record the version (found if it exists), switch every undecided case of the policy
+    onto it and make it the current version, in one transaction under the policy's
+    exclusive lock. Returns the version, whether it was created, and how many of the
+    switched cases had no proposal yet (those are done: begin prepares them under it).
+
+    From its commit on, no decision on a proposal prepared under another version commits:
+    the commit reads the case's policy and its guard holds it as read (effects/store.py),
+    and no case is imported under another version (``policy_current_check``). The cases'
+    proposals are prepared again afterwards, one at a time.
+    """
+    switched = 0
+    with policy_lock(plan.name, shared=False):
+        policy, created = policy_version_get_or_create(data=data)
+        last_pk = 0
+        while True:
+            # A batch is locked first and switched by a statement of its own, whose snapshot
+            # is taken once the locks are held: a decision that committed while a lock was
+            # waited for is seen, and its case left alone.
+            ids = list(
+                _unswitched(plan.name, plan.policy_id)
+                .filter(pk__gt=last_pk)
+                .order_by("pk")
+                .select_for_update(no_key=True, of=("self",))
+                .values_list("pk", flat=True)[:size]
+            )
+            if not ids:
+                break
+            last_pk = ids[-1]
+            locked = _unswitched(plan.name, plan.policy_id).filter(pk__in=ids)
+            switched += locked.filter(current_proposal__isnull=True).update(policy=policy)
+            locked.update(policy=policy)
+        current = current_policy(plan.name)
+        if current is None or current.pk != policy.pk:
+            # Last, once the cases are switched: "published" means they are.
+            Policy.objects.filter(pk=policy.pk).update(published_at=timezone.now(), published_by=publisher)
+    return policy, created, switched
+
+
 def policy_publish(
     *,
     data: dict,
@@ -148,11 +216,13 @@ def policy_publish(
 
     Needs the "publish policy" permission (``PermissionRefused``); bad input is
     ``InvalidInput`` and writes nothing. Without ``apply``: the plan only, nothing written.
-    With it: the version is recorded (found if it exists) and every undecided case under
-    another version of this policy is moved onto it, one transaction per case under its
-    case lock, read in batches of ``batch`` (``DECISIONFLOW_PUBLISH_BATCH``). A case that
-    is busy or whose review cannot be begun is left as it was and listed in ``failed``;
-    running again finishes it. ``progress(done, total)`` is called after each case.
+    With it: the switch (the version recorded and made current, every undecided case of
+    the policy switched onto it, in one transaction; ``LockBusy`` if it cannot have its
+    locks in time, and then nothing was written), then each switched case's proposal
+    prepared again under it, one transaction per case under its case lock, read in batches
+    of ``batch`` (``DECISIONFLOW_PUBLISH_BATCH``). A case that is busy or whose review
+    cannot be begun stays switched, is listed in ``failed``, and is refused as stale until
+    a run again finishes it. ``progress(done, total)`` is called after each case.
 
     Idempotent (the same data again finds nothing to do and writes nothing) and resumable
     (a run killed part-way is finished by the next, with nothing duplicated).
@@ -165,23 +235,20 @@ def policy_publish(
     result = PublishResult(plan=plan, applied=apply)
     if not apply:
         return result
-    if plan.total == 0 and Policy.objects.filter(policy_id=plan.policy_id, label=plan.label).exists():
+    current = current_policy(plan.name)
+    if plan.total == 0 and current is not None and (current.policy_id, current.label) == (plan.policy_id, plan.label):
         return result  # the same publish again: nothing to do, nothing written
-    policy, result.policy_created = policy_version_get_or_create(data=data)
-    if policy.published_at is None:
-        Policy.objects.filter(pk=policy.pk, published_at__isnull=True).update(
-            published_at=timezone.now(), published_by=publisher
-        )
     size = max(1, batch or batch_size())
-    done, last_pk, total = 0, 0, plan.total
+    policy, result.policy_created, result.moved = _switch(plan, data, publisher, size)
+    faults.crash_point("publish-after-switch")
+    done, last_pk, total = result.moved, 0, plan.total
     while True:
         # Bounded: one batch of cases at a time, by primary key, still matching now.
-        chunk = list(_affected(plan.name, plan.policy_id).filter(pk__gt=last_pk).order_by("pk")[:size])
+        chunk = list(_unprepared(plan.name, plan.policy_id).filter(pk__gt=last_pk).order_by("pk")[:size])
         if not chunk:
             break
         for case in chunk:
             last_pk = case.pk
-            had_proposal = case.current_proposal_id is not None
             try:
                 proposal = _publish_case(case, policy, publisher, channel)
             except (CaseBusy, DecisionflowError) as exc:
@@ -189,8 +256,6 @@ def policy_publish(
             else:
                 if proposal is not None:
                     result.superseded += 1
-                elif not had_proposal:
-                    result.moved += 1
             faults.crash_point("publish-after-case")
             done += 1
             if progress is not None:

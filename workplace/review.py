@@ -280,7 +280,7 @@ class ProposalAdmin(ViewOnlyAdmin):
     def review_view(self, request, pk):
         if not self.has_view_permission(request):
             raise PermissionDenied
-        proposal = get_object_or_404(Proposal.objects.select_related("case", "parent", "author"), pk=pk)
+        proposal = get_object_or_404(Proposal.objects.select_related("case__policy", "parent", "author"), pk=pk)
         case = proposal.case
         is_current = case.current_proposal_id == proposal.pk
         current_op = None
@@ -311,6 +311,11 @@ class ProposalAdmin(ViewOnlyAdmin):
             for key, value in sorted(policy.get("parameters", {}).items())
         ]
         reviewer_ok = can_review(request.user)
+        # No button that can only fail: a publish has switched the case onto a new policy
+        # version and is preparing it again; a decision on this proposal would be stale.
+        switched = is_current and decision is None and not proposal.under_policy(case.policy.policy_id)
+        if switched:
+            is_current = False
         # No button that can only fail: the person who changed this proposal sees why they
         # cannot approve it instead of Approve (Decline stays).
         four_eyes = (
@@ -324,6 +329,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             title=f"Review {case.case_id}",
             subtitle=proposal.short_operation_id,
             is_current=is_current,
+            policy_switched={"policy": case.policy, "from_label": policy.get("label", "")} if switched else None,
             current_link=current_proposal_link(current_op) if current_op else None,
             decision=decision,
             decided_at=when(decision.decided_at) if decision else None,

@@ -62,3 +62,25 @@ def test_publish_page_confirms_then_the_review_page_shows_the_policy_diff(demo, 
     # The reviewer does not get the publish button.
     tab.goto(f"{live_server.url}/admin/cases/policy/")
     expect(tab.locator("#df-publish-link")).to_have_count(0)
+
+
+def test_a_case_switched_but_not_yet_prepared_again_says_so_instead_of_offering_approve(
+    demo, login, live_server, screenshot_dir, make_user
+):
+    """A publish killed after its switch (its commit point): the old proposal is still the
+    case's current one, but a decision on it would be refused, so the page offers none."""
+    from workflow.publishing import _switch, publish_plan
+
+    old = demo.current_proposal
+    _switch(publish_plan(data=V4), V4, make_user("publisher-b", group="leads"), 100)
+    _, tab = login(*REVIEWER)
+    tab.goto(f"{live_server.url}/admin/reviews/proposal/{old.pk}/review/")
+    banner = tab.locator("#df-policy-switched")
+    expect(banner).to_contain_text(
+        "Policy support-reply v4 has been published since this proposal was prepared under v3"
+    )
+    expect(banner).to_contain_text("reload in a moment")
+    expect(tab.locator("#df-approve")).to_have_count(0)
+    expect(tab.locator("#df-decline")).to_have_count(0)
+    expect(tab.locator("#df-no-actions")).to_contain_text("no longer in force")
+    tab.screenshot(path=str(screenshot_dir / "review-policy-switched.png"), full_page=True)

@@ -246,6 +246,32 @@ def test_an_edit_that_commits_between_the_read_and_the_write_makes_the_commit_st
     assert list(CommitAttempt.objects.values_list("outcome", flat=True)) == ["stale"]
 
 
+def test_a_publish_switch_between_the_read_and_the_write_makes_the_commit_stale(proposal, warm, monkeypatch, make_user):
+    """The read saw the case under v3; a publish's switch onto v4 commits before the write.
+    The guard finds the case's policy changed and writes nothing; the commit reads again and
+    answers stale, naming v4."""
+    from workflow.publishing import _switch, publish_plan
+
+    reviewer, _ = warm
+    publisher = make_user("publisher", group="leads")
+    v4 = {
+        **proposal.policy_snapshot,
+        "label": "v4",
+        "parameters": {**proposal.policy_snapshot["parameters"], "allowance_units": 10},
+    }
+    switches = []
+
+    def crash_point(name):
+        if name == "commit-after-decision" and not switches:
+            switches.append(_switch(publish_plan(data=v4), v4, publisher, 100))
+
+    monkeypatch.setattr(services, "crash_point", crash_point)
+    with pytest.raises(StaleProposal, match="support-reply v4 has been published since"):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert switches and (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
+    assert list(CommitAttempt.objects.values_list("outcome", flat=True)) == ["stale"]
+
+
 def _write_flushes(log) -> list[bool]:
     """For each write statement logged, whether its commit waits for the WAL flush (the
     statement sets synchronous_commit off for its own transaction when it need not)."""

@@ -13,6 +13,8 @@ import pytest
 from django.db import connection
 from django_tasks import default_task_backend
 
+from cases.models import Case, Policy
+from core import identity
 from core.errors import NotFound, StaleProposal
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from effects.services import _effect_fields, effect_commit
@@ -223,6 +225,68 @@ def test_stale(proposal, pending, reviewer):
     assert attempts() == [("stale", True, stale.value.message, proposal.case_id)]
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.PENDING
+
+
+def switched(case, label="v4", allowance=10) -> Policy:
+    """What a publish's switch does to one case: its policy becomes a new version, while its
+    current proposal stays the one prepared under the old (until it is prepared again)."""
+    parameters = {**case.policy.parameters, "allowance_units": allowance}
+    policy = Policy.objects.create(
+        name=case.policy.name,
+        label=label,
+        parameters=parameters,
+        policy_id=identity.policy_id(case.policy.name, parameters),
+    )
+    Case.objects.filter(pk=case.pk).update(policy=policy)
+    return policy
+
+
+def test_stale_when_a_publish_switched_the_case_onto_another_policy_version(proposal, pending, reviewer):
+    switched(proposal.case)
+    for approved in (True, False):
+        with pytest.raises(StaleProposal) as stale:
+            effect_commit(operation_id=proposal.operation_id, approved=approved, reviewer=reviewer)
+        assert stale.value.message == (
+            f"stale: {proposal.operation_id[:18]}… was prepared under policy support-reply v3, and support-reply v4 "
+            "has been published since; case T-1042 is being prepared again under v4 (reload to review its new "
+            "proposal); nothing was written"
+        )
+        assert stale.value.current_operation_id is None and stale.value.details["current_policy_label"] == "v4"
+    assert rows() == (0, 0, 0)
+    assert [a[0] for a in attempts()] == ["stale", "stale"]
+    pending.refresh_from_db()
+    assert pending.status == PendingReview.Status.PENDING
+
+
+def test_a_switch_to_a_new_label_of_the_same_version_is_not_stale(proposal, pending, reviewer):
+    """The label is not part of the identity: the proposal is still under the case's policy."""
+    switched(proposal.case, label="v3 (renamed)", allowance=proposal.case.policy.parameters["allowance_units"])
+    assert effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer).status == "Committed"
+
+
+def test_write_answers_none_when_a_publish_switched_the_case_after_the_read(proposal, pending, reviewer):
+    """The guard holds the case's policy as read too: a switch that commits between the read
+    and the write leaves the write with nothing written (PostgreSQL; SQLite holds the
+    database's write lock from the read to the write)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's transaction excludes every other writer between the read and the write")
+    store = commit_store()
+    target = store.read(proposal.operation_id)
+    switched(proposal.case)
+    decision = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer)
+    attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
+    with store.transaction():
+        written = store.write(
+            Writes(
+                attempt=attempt,
+                decision=decision,
+                effect=EffectRecord(**_effect_fields(proposal, decision)),
+                basis=target,
+            ),
+            lock_timeout_ms=1000,
+        )
+    assert (written.decision_pk, written.effect_pk) == (None, None)
+    assert rows() == (0, 0, 0) and CommitAttempt.objects.count() == 0
 
 
 def test_unknown_operation(db, reviewer):

@@ -75,8 +75,9 @@ def test_begin_edit_publish_and_decisions_leave_no_advisory_lock(reviewer, edito
             case=case, operation_id=case.current_proposal.operation_id, approved=True, reviewer=reviewer, channel="test"
         )
         assert decided.outcome == "committed"
-        # A decision that begins the review first (the case was never begun).
-        fresh = new_case("T-LOCKS-FRESH")
+        # A decision that begins the review first (the case was never begun); a new case
+        # comes in under the version now current.
+        fresh = case_import(data={**load_fixture("t1042.json"), "case_id": "T-LOCKS-FRESH", "policy": V4}).case
         from workflow.selectors import decidable_operation_id
 
         first = decision_record(

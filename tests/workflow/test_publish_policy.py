@@ -336,6 +336,107 @@ def test_api_publishes_for_a_lead_and_refuses_a_reviewer(world, client, lead, re
     assert post(lead, {**V4, "apply": True}).json()["superseded"] == 0
 
 
+# --- what a publish promises (docs/COMMANDS.md, publish_policy) ---------------------------
+
+
+def test_a_case_file_under_a_superseded_version_is_refused_naming_the_current_one(world, publisher):
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    before = snapshot()
+    for _ in range(2):  # twice: the same refusal, nothing written either time
+        with pytest.raises(InvalidInput) as refused:
+            new_case("P-LATE")
+        said = refused.value.message
+        assert said.startswith(
+            "policy: support-reply v3 is not the current version of support-reply: v4 was published at "
+        )
+        assert said.endswith(
+            f"and supersedes it; prepare the case under v4 ({identity.policy_id(V4['name'], V4['parameters'])}); "
+            "nothing was written"
+        )
+        assert refused.value.details["field"] == "policy"
+        assert snapshot() == before
+    # Under the current version it comes in; a file of an existing case is still a no-op.
+    new_case("P-LATE", policy=V4)
+    assert Case.objects.get(case_id="P-LATE").policy.label == "v4"
+    assert case_import(data={**load_fixture("t1042.json"), "case_id": "P-PENDING"}).created is False
+    # Another policy's versions are not concerned.
+    data = load_fixture("t1042.json")
+    new_case("P-OTHER-2", policy={**data["policy"], "name": "another-policy"})
+
+
+def test_the_command_refuses_a_case_file_under_a_superseded_version(world, publisher, tmp_path):
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    path = tmp_path / "late.json"
+    path.write_text(json.dumps({**load_fixture("t1042.json"), "case_id": "P-LATE"}))
+    err = io.StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("load_case", str(path), stderr=err)
+    assert "v4 was published at" in str(failed.value) and "prepare the case under v4" in str(failed.value)
+    assert not Case.objects.filter(case_id="P-LATE").exists()
+
+
+def test_republishing_an_older_version_makes_it_current_again(world, publisher):
+    v3 = load_fixture("t1042.json")["policy"]
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    back = policy_publish(data=v3, publisher=publisher, apply=True)
+    assert back.superseded == 2 and current(world["pending"]).policy_snapshot["label"] == "v3"
+    new_case("P-BACK")  # a v3 file comes in again
+    with pytest.raises(InvalidInput, match="v3 was published at"):
+        new_case("P-V4", policy=V4)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_killed_after_its_switch_refuses_decisions_until_run_again(manage, make_user, tmp_path):
+    """The switch is the publish's commit point: killed right after it, no case has been
+    prepared again, and yet no decision under the old version commits, on any channel; the
+    page says why instead of offering Approve. Running the command again finishes it."""
+    make_user("publisher", group="leads")
+    reviewer = make_user("reviewer", group="reviewers")
+    cases = [begun(f"P-SWITCH-{i}") for i in range(2)]
+    olds = {c.pk: current(c) for c in cases}
+    path = tmp_path / "v4.json"
+    path.write_text(json.dumps(V4))
+    args = ("publish_policy", str(path), "--apply", "--publisher", "publisher")
+    killed = manage(*args, DECISIONFLOW_CRASH_AT="publish-after-switch")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    v4 = Policy.objects.get(label="v4")
+    assert v4.published_at is not None
+    for case in cases:
+        case.refresh_from_db()
+        assert case.policy_id == v4.pk and current(case) == olds[case.pk]  # switched, not prepared again
+    old = olds[cases[0].pk]
+    client = Client()
+    client.force_login(reviewer)
+    page = client.get(reverse("admin:reviews_proposal_review", args=[old.pk])).content.decode()
+    assert 'id="df-policy-switched"' in page and 'id="df-approve"' not in page and 'id="df-decline"' not in page
+    assert "has been published since this proposal was prepared under v3" in page
+    for _ in range(2):
+        with pytest.raises(StaleProposal, match="support-reply v4 has been published since"):
+            decision_record(
+                case=cases[0], operation_id=old.operation_id, approved=True, reviewer=reviewer, channel="test"
+            )
+    response = client.post(
+        reverse("admin:reviews_proposal_decide", args=[old.pk]),
+        {"operation_id": old.operation_id, "decision": "approve"},
+        follow=True,
+    )
+    assert "support-reply v4 has been published since" in " ".join(str(m) for m in response.context["messages"])
+    assert not ReviewDecision.objects.exists()
+    assert CommitAttempt.objects.filter(operation_id=old.operation_id, outcome="stale").count() == 3
+    rerun = manage(*args, "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(rerun.stdout)["superseded"] == 2
+    for case in cases:
+        new = current(case)
+        assert new.origin == Origin.POLICY_CHANGE and new.policy_id == v4.policy_id
+        assert (
+            decision_record(
+                case=case, operation_id=new.operation_id, approved=True, reviewer=reviewer, channel="test"
+            ).outcome
+            == "committed"
+        )
+
+
 # --- crash and race --------------------------------------------------------------------
 
 
@@ -415,6 +516,14 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
         t.join(60)
     assert len(outcomes) == 16 and published
     assert sum(o == "StaleProposal" for o in outcomes.values()) >= 4
+    # What a publish promises: once it has committed (its switch, stamped last as the
+    # version's published_at), no approval under the old version commits. Today 0; before
+    # the switch, 15 of 16 in 4 rounds (issue 26).
+    v4 = Policy.objects.get(label="v4")
+    after = ReviewDecision.objects.filter(proposal__case__in=cases, decided_at__gte=v4.published_at)
+    assert list(after.values_list("proposal__case__case_id", "decided_at")) == []
+    committed = [c for c in cases if outcomes[c.pk] == "committed"]
+    assert Case.objects.filter(pk__in=[c.pk for c in committed], policy=v4).count() == 0
     for case in cases:
         now = current(case)
         if outcomes[case.pk] == "committed":
@@ -434,3 +543,46 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
         assert now.operation_id == olds[case.pk] or now.origin == Origin.POLICY_CHANGE
         if now.origin == Origin.POLICY_CHANGE:
             assert not ReviewDecision.objects.filter(operation_id=olds[case.pk]).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_imports_racing_a_publish_come_in_before_its_switch_or_are_refused(publisher):
+    """8 imports under v3 race the publish of v4: each either committed before the switch
+    (and was switched with the rest) or waited for it and was refused naming v4. None is
+    left under v3 once the publish has returned."""
+    begun("P-IMPORT-SEED")
+    barrier = threading.Barrier(9)
+    outcomes: dict[str, str] = {}
+
+    def load(case_id):
+        try:
+            barrier.wait(10)
+            new_case(case_id)
+            outcomes[case_id] = "imported"
+        except InvalidInput as exc:
+            outcomes[case_id] = "refused" if "v4 was published at" in exc.message else exc.message
+        finally:
+            connections.close_all()
+
+    def publish():
+        try:
+            barrier.wait(10)
+            policy_publish(data=V4, publisher=publisher, apply=True)
+        finally:
+            connections.close_all()
+
+    ids = [f"P-IMPORT-{i}" for i in range(8)]
+    threads = [threading.Thread(target=load, args=(i,)) for i in ids] + [threading.Thread(target=publish)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == ids and set(outcomes.values()) <= {"imported", "refused"}, outcomes
+    imported = [i for i, o in outcomes.items() if o == "imported"]
+    assert sorted(
+        Case.objects.filter(case_id__startswith="P-IMPORT-")
+        .exclude(case_id="P-IMPORT-SEED")
+        .values_list("case_id", flat=True)
+    ) == sorted(imported)
+    assert list(Case.objects.exclude(policy__label="v4").values_list("case_id", flat=True)) == []
