@@ -581,6 +581,54 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             lines += [f"**{f['entry']}**: " + "; ".join(f.get("names", [])), ""]
         lines += ["</details>"]
 
+    # supersession (issue 26)
+    lines += [
+        "",
+        "## Supersession under races",
+        "",
+        "Rounds of 16 approvals of the old proposals and 4 imports of case files under the old version, all "
+        "started at once with the publish of a new version (half the approvals wait until the publish has "
+        "prepared four cases again). What a publish promises (docs/COMMANDS.md, publish_policy): once its "
+        "switch has committed, no approval under an older version commits and no case comes in under one. "
+        "*After publish* counts the approvals decided once the publish had stamped itself (the goal is 0); "
+        "*left under old* the undecided cases not under the new version once it returned (0). "
+        "Test: `tests/reliability/test_supersession.py`.",
+        "",
+    ]
+    for db in dbs:
+        rows = [f for f in figures(db) if f["family"] == "supersession"]
+        if not rows:
+            continue
+        keys = ["committed_before", "stale", "busy", "after_publish", "imported_before", "imports_refused"]
+        keys.append("left_under_old")
+        lines += [f"### {db}", ""]
+        lines += md_table(
+            [
+                "round",
+                "approvals",
+                "committed before",
+                "stale",
+                "busy",
+                "**after publish**",
+                "imports",
+                "imported before",
+            ]
+            + ["imports refused", "**left under old**"],
+            [
+                [f["round"], f["approvals"], f["committed_before"], f["stale"], f["busy"], f"**{f['after_publish']}**"]
+                + [f["imports"], f["imported_before"], f["imports_refused"], f"**{f['left_under_old']}**"]
+                for f in rows
+            ]
+            + [
+                ["**total**", sum(f["approvals"] for f in rows)]
+                + [sum(f[k] for f in rows) for k in keys[:3]]
+                + [f"**{sum(f['after_publish'] for f in rows)}**", sum(f["imports"] for f in rows)]
+                + [sum(f[k] for f in rows) for k in keys[4:6]]
+                + [f"**{sum(f['left_under_old'] for f in rows)}**"]
+            ],
+        )
+        lines += [""]
+
     # delivery to the helpdesk (issue 15)
     lines += [
         "",

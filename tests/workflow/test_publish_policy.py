@@ -9,12 +9,10 @@ from __future__ import annotations
 import io
 import json
 import signal
-import threading
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connections
 from django.test import Client
 from django.urls import reverse
 
@@ -25,6 +23,7 @@ from core.errors import InvalidInput, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
 from tests.conftest import load_fixture, snapshot
+from tests.publish_race import race
 from workflow.begin import review_begin
 from workflow.decide import decision_record
 from workflow.edit import review_edit
@@ -471,59 +470,17 @@ def test_sigkill_mid_publish_then_rerun_leaves_no_duplicates_and_no_gaps(manage,
 def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, publisher):
     cases = [begun(f"P-RACE-{i:02d}") for i in range(16)]
     olds = {c.pk: current(c).operation_id for c in cases}
-    barrier = threading.Barrier(17)
-    outcomes: dict[int, str] = {}
-    # The first half waits until the publish has superseded four cases (so those four are
-    # certainly stale); the rest start at once and race the publish as it goes.
-    four_done = threading.Event()
-    late = {c.pk for c in cases[:8]}
-
-    def approve(case):
-        try:
-            barrier.wait(10)
-            if case.pk in late:
-                four_done.wait(30)
-            outcomes[case.pk] = decision_record(
-                case=Case.objects.get(pk=case.pk),
-                operation_id=olds[case.pk],
-                approved=True,
-                reviewer=reviewer,
-                channel="test",
-            ).outcome.value
-        except Exception as exc:  # noqa: BLE001 - classified below
-            outcomes[case.pk] = type(exc).__name__
-        finally:
-            connections.close_all()
-
-    published = []
-
-    def progress(done, total):
-        if done >= 4:
-            four_done.set()
-
-    def publish():
-        try:
-            barrier.wait(10)
-            published.append(policy_publish(data=V4, publisher=publisher, apply=True, progress=progress, batch=4))
-        finally:
-            four_done.set()
-            connections.close_all()
-
-    threads = [threading.Thread(target=approve, args=(c,)) for c in cases] + [threading.Thread(target=publish)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert len(outcomes) == 16 and published
-    assert sum(o == "StaleProposal" for o in outcomes.values()) >= 4
+    raced = race(data=V4, publisher=publisher, reviewer=reviewer, approve=[(c, olds[c.pk]) for c in cases], imports=[])
+    outcomes = raced.approvals
+    assert len(outcomes) == 16 and raced.published
+    assert raced.count("StaleProposal") >= 4
     # What a publish promises: once it has committed (its switch, stamped last as the
-    # version's published_at), no approval under the old version commits. Today 0; before
-    # the switch, 15 of 16 in 4 rounds (issue 26).
+    # version's published_at), no approval under the old version commits. Before the switch
+    # existed, 15 of 16 in 4 rounds did (issue 26).
+    assert raced.after_publish == []
     v4 = Policy.objects.get(label="v4")
-    after = ReviewDecision.objects.filter(proposal__case__in=cases, decided_at__gte=v4.published_at)
-    assert list(after.values_list("proposal__case__case_id", "decided_at")) == []
-    committed = [c for c in cases if outcomes[c.pk] == "committed"]
-    assert Case.objects.filter(pk__in=[c.pk for c in committed], policy=v4).count() == 0
+    committed = [c.pk for c in cases if outcomes[c.pk] == "committed"]
+    assert Case.objects.filter(pk__in=committed, policy=v4).count() == 0
     for case in cases:
         now = current(case)
         if outcomes[case.pk] == "committed":
@@ -547,42 +504,15 @@ def test_16_approvals_racing_one_publish_are_committed_first_or_stale(reviewer, 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_imports_racing_a_publish_come_in_before_its_switch_or_are_refused(publisher):
+def test_imports_racing_a_publish_come_in_before_its_switch_or_are_refused(publisher, reviewer):
     """8 imports under v3 race the publish of v4: each either committed before the switch
     (and was switched with the rest) or waited for it and was refused naming v4. None is
     left under v3 once the publish has returned."""
     begun("P-IMPORT-SEED")
-    barrier = threading.Barrier(9)
-    outcomes: dict[str, str] = {}
-
-    def load(case_id):
-        try:
-            barrier.wait(10)
-            new_case(case_id)
-            outcomes[case_id] = "imported"
-        except InvalidInput as exc:
-            outcomes[case_id] = "refused" if "v4 was published at" in exc.message else exc.message
-        finally:
-            connections.close_all()
-
-    def publish():
-        try:
-            barrier.wait(10)
-            policy_publish(data=V4, publisher=publisher, apply=True)
-        finally:
-            connections.close_all()
-
     ids = [f"P-IMPORT-{i}" for i in range(8)]
-    threads = [threading.Thread(target=load, args=(i,)) for i in ids] + [threading.Thread(target=publish)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert sorted(outcomes) == ids and set(outcomes.values()) <= {"imported", "refused"}, outcomes
-    imported = [i for i, o in outcomes.items() if o == "imported"]
-    assert sorted(
-        Case.objects.filter(case_id__startswith="P-IMPORT-")
-        .exclude(case_id="P-IMPORT-SEED")
-        .values_list("case_id", flat=True)
-    ) == sorted(imported)
+    files = [{**load_fixture("t1042.json"), "case_id": case_id} for case_id in ids]
+    raced = race(data=V4, publisher=publisher, reviewer=reviewer, approve=[], imports=files)
+    assert sorted(raced.imports) == ids and set(raced.imports.values()) <= {"imported", "refused"}, raced.imports
+    imported = sorted(i for i, o in raced.imports.items() if o == "imported")
+    assert sorted(Case.objects.filter(case_id__in=ids).values_list("case_id", flat=True)) == imported
     assert list(Case.objects.exclude(policy__label="v4").values_list("case_id", flat=True)) == []
