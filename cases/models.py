@@ -96,6 +96,12 @@ class Case(models.Model):
         # On PostgreSQL, migration 0003 also adds trigram indexes for the search by part of a
         # case ID or subject; they are not declared here because SQLite has none.
         indexes = [models.Index(fields=["-created_at", "case_id", "id"], name="case_list_order")]
+        # The pipeline's acts (docs/INTAKE.md): the Pipeline group has these and not the
+        # review permission, so a pipeline token brings cases in but never approves one.
+        permissions = [
+            ("intake_case", "Can bring cases in and re-draft them (the pipeline)"),
+            ("withdraw_case", "Can withdraw a case's pending review (the pipeline)"),
+        ]
 
     def __str__(self):
         return self.case_id

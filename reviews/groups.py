@@ -1,7 +1,11 @@
-"""The two staff groups. Used by a data migration and by ``load_demo`` (tests flush data)."""
+"""The groups: two of staff, and the pipeline's. Used by data migrations and by
+``load_demo`` (tests flush data)."""
 
 REVIEWERS = "Reviewers"
 SUPPORT_LEADS = "Support leads"
+PIPELINE = "Pipeline"
+INTAKE_PERMISSION = "cases.intake_case"
+WITHDRAW_PERMISSION = "cases.withdraw_case"
 
 _VIEW = [
     ("cases", "case"),
@@ -29,4 +33,15 @@ def ensure_review_groups(Group, Permission):
     publish = Permission.objects.get(content_type__app_label="cases", codename="publish_policy")
     leads, _ = Group.objects.get_or_create(name=SUPPORT_LEADS)
     leads.permissions.add(*view, publish)
+    ensure_pipeline_group(Group, Permission)
     return reviewers, leads
+
+
+def ensure_pipeline_group(Group, Permission):
+    """The pipeline's service users: they bring cases in, re-draft and withdraw them, and
+    read them back; they never review (no ``review_proposal``)."""
+    acts = Permission.objects.filter(content_type__app_label="cases", codename__in=["intake_case", "withdraw_case"])
+    view = Permission.objects.get(content_type__app_label="cases", codename="view_case")
+    pipeline, _ = Group.objects.get_or_create(name=PIPELINE)
+    pipeline.permissions.add(*acts, view)
+    return pipeline

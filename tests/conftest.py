@@ -270,6 +270,12 @@ def make_user(db, groups):
             user.groups.add(reviewers)
         elif group == "leads":
             user.groups.add(leads)
+        elif group == "pipeline":
+            from django.contrib.auth.models import Group
+
+            from reviews.groups import PIPELINE
+
+            user.groups.add(Group.objects.get(name=PIPELINE))
         return user
 
     return make
