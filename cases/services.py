@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from django.db import IntegrityError, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
 from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
@@ -101,9 +102,20 @@ def _check_version(value: Any, field: str) -> int:
     return text.check_integer(value, field=field, minimum=VERSION_RANGE[0], maximum=VERSION_RANGE[1])
 
 
-def _check_list(value: Any, field: str) -> list:
+# The most items a case file may list: what a public intake bounds (docs/CASE_FORMAT.md),
+# so one request cannot make a case whose review page and proposal grow without end.
+MOST_SOURCES = 20
+MOST_VERSIONS = 20  # per source
+MOST_PASSAGES = 50
+MOST_FINDINGS = 50
+MOST_PARAMETERS = 50  # of a policy, and named in depends_on
+
+
+def _check_list(value: Any, field: str, most: int) -> list:
     if not isinstance(value, list):
         _fail(field, "must be a list")
+    if len(value) > most:
+        _fail(field, f"lists {len(value)} items; at most {most} are allowed")
     return value
 
 
@@ -139,12 +151,12 @@ def validate_case_data(data: Any) -> None:
     text.check_body(data["draft"], field="draft")
 
     texts: dict[tuple[str, int], str] = {}
-    for i, source in enumerate(_check_list(data["sources"], "sources")):
+    for i, source in enumerate(_check_list(data["sources"], "sources", MOST_SOURCES)):
         field = f"sources[{i}]"
         _check_keys(source, "sources[]", field)
         _check_text(source["source_id"], f"{field}.source_id", "source_id")
         _check_text(source["title"], f"{field}.title", "title")
-        for j, version in enumerate(_check_list(source["versions"], f"{field}.versions")):
+        for j, version in enumerate(_check_list(source["versions"], f"{field}.versions", MOST_VERSIONS)):
             vfield = f"{field}.versions[{j}]"
             _check_keys(version, "versions[]", vfield)
             number = _check_version(version["version"], f"{vfield}.version")
@@ -154,7 +166,7 @@ def validate_case_data(data: Any) -> None:
             texts[key] = _check_text(version["text"], f"{vfield}.text")
 
     selected: set[tuple[str, int]] = set()
-    for i, passage in enumerate(_check_list(data["selected_evidence"], "selected_evidence")):
+    for i, passage in enumerate(_check_list(data["selected_evidence"], "selected_evidence", MOST_PASSAGES)):
         field = f"selected_evidence[{i}]"
         _check_keys(passage, "selected_evidence[]", field)
         key = (
@@ -170,7 +182,7 @@ def validate_case_data(data: Any) -> None:
         if not quotation or quotation not in texts[key]:
             _fail(f"{field}.quotation", f"is not in the text of {key[0]} version {key[1]}")
 
-    for i, finding in enumerate(_check_list(data["findings"], "findings")):
+    for i, finding in enumerate(_check_list(data["findings"], "findings", MOST_FINDINGS)):
         field = f"findings[{i}]"
         _check_keys(finding, "findings[]", field)
         _check_text(finding["finding"], f"{field}.finding")
@@ -200,6 +212,10 @@ def validate_policy_data(policy: Any, field: str = "policy") -> None:
     _check_text(policy["label"], f"{field}.label", "label")
     if not isinstance(policy["parameters"], dict):
         _fail(f"{field}.parameters", "must be an object")
+    if len(policy["parameters"]) > MOST_PARAMETERS:
+        _fail(
+            f"{field}.parameters", f"has {len(policy['parameters'])} parameters; at most {MOST_PARAMETERS} are allowed"
+        )
     for key, value in policy["parameters"].items():
         text.check_text(key, field=f"{field}.parameters key", one_line=True)
         try:
@@ -210,7 +226,7 @@ def validate_policy_data(policy: Any, field: str = "policy") -> None:
 
 def _check_depends_on(value: Any) -> None:
     """Optional: the policy parameters the findings depend on (docs/CASE_FORMAT.md)."""
-    names = _check_list(value, "depends_on")
+    names = _check_list(value, "depends_on", MOST_PARAMETERS)
     for i, name in enumerate(names):
         if not isinstance(name, str):
             _fail(f"depends_on[{i}]", "must be a policy parameter name (a string)")
@@ -268,6 +284,17 @@ def _import_digest(data: dict) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _existing(case: Case, digest: str) -> ImportResult:
+    """An import of a case id that exists: a no-op for the same content, else refused."""
+    if case.import_digest == digest:
+        return ImportResult(case, False)
+    raise InvalidInput(
+        f"case {case.case_id} already exists with different content; "
+        "a case is never changed by an import (edit its proposal in the admin instead)",
+        field="case_id",
+    )
+
+
 def case_import(*, data: dict) -> ImportResult:
     """Import one case with its sources, evidence, findings and policy, all or nothing.
 
@@ -282,13 +309,7 @@ def case_import(*, data: dict) -> ImportResult:
     with policy_lock(data["policy"]["name"], shared=True):
         existing = Case.objects.filter(case_id=data["case_id"]).first()
         if existing is not None:
-            if existing.import_digest == digest:
-                return ImportResult(existing, False)
-            raise InvalidInput(
-                f"case {data['case_id']} already exists with different content; "
-                "a case is never changed by an import (edit its proposal in the admin instead)",
-                field="case_id",
-            )
+            return _existing(existing, digest)
 
         versions: dict[tuple[str, int], SourceVersion] = {}
         for src in data["sources"]:
@@ -314,16 +335,25 @@ def case_import(*, data: dict) -> ImportResult:
             label=pol["label"],
             defaults={"name": pol["name"], "parameters": pol["parameters"]},
         )
-        case = Case.objects.create(
-            case_id=data["case_id"],
-            subject=data["subject"],
-            customer_message=data["customer_message"],
-            action=data["action"],
-            policy=policy,
-            draft=data["draft"],
-            depends_on=data.get("depends_on"),
-            import_digest=digest,
-        )
+        try:
+            with transaction.atomic():
+                case = Case.objects.create(
+                    case_id=data["case_id"],
+                    subject=data["subject"],
+                    customer_message=data["customer_message"],
+                    action=data["action"],
+                    policy=policy,
+                    draft=data["draft"],
+                    depends_on=data.get("depends_on"),
+                    import_digest=digest,
+                )
+        except IntegrityError:
+            # The same case id, imported concurrently: the same content is that import's
+            # no-op, other content the same refusal as when it came first.
+            existing = Case.objects.filter(case_id=data["case_id"]).first()
+            if existing is None:
+                raise
+            return _existing(existing, digest)
         SelectedPassage.objects.bulk_create(
             SelectedPassage(
                 case=case,
