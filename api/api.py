@@ -9,7 +9,7 @@ import json
 import logging
 
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.http import Http404, HttpRequest, JsonResponse, UnreadablePostError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.http.request import RawPostDataException
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
@@ -24,20 +24,25 @@ from api.parser import StrictJsonParser
 from api.schemas import (
     DEMO_OPERATION_ID,
     OPERATION_ID_PATTERN,
+    CaseIn,
     CaseOut,
     DecisionIn,
     DecisionOut,
     EditIn,
     EditOut,
     ErrorOut,
+    IntakeOut,
     OperationOut,
     PolicyPublishIn,
     PolicyPublishOut,
 )
+from cases.idempotency import HEADER as IDEMPOTENCY_HEADER
+from cases.idempotency import idempotent
 from core import errors
 from reviews.models import Channel
 from workflow.decide import decision_record
 from workflow.edit import review_edit
+from workflow.intake import case_intake as intake_service
 from workflow.publishing import policy_publish as publish_service
 
 logger = logging.getLogger(__name__)
@@ -67,7 +72,7 @@ api = NinjaAPI(
 
 # The error table: every application error class carries its own status and code
 # (core/errors.py), so the table is built from the classes themselves.
-ERROR_TABLE = {cls.code: cls.http_status for cls in errors.REFUSALS}
+ERROR_TABLE = {cls.code: cls.http_status for cls in errors.REFUSALS + errors.INTAKE_REFUSALS}
 # Codes for the refusals that do not come from a service.
 HTTP_CODES = {
     400: "invalid_request",
@@ -108,8 +113,10 @@ def _app_error(request, exc: errors.DecisionflowError):
         message,
         current_operation_id=getattr(exc, "current_operation_id", None),
         operation_id=exc.details.get("operation_id"),
+        sent_operation_id=exc.details.get("sent_operation_id"),
+        field=exc.details.get("field") if isinstance(exc, errors.InvalidInput) else None,
     )
-    if isinstance(exc, errors.CaseBusy):
+    if isinstance(exc, errors.CaseBusy | errors.RequestInProgress):
         response["Retry-After"] = str(exc.retry_after)
     return response
 
@@ -196,6 +203,53 @@ OperationIdPath = Path(
 def case_detail(request, case_id: str = CaseId):
     """The case's current proposal, its pending review, and its reconcile state."""
     return selectors.case_data(selectors.case_get(case_id))
+
+
+@api.post(
+    "/cases",
+    response={200: IntakeOut, 201: IntakeOut, **_errors(400, 401, 403, 409, 413, 422, 500)},
+    tags=["intake"],
+    operation_id="case_intake",
+)
+def case_intake(request, payload: CaseIn, response: HttpResponse):
+    """Bring a case in from the pipeline: the same content `load_case` takes (201; 200 with
+    ``created: false`` when this case file came in before), and its review begun unless
+    ``begin`` is false. Needs the intake permission (the Pipeline group).
+
+    Send an ``Idempotency-Key`` header: the same key with the same body answers the first
+    answer again with ``Idempotent-Replayed: true``; with another body, 422
+    ``idempotency_mismatch``; while the first request runs, 409 ``in_progress`` with
+    ``Retry-After``. See docs/INTAKE.md.
+    """
+
+    def run() -> tuple[int, dict]:
+        result = intake_service(
+            data=payload.case_file(),
+            actor=request.auth,
+            operation_id=payload.operation_id,
+            begin=payload.begin,
+            channel=Channel.API,
+        )
+        answer = {
+            "created": result.created,
+            "operation_id": result.operation_id,
+            "review_begun": result.begun is not None,
+            "review_error": result.begin_error.message if result.begin_error is not None else None,
+            "case": selectors.case_data(selectors.case_get(result.case.case_id)),
+        }
+        # Stored as JSON for the replays, exactly as this first answer is sent.
+        return (201 if result.created else 200), IntakeOut.model_validate(answer).model_dump(mode="json")
+
+    answer = idempotent(
+        user=request.auth,
+        key=request.headers.get(IDEMPOTENCY_HEADER),
+        endpoint="POST /api/cases",
+        body=payload.model_dump(mode="json"),
+        run=run,
+    )
+    if answer.replayed:
+        response["Idempotent-Replayed"] = "true"
+    return Status(answer.status, answer.body)
 
 
 @api.post(

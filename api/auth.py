@@ -11,6 +11,7 @@ reached; a refused decision is still recorded as a commit attempt.
 from __future__ import annotations
 
 import json
+import re
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -24,12 +25,16 @@ from cases.services import can_publish
 from core import identity
 from core.errors import PermissionRefused
 from effects.services import REVIEW_PERMISSION
+from reviews.groups import INTAKE_PERMISSION
 from reviews.models import Channel
 from workflow.decide import refusal_record
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 VIEW_PERMISSION = "cases.view_case"
 PUBLISH_PATH = "/policies/publish"
+# The pipeline's acts need the intake permission (the Pipeline group), not the review one:
+# a pipeline token brings cases in but never decides one (docs/INTAKE.md).
+INTAKE_PATH = re.compile(r"/api/cases/?$")
 
 
 def _permitted(request: HttpRequest, user):
@@ -43,6 +48,12 @@ def _permitted(request: HttpRequest, user):
         # leads have it, reviewers do not (docs/API.md). The service checks it again.
         if not can_publish(user):
             raise AuthorizationError(message=f"{user.get_username()} does not have the publish policy permission")
+    elif INTAKE_PATH.search(request.path):
+        if not user.has_perm(INTAKE_PERMISSION):
+            raise AuthorizationError(
+                message=f"{user.get_username()} does not have the intake permission ({INTAKE_PERMISSION}, "
+                "the Pipeline group)"
+            )
     elif not user.has_perm(REVIEW_PERMISSION):
         message = f"{user.get_username()} does not have the review permission"
         _record_refused_call(request, user, message)

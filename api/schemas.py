@@ -156,13 +156,18 @@ class ErrorOut(Schema):
     code: str = Field(
         description="stable, machine-readable: invalid_request, unauthorized, forbidden, four_eyes, not_found, "
         "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
-        "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error"
+        "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error; for the intake "
+        "(docs/INTAKE.md): operation_id_mismatch, idempotency_mismatch, in_progress (with Retry-After)"
     )
     message: str
     current_operation_id: str | None = Field(
         default=None, description="with stale_proposal: the case's current operation"
     )
     operation_id: str | None = Field(default=None, description="the operation the error is about, when there is one")
+    sent_operation_id: str | None = Field(
+        default=None, description="with operation_id_mismatch: the identity you sent (operation_id is ours)"
+    )
+    field: str | None = Field(default=None, description="with a refused case file: the field it names")
 
 
 class DecisionOut(Schema):
@@ -390,3 +395,78 @@ class PolicyPublishOut(Schema):
     failed: int = Field(description="cases left as they were (busy); publish again to finish")
     policy_created: bool
     sample: list[PolicyPlanRowOut] = Field(description="the first cases of the plan")
+
+
+# The pipeline's intake (docs/INTAKE.md) ------------------------------------------------
+# The shapes only: what a case file may hold is checked by the import itself
+# (cases/services.py validate_case_data, the same rules as `load_case`), with 400 naming the field.
+
+
+class SourceVersionIn(Strict):
+    version: StrictInt
+    text: StrictStr
+
+
+class SourceIn(Strict):
+    source_id: StrictStr
+    title: StrictStr
+    versions: list[SourceVersionIn]
+
+
+class PassageIn(Strict):
+    source_id: StrictStr
+    version: StrictInt
+    quotation: StrictStr
+
+
+class FindingIn(Strict):
+    finding: StrictStr
+    licensed_clause: StrictStr
+    source_id: StrictStr
+    version: StrictInt
+
+
+class PolicyIn(Strict):
+    name: StrictStr
+    label: StrictStr
+    parameters: dict[str, StrictBool | StrictInt | StrictStr]
+
+
+class CaseIn(Strict):
+    """A case file (docs/CASE_FORMAT.md), with what the intake adds."""
+
+    case_id: StrictStr = Field(examples=["T-2001"])
+    subject: StrictStr
+    customer_message: StrictStr
+    action: StrictStr = Field(examples=["record_support_review"])
+    sources: list[SourceIn]
+    selected_evidence: list[PassageIn]
+    findings: list[FindingIn]
+    policy: PolicyIn
+    draft: StrictStr
+    depends_on: list[StrictStr] = Field(
+        default=None,  # type: ignore[arg-type]  # None = left out; null is refused
+        description="optional: the policy parameters the findings depend on",
+        json_schema_extra={"default": None},
+    )
+    operation_id: OperationId = Field(  # type: ignore[assignment]  # None = left out; null is refused
+        default=None,
+        description="optional: the identity you computed for the prepared proposal (docs/PROTOCOL.md); "
+        "422 operation_id_mismatch with both values when ours differs",
+        json_schema_extra={"default": None},
+    )
+    begin: StrictBool = Field(
+        default=True, description="begin the review, so the queue shows it (the default); false: import only"
+    )
+
+    def case_file(self) -> dict:
+        """The case file itself, as `load_case` reads it."""
+        return self.model_dump(exclude={"operation_id", "begin"}, exclude_none=True)
+
+
+class IntakeOut(Schema):
+    created: bool = Field(description="false: this case file came in before; nothing new was written")
+    operation_id: str = Field(description="the identity of the case's prepared proposal")
+    review_begun: bool = Field(description="whether the review is begun (with begin: true); the case is in either way")
+    review_error: str | None = Field(description="why beginning the review failed (the first decision begins it)")
+    case: CaseOut

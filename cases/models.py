@@ -137,3 +137,29 @@ class Finding(models.Model):
 
     def __str__(self):
         return f"{self.case_id} finding {self.position}"
+
+
+class IntakeRequest(models.Model):
+    """One pipeline request sent with an ``Idempotency-Key`` (docs/INTAKE.md), and its answer.
+
+    Scoped to the token's user: ``(user, key)`` is unique. ``digest`` is the SHA-256 of the
+    endpoint and the request's canonical JSON, so the same key with another request is
+    refused. ``status`` is None while the first request runs; then it and ``response`` are the
+    answer every retry gets again. Kept for ``DECISIONFLOW_IDEMPOTENCY_KEEP`` and pruned by
+    ``manage.py prune_checkpoints``.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    endpoint = models.CharField(max_length=300)
+    digest = models.CharField(max_length=64)
+    status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_index=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="intake_request_unique_key")]
+
+    def __str__(self):
+        return f"{self.key} ({self.endpoint})"

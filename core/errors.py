@@ -225,6 +225,46 @@ class OutcomeUncertain(DecisionflowError):
     http_status = 500
 
 
+class OperationIdMismatch(DecisionflowError):
+    """The pipeline computed another operation identity for what it sent than we do: the two
+    implementations of docs/PROTOCOL.md disagree, and nothing was written."""
+
+    code = "operation_id_mismatch"
+    exit_code = 1
+    http_status = 422
+    reason = RefusalReason.BAD_INPUT
+
+    @classmethod
+    def of(cls, *, sent: str, ours: str) -> OperationIdMismatch:
+        return cls(
+            f"operation_id: you computed {sent}, we compute {ours} for the same content; the two "
+            "implementations of docs/PROTOCOL.md disagree (check the canonical bytes against its vectors); "
+            "nothing was written",
+            operation_id=ours,
+            sent_operation_id=sent,
+        )
+
+
+class IdempotencyMismatch(DecisionflowError):
+    """An Idempotency-Key sent again with another request than the first: refused, nothing written."""
+
+    code = "idempotency_mismatch"
+    exit_code = 1
+    http_status = 422
+
+
+class RequestInProgress(DecisionflowError):
+    """The first request with this Idempotency-Key is still running: send it again shortly."""
+
+    code = "in_progress"
+    exit_code = 6
+    http_status = 409
+    retry_after = 1  # seconds: the API's Retry-After
+
+
+# The refusals of the pipeline's intake (docs/INTAKE.md), for the API's error table.
+INTAKE_REFUSALS: tuple[type[DecisionflowError], ...] = (OperationIdMismatch, IdempotencyMismatch, RequestInProgress)
+
 # Every refusal class, for the API's error table and the docs.
 REFUSALS: tuple[type[DecisionflowError], ...] = (
     InvalidInput,

@@ -113,6 +113,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256
 # longer one is refused (docs/TEXT.md). A reply is read by a person: the demo's longest is
 # about 500.
 DECISIONFLOW_MAX_BODY_CHARS = env.int("DECISIONFLOW_MAX_BODY_CHARS", default=20_000)
+# The pipeline's Idempotency-Keys (docs/INTAKE.md): how long a key and its answer are kept
+# (then `manage.py prune_checkpoints` deletes them), and how long a first request may run
+# before a retry with its key takes it over (its process is then taken to have stopped).
+DECISIONFLOW_IDEMPOTENCY_KEEP = env.str("DECISIONFLOW_IDEMPOTENCY_KEEP", default="24h")
+DECISIONFLOW_IDEMPOTENCY_LEASE = env.str("DECISIONFLOW_IDEMPOTENCY_LEASE", default="60s")
 
 # Prometheus metrics (docs/DEPLOY.md). PROMETHEUS_MULTIPROC_DIR is the folder that every process
 # of a host (gunicorn workers, cron commands) writes its counts to; /metrics sums them. Metrics

@@ -58,6 +58,22 @@ def _content(case: Case, *, body: str, passages: list[dict], findings: list[dict
     }
 
 
+def file_operation_id(data: dict) -> str:
+    """The operation identity of the proposal a case file's import and begin will prepare,
+    computed from the file alone (before anything is written): what the pipeline computes on
+    its side with docs/PROTOCOL.md. ``data`` is a validated case file."""
+    passages = [{k: p[k] for k in ("source_id", "version", "quotation")} for p in data["selected_evidence"]]
+    policy = data["policy"]
+    body = identity.normalize_newlines(data["draft"])
+    return identity.operation_id(
+        data["case_id"],
+        data["action"],
+        body,
+        identity.evidence_id(passages),
+        identity.policy_id(policy["name"], policy["parameters"]),
+    )
+
+
 def prepared_content(case: Case, *, evidence: tuple[list[dict], list[dict]] | None = None, policy=None) -> dict:
     """What ``proposal_create`` would insert for ``case`` (identities included), unsaved.
 

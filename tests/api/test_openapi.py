@@ -8,6 +8,7 @@ def test_openapi_json_describes_the_endpoints(client, db):
     assert response.status_code == 200
     schema = response.json()
     assert set(schema["paths"]) == {
+        "/api/cases",
         "/api/cases/{case_id}",
         "/api/cases/{case_id}/decision",
         "/api/cases/{case_id}/edits",
@@ -30,6 +31,11 @@ def test_openapi_json_describes_the_endpoints(client, db):
     edited = components["EditOut"]
     assert {"review_begun", "review_error"} <= set(edited["required"])
     assert edited["properties"]["review_begun"]["type"] == "boolean"
+    # The intake says what it answers, idempotency refusals included.
+    intake = schema["paths"]["/api/cases"]["post"]
+    assert set(intake["responses"]) == {"200", "201", "400", "401", "403", "409", "413", "422", "500"}
+    assert components["CaseIn"]["additionalProperties"] is False
+    assert {"created", "operation_id", "review_begun", "case"} <= set(components["IntakeOut"]["required"])
     # The test-only fault header is not part of the public contract.
     assert "X-Decisionflow-Fault" not in response.content.decode()
 

@@ -1,5 +1,6 @@
 from django.utils import timezone
 
+from cases.idempotency import keys_prune
 from core.commandline import WorkflowCommand
 from core.progress import CommandProgress, bar_wanted
 from reviews.retention import DEFAULT_BATCH_SIZE, checkpoints_prune, parse_window, prunable_checkpoints
@@ -17,7 +18,9 @@ class Command(WorkflowCommand):
         "--older-than 30d --apply >> var/log/prune_checkpoints.log 2>&1`. "
         "Exit codes: 0 ok (nothing to prune included); 1 usage error, or another prune_checkpoints run "
         "holds the lock. On a terminal, --apply shows a progress bar (checkpoints deleted, rate, time "
-        "left) above the batch lines; elsewhere the output is the batch lines and the summary line only."
+        "left) above the batch lines; elsewhere the output is the batch lines and the summary line only. "
+        "It also deletes the pipeline's Idempotency-Keys claimed more than DECISIONFLOW_IDEMPOTENCY_KEEP "
+        "ago (24h by default; docs/INTAKE.md), whatever --older-than says."
     )
 
     def add_arguments(self, parser):
@@ -62,3 +65,9 @@ class Command(WorkflowCommand):
                 f"prune_checkpoints: dry run: {result.rows} checkpoint(s) taken before {cutoff} would be deleted "
                 f"({result.payload_chars} payload characters); {kept}. Nothing was deleted: add --apply"
             )
+        keys, key_cutoff = keys_prune(apply=apply, now=now)
+        verb = "deleted" if apply else "dry run: would delete"
+        self.stdout.write(
+            f"prune_checkpoints: {verb} {keys} idempotency key(s) claimed before "
+            f"{key_cutoff.isoformat(timespec='seconds')} (DECISIONFLOW_IDEMPOTENCY_KEEP)"
+        )
