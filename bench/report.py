@@ -266,8 +266,21 @@ def goals_table(by_key: dict) -> list[str]:
             "resume_floor_postgresql",  # the key bench.inproc gives the measure's error
         ),
         *_count_goal_rows(by_key),
+        _intake_goal_row(by_key.get("intake")),
         "",
     ]
+
+
+def _intake_goal_row(r: dict | None) -> str:
+    label = "| intake through the API, 8 clients, ÷ the services in-process (new cases/s, review begun)"
+    if not r or r.get("kind") != "intake":
+        return f"{label} | not measured in this run | ≥ 0.5× | — |"
+    lo, hi = r["ratio_range"]["8"]
+    met = "**met**" if r["ratio"]["8"] >= r["goal"] else "**missed**"
+    return (
+        f"{label} | **{r['ratio']['8']:.2f}×**, median of {r['rounds']} rounds ({lo:.2f}–{hi:.2f}; "
+        f"{r['median']['api_8']:.1f}/s vs {r['median']['inprocess']:.1f}/s) | ≥ {r['goal']}× | {met} |"
+    )
 
 
 # --- 11 and 12: side by side with LangGraph --------------------------------------------------
@@ -477,6 +490,41 @@ def delivery_section(results: list[dict]) -> str | None:
     return "\n".join([*lines, end])
 
 
+def intake_section(results: list[dict]) -> str | None:
+    """The pipeline's intake through gunicorn against the services in-process (bench/intake.py)."""
+    rows = [r for r in results if r.get("kind") == "intake"]
+    if not rows:
+        return None
+    begin, end = section_markers("intake")
+    lines = [
+        begin,
+        "## 17. Intake: new cases per second through the API, against the services in-process",
+        "",
+        "Measured in the same run on the same PostgreSQL database: **in-process** is "
+        "`workflow.intake.case_intake` (the import, the identity check, the review begun) for fresh case "
+        "files one after another in one process; **API** is `POST /api/cases` through gunicorn with the "
+        "shipped config (deploy/gunicorn.conf.py, its default workers and threads, DEBUG=0), fresh case "
+        "files posted by 1 or 8 client threads over keep-alive connections, each with its own "
+        "Idempotency-Key and the operation identity the reference client computes. Rounds alternate; a "
+        "ratio is the API's rate ÷ the in-process rate of the same round, the median over rounds. "
+        "Goal: ≥ 0.5× at 8 clients. Re-run alone: `python -m bench.intake --database-url URL [--n 200] "
+        "[--rounds 3]`.",
+        "",
+        "| cases per round | rounds | in-process | API, 1 client | ÷ in-process | API, 8 clients | ÷ in-process | goal (8 clients) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lo1, hi1 = r["ratio_range"]["1"]
+        lo8, hi8 = r["ratio_range"]["8"]
+        met = "**met**" if r["ratio"]["8"] >= r["goal"] else "**missed**"
+        lines.append(
+            f"| {r['n']:,} | {r['rounds']} | {r['median']['inprocess']:.1f}/s | {r['median']['api_1']:.1f}/s | "
+            f"**{r['ratio']['1']:.2f}×** ({lo1:.2f}–{hi1:.2f}) | {r['median']['api_8']:.1f}/s | "
+            f"**{r['ratio']['8']:.2f}×** ({lo8:.2f}–{hi8:.2f}) | ≥ {r['goal']}× {met} |"
+        )
+    return "\n".join([*lines, end])
+
+
 def render(info: dict, results: list[dict]) -> str:
     by_key = {r["key"]: r for r in results}
     lines = [
@@ -589,6 +637,10 @@ def render(info: dict, results: list[dict]) -> str:
         lines += [text, ""]
 
     text = delivery_section(results)
+    if text:
+        lines += [text, ""]
+
+    text = intake_section(results)
     if text:
         lines += [text, ""]
 
@@ -738,6 +790,9 @@ def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
     delivery = delivery_section(results)
     if delivery:
         out["delivery"] = delivery
+    intake = intake_section(results)
+    if intake:
+        out["intake"] = intake
     # A measure's row of the summary table (e.g. "14." for cron_start, "2 (context)." for the
     # ORM floor), replaced where it stands.
     for r in results:

@@ -34,7 +34,7 @@ from bench.cron_start import bench_cron_start
 from bench.env import EVENT_LOG, PY, ROOT, env_for
 
 # The parts of a run, for --skip and --only.
-PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery")
+PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery", "intake")
 
 SIZES = {
     "full": {
@@ -47,6 +47,8 @@ SIZES = {
         "page_rounds": 6,
         "page_requests": 8,
         "deliveries": 500,
+        "intake_cases": 200,
+        "intake_rounds": 3,
     },
     "smoke": {
         "runs": 1,
@@ -58,6 +60,8 @@ SIZES = {
         "page_rounds": 2,
         "page_requests": 1,
         "deliveries": 20,
+        "intake_cases": 10,
+        "intake_rounds": 1,
     },
 }
 
@@ -464,6 +468,20 @@ def bench_delivery_part(base: str | None, n: int, *, name: str) -> list[dict]:
             return [{"key": "delivery", "kind": "error", "bench": "delivery", "error": traceback.format_exc(limit=6)}]
 
 
+def bench_intake_part(base: str, n: int, rounds: int, *, name: str) -> list[dict]:
+    """16. The pipeline's intake through gunicorn against the services in-process."""
+    from bench.intake import bench_intake
+
+    log(f"intake: recreating {name}; gunicorn with the shipped config")
+    pg_recreate(base, name)
+    try:
+        return [bench_intake(pg_url(base, name), n, rounds)]
+    except Exception:
+        import traceback
+
+        return [{"key": "intake", "kind": "error", "bench": "intake", "error": traceback.format_exc(limit=6)}]
+
+
 # --- machine ----------------------------------------------------------------------------
 
 
@@ -692,6 +710,11 @@ def main(argv=None) -> int:
     if "delivery" not in skip:
         base = args.postgres if pg_ok else None
         results += bench_delivery_part(base, sizes["deliveries"], name=f"{args.db_prefix}_delivery")
+
+    if "intake" not in skip and pg_ok:
+        results += bench_intake_part(
+            args.postgres, sizes["intake_cases"], sizes["intake_rounds"], name=f"{args.db_prefix}_intake"
+        )
 
     if "reconcile" not in skip:
         try:

@@ -6,6 +6,8 @@ proves every benchmark's code path works on the database the suite runs on.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench import report
@@ -158,3 +160,27 @@ def test_a_partial_run_replaces_the_goal_rows_context_rows_and_findings_it_measu
         before.split("| replay ÷")[1].split("\n")[0] == after.split("| replay ÷")[1].split("\n")[0]
     )
     assert after.endswith("kept by hand\n")
+
+
+@pytest.mark.postgres
+def test_the_intake_benchmark_runs_once_through_gunicorn(tmp_path):
+    """bench/intake.py on a scratch database of its own: gunicorn starts with the shipped
+    config, every case comes in, and the report renders the section and the goal row."""
+    import psycopg
+
+    from bench.intake import bench_intake
+    from tests.conftest import database_url
+
+    base = database_url().rsplit("/", 1)[0]
+    name = f"dfbench_intake_smoke_{os.getpid()}"
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        result = bench_intake(f"{base}/{name}", 4, 1)
+    finally:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    assert result["kind"] == "intake" and all(v[0] > 0 for v in result["rates"].values()), result
+    text = report.render({"command": "smoke"}, [result])
+    assert "## 17. Intake" in text and "| intake through the API, 8 clients" in text
