@@ -131,16 +131,23 @@ def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(propo
     assert CommitAttempt.objects.count() == 1
 
 
-def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pending, reviewer):
-    """PostgreSQL reads and writes in two transactions, so an edit can commit between them;
-    the write then writes nothing at all. SQLite holds the database's write lock from the
-    read to the write, so no edit can come between: the same write after the edit is refused
-    there by the lock instead, and this case is PostgreSQL's alone."""
+@pytest.mark.parametrize("moved_on", ["edit", "publish switch"])
+def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pending, reviewer, moved_on):
+    """PostgreSQL reads and writes in two transactions, so an edit, or a publish's switch of
+    the case's policy, can commit between them; the write then writes nothing at all (the
+    guard holds the case row as read: its current proposal and its policy). SQLite holds the
+    database's write lock from the read to the write, so nothing can come between: the same
+    write afterwards is refused there by the lock instead, and this case is PostgreSQL's alone."""
     if connection.vendor != "postgresql":
         pytest.skip("SQLite's transaction excludes every other writer between the read and the write")
     store = commit_store()
     target = store.read(proposal.operation_id)
-    proposal_revise(case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer)
+    if moved_on == "edit":
+        proposal_revise(
+            case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer
+        )
+    else:
+        switched(proposal.case)
     decision = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer)
     attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
     with store.transaction():
@@ -157,10 +164,10 @@ def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pendi
     assert rows() == (0, 0, 0) and CommitAttempt.objects.count() == 0
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.PENDING
-    # The same write on a fresh read of the case goes ahead (its basis is the case as it is).
+    # A fresh read of the case shows what moved on.
     with store.transaction():
         fresh = store.read(proposal.operation_id)
-        assert fresh.current_proposal_id != proposal.pk
+        assert (fresh.current_proposal_id, fresh.case_policy_pk) != (target.current_proposal_id, target.case_policy_pk)
 
 
 # -- effect_commit on the store: every row of the commit table --------------------------------
@@ -262,31 +269,6 @@ def test_a_switch_to_a_new_label_of_the_same_version_is_not_stale(proposal, pend
     """The label is not part of the identity: the proposal is still under the case's policy."""
     switched(proposal.case, label="v3 (renamed)", allowance=proposal.case.policy.parameters["allowance_units"])
     assert effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer).status == "Committed"
-
-
-def test_write_answers_none_when_a_publish_switched_the_case_after_the_read(proposal, pending, reviewer):
-    """The guard holds the case's policy as read too: a switch that commits between the read
-    and the write leaves the write with nothing written (PostgreSQL; SQLite holds the
-    database's write lock from the read to the write)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite's transaction excludes every other writer between the read and the write")
-    store = commit_store()
-    target = store.read(proposal.operation_id)
-    switched(proposal.case)
-    decision = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer)
-    attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
-    with store.transaction():
-        written = store.write(
-            Writes(
-                attempt=attempt,
-                decision=decision,
-                effect=EffectRecord(**_effect_fields(proposal, decision)),
-                basis=target,
-            ),
-            lock_timeout_ms=1000,
-        )
-    assert (written.decision_pk, written.effect_pk) == (None, None)
-    assert rows() == (0, 0, 0) and CommitAttempt.objects.count() == 0
 
 
 def test_unknown_operation(db, reviewer):
