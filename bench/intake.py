@@ -50,6 +50,8 @@ def _env(database_url: str, tmp: Path) -> dict:
         SECRET_KEY=secrets.token_urlsafe(50),
         ALLOWED_HOSTS="127.0.0.1",
         STATIC_ROOT=str(tmp / "static"),
+        # Its own metrics folder: the shipped config empties the one it is given at start.
+        PROMETHEUS_MULTIPROC_DIR=str(tmp / "metrics"),
         GUNICORN_ACCESSLOG=str(tmp / "access.log"),
         GUNICORN_ERRORLOG=str(tmp / "error.log"),
     )
@@ -150,6 +152,7 @@ def bench_intake(database_url: str, n: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp_name:
         tmp = Path(tmp_name)
         env = _env(database_url, tmp)
+        (tmp / "metrics").mkdir()
         subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
         subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
         made = subprocess.run(

@@ -128,7 +128,7 @@ def test_the_report_lists_each_goal_with_its_verdict():
     text = report.render({"command": "test"}, results)
     goals = text.split("## Goals", 1)[1].split("## Summary", 1)[0]
     rows = [line for line in goals.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 8, rows
+    assert len(rows) == 9, rows
     assert "ours ÷ LangGraph" in rows[0] and "**0.84×**, median of 3 runs" in rows[0] and rows[0].endswith("**met** |")
     assert "**1.50×**" in rows[1] and rows[1].endswith("**missed** |")
     assert "**0.15×**" in rows[2] and "| ≥ 0.5× | **missed** |" in rows[2]  # commit, 1 connection
@@ -136,6 +136,7 @@ def test_the_report_lists_each_goal_with_its_verdict():
     assert "the raw floor" in rows[5] and "not measured" in rows[5] and "| ≤ 2.5× | — |" in rows[5]
     assert "**11 statements, 2 durable commits**" in rows[6] and rows[6].endswith("**met** |")
     assert rows[7].endswith("**met** |")
+    assert "intake through the API" in rows[8] and "not measured" in rows[8] and "| ≥ 0.5× | — |" in rows[8]
     assert "## 11–12. Side by side with LangGraph" in text
     assert "LangGraph 18 (its three tables" in text
 
