@@ -74,7 +74,7 @@ else:
     DeliveryStateOut = one_of(DeliveryState.values)
     OperationStateOut = one_of(OperationState.values)
     CaseStatusOut = one_of([NOT_STARTED, *OperationState.values])
-    TextWarningKindOut = one_of([text.INVISIBLE, text.MIXED_SCRIPT])
+    TextWarningKindOut = one_of(text.MarkerKind)
 
 
 class Strict(Schema):
@@ -210,12 +210,16 @@ class TextWarningOut(Schema):
     index: int = Field(description="code point index in the field, from 0")
     line: int = Field(description="line in the field, from 1")
     column: int = Field(description="column in the line, from 1, in code points")
-    text: str = Field(description="the character itself, or the word")
+    text: str = Field(description="the character itself, or the stack, run, number or word")
     code_point: str = Field(
-        description='"U+200B"; for a word, the code points and names of its letters from the minority scripts'
+        description='"U+200B"; for more than a character, the code points (and names) of the characters that count'
     )
-    name: str = Field(description='the Unicode name, e.g. "ZERO WIDTH SPACE", or what the word mixes')
-    label: str = Field(description='the badge the admin shows, e.g. "ZWSP U+200B" or "Latin+Cyrillic"')
+    name: str = Field(
+        description='the Unicode name, e.g. "ZERO WIDTH SPACE", or what is marked, e.g. what a word mixes'
+    )
+    label: str = Field(
+        description='the badge the admin shows, e.g. "ZWSP U+200B", "Latin+Cyrillic" or "Fullwidth digits: 1000"'
+    )
     message: str
 
 

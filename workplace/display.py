@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,7 +11,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from core.identity import short
-from core.text import INVISIBLE, Marker, markers, when
+from core.text import Marker, MarkerKind, markers, when
 
 
 class ViewOnlyAdmin(admin.ModelAdmin):
@@ -57,40 +56,76 @@ def when_html(value: datetime | None):
     return format_html('<span class="df-nowrap">{}</span> <span class="df-nowrap">{}</span>', date, time_of_day)
 
 
-def _marker_html(m: Marker, piece: str) -> str:
-    if m.kind == INVISIBLE:
-        return format_html(
-            '<span class="df-tm df-tm-invisible" data-cp="{}" data-label="{}" title="{}">{}</span>',
-            m.code_point,
-            m.label,
-            f"{m.code_point} {m.name}: an invisible character, kept in the text and in its identity",
-            piece,
-        )
-    return format_html(
-        '<mark class="df-tm df-tm-mixed" data-label="{}" title="{}">{}</mark>',
-        m.label,
-        f"{m.name}: {m.code_point}",
-        piece,
+# Each kind's class on the page (``df-tm-<class>``). A character is outlined where it stands;
+# a stack, run, number or word is highlighted.
+MARKER_CLASSES = {
+    MarkerKind.INVISIBLE: "invisible",
+    MarkerKind.UNDEFINED: "undefined",
+    MarkerKind.STACKED_MARKS: "stacked",
+    MarkerKind.OVERLAY: "overlay",
+    MarkerKind.NON_ASCII_DIGITS: "digits",
+    MarkerKind.MIXED_SCRIPT: "mixed",
+    MarkerKind.MATHEMATICAL: "math",
+    MarkerKind.CONFUSABLE: "confusable",
+}
+_CHARACTERS = (MarkerKind.INVISIBLE, MarkerKind.UNDEFINED)
+
+
+def _marker_tags(m: Marker) -> tuple[str, str, str]:
+    """The opening tag, the closing tag, and the opening of a piece that is not the marker's
+    last (a marker cut by another it overlaps: its badge goes on the last piece only)."""
+    css = f"df-tm df-tm-{MARKER_CLASSES[m.kind]}"
+    extra: str = ""
+    if m.kind in _CHARACTERS:
+        title = f"{m.code_point} {m.name}: kept in the text and in its identity"
+        tag, extra = "span", format_html(' data-cp="{}"', m.code_point)
+    else:
+        title, tag = f"{m.name}: {m.code_point}", "mark"
+    opening = '<{tag} class="{css}"{extra} data-label="{label}" title="{title}">'
+    values = {"tag": tag, "extra": extra, "label": m.label, "title": title}
+    return (
+        format_html(opening, css=css, **values),
+        f"</{tag}>",
+        format_html(opening, css=f"{css} df-tm-part", **values),
     )
 
 
-def _chunk(text: str, start: int, end: int, found: list[Marker], starts: list[int]) -> str:
+def _nested(text: str, spans: list[tuple[int, int, str, str, str]]) -> str:
+    """``text`` escaped, each span ``(start, end, opening, closing, opening of a piece)``
+    around its part. Spans come outer first. A span that runs past the end of one around it
+    is closed there and opened again after it, so the HTML nests. Linear: a span is opened
+    again once for each span it crosses."""
     out: list[str] = []
-    pos = start
-    # The markers are in order and do not overlap (a marked character is no letter of a
-    # word), so only the one before ``start`` can reach into the chunk: each chunk reads its
-    # own markers, not the text's.
-    for i in range(max(bisect.bisect_left(starts, start) - 1, 0), len(found)):
-        m = found[i]
-        if m.start >= end:
-            break
-        a, b = max(m.start, start), min(m.end, end)
-        if a >= b or a < pos:
-            continue
-        out.append(escape(text[pos:a]))
-        out.append(_marker_html(m, text[a:b]))
-        pos = b
-    out.append(escape(text[pos:end]))
+    stack: list[list] = []  # open spans, outermost first: [end, opening, closing, piece, where in out]
+    pos = 0
+
+    def close_until(limit: int) -> None:
+        nonlocal pos
+        while stack:
+            end = min(item[0] for item in stack)
+            if end > limit:
+                return
+            out.append(escape(text[pos:end]))
+            pos = end
+            deepest = next(i for i, item in enumerate(stack) if item[0] == end)
+            cut = stack[deepest:]
+            del stack[deepest:]
+            out.extend(item[2] for item in reversed(cut))
+            for item in cut:
+                if item[0] > end:  # cut by a span ending inside it: this piece is not its last
+                    out[item[4]] = item[3]
+                    item[4] = len(out)
+                    out.append(item[1])
+                    stack.append(item)
+
+    for start, end, opening, closing, piece in spans:
+        close_until(start)
+        out.append(escape(text[pos:start]))
+        pos = start
+        stack.append([end, opening, closing, piece, len(out)])
+        out.append(opening)
+    close_until(len(text))
+    out.append(escape(text[pos:]))
     return "".join(out)
 
 
@@ -100,16 +135,18 @@ def marked_html(text: str | None, *, wrap: Iterable[tuple[int, int, str, str]] =
     The characters themselves stay in the page, exactly as stored (the badge is drawn by CSS
     from ``data-label``, so it is not part of the text a reader copies). ``wrap`` adds
     non-overlapping spans ``(start, end, opening HTML, closing HTML)`` around parts of the
-    text, e.g. the sentences a person wrote.
+    text, e.g. the sentences a person wrote; a marker that crosses one is shown in pieces.
     """
     text = text or ""
-    found = markers(text)
-    starts = [m.start for m in found]
-    out, pos = [], 0
+    spans: list[tuple[int, int, int, str, str, str]] = []
+    pos = 0
     for start, end, opening, closing in sorted(wrap):
         if start < pos:  # overlapping: already inside a wrap
             continue
-        out += [_chunk(text, pos, start, found, starts), opening, _chunk(text, start, end, found, starts), closing]
+        spans.append((start, end, 0, opening, closing, opening))
         pos = end
-    out.append(_chunk(text, pos, len(text), found, starts))
-    return mark_safe("".join(out))  # noqa: S308 - every piece of text above is escaped
+    spans += [(m.start, m.end, 1, *_marker_tags(m)) for m in markers(text)]
+    # Outer first: the earlier start, then the longer span, then a wrap before a marker.
+    spans.sort(key=lambda s: (s[0], -s[1], s[2]))
+    html = _nested(text, [(start, end, opening, closing, piece) for start, end, _r, opening, closing, piece in spans])
+    return mark_safe(html)  # noqa: S308 - every piece of text above is escaped

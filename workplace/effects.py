@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from core import text
 from core.outcomes import DECIDED, DecisionOutcome
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when
+from workplace.templatetags.text_markers import banner_context
 
 
 class EffectRecordAdmin(ViewOnlyAdmin):
@@ -43,19 +45,11 @@ class EffectRecordAdmin(ViewOnlyAdmin):
     @admin.display(description="reviewed body")
     def body_pre(self, obj):
         # The text policy's markers, where they stand, and how many (docs/TEXT.md).
-        found = text.markers(obj.body or "")
-        count = format_html(
-            '<div class="df-banner df-banner-warn df-text-banner" id="df-text-markers" data-count="{}">'
-            "<strong>{} hidden or look-alike character{} in this body</strong>, marked where {} stand{}.</div>",
-            len(found),
-            len(found),
-            "s" if len(found) != 1 else "",
-            "they" if len(found) != 1 else "it",
-            "" if len(found) != 1 else "s",
+        banner = render_to_string(
+            "admin/decisionflow/text_banner.html",
+            banner_context(text.warnings([("body", obj.body or "")]), "in this body"),
         )
-        return format_html(
-            '{}<pre class="df-pre" id="df-effect-body">{}</pre>', count if found else "", marked_html(obj.body)
-        )
+        return format_html('{}<pre class="df-pre" id="df-effect-body">{}</pre>', banner, marked_html(obj.body))
 
 
 # Outcomes where the decision asked for did not take effect: shown in red, never with a tick.

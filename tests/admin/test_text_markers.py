@@ -37,7 +37,7 @@ def marked_case(load_case):
 
 
 def badges(html: str) -> list[str]:
-    return re.findall(r'class="df-tm df-tm-(?:invisible|mixed)"[^>]*data-label="([^"]+)"', html)
+    return re.findall(r'class="df-tm df-tm-[a-z]+"[^>]*data-label="([^"]+)"', html)
 
 
 def test_review_page_marks_each_character_where_it_stands_and_counts_them(reviewer_client, marked_case):
@@ -48,7 +48,7 @@ def test_review_page_marks_each_character_where_it_stands_and_counts_them(review
     assert badges(body) == ["ZWSP U+200B", "Latin+Cyrillic", "RLM U+200F", "SHY U+00AD"]
     assert ZWSP in body and RLM in body and SHY in body and MIXED in body
     # The subject's RLM is marked too, and the banner counts all five.
-    assert 'data-count="5"' in html and "5 hidden or look-alike characters on this page" in html
+    assert 'data-count="5"' in html and "5 marked places on this page" in html
     assert "4 invisible or format characters and 1 word mixing scripts" in html
     assert "body: U+200B ZERO WIDTH SPACE at line 1, column 6" in html
 
@@ -103,4 +103,5 @@ def test_effect_record_page_marks_the_reviewed_body(admin_client, reviewer, mark
     html = admin_client.get(reverse("admin:effects_effectrecord_change", args=[effect.pk])).content.decode()
     body = html.split('id="df-effect-body">', 1)[1].split("</pre>", 1)[0]
     assert badges(body) == ["ZWSP U+200B", "Latin+Cyrillic", "RLM U+200F", "SHY U+00AD"]
-    assert 'data-count="4"' in html and "df-tm-invisible::after" in html  # the styles are on the page
+    assert 'data-count="4"' in html and "4 marked places in this body" in html
+    assert ".df-tm::after" in html  # the styles are on the page

@@ -53,7 +53,7 @@ def test_each_marked_character_has_a_badge_and_the_banner_counts_them(demo, logi
     banner = page.locator("#df-text-markers")
     expect(banner).to_be_visible()
     expect(banner).to_have_attribute("data-count", str(total))
-    expect(banner).to_contain_text(f"{total} hidden or look-alike characters on this page")
+    expect(banner).to_contain_text(f"{total} marked places on this page")
     expect(banner).to_contain_text(f"{len(MARKED)} invisible or format characters and 1 word mixing scripts")
 
     body = page.locator("#df-body")

@@ -80,8 +80,9 @@ def test_one_line_fields_refuse_line_breaks_and_lengths_are_counted_in_code_poin
         text.check_text(astral + "x", field="label", one_line=True, max_length=5)
 
 
-def test_the_tables_cover_every_format_character_of_this_python():
-    """Every Unicode format character (Cf) is either refused or marked: none passes unseen."""
+def test_every_format_character_is_refused_or_marked():
+    """Every Unicode format character (Cf), in this Python's data, is either refused or
+    marked: none passes unseen."""
     uncovered = []
     for cp in range(0x110000):
         ch = chr(cp)
@@ -101,7 +102,7 @@ def test_marked_characters_are_kept_and_marked_where_they_stand(cp):
     assert text.check_text(value, field="body") == value
     [marker] = text.markers(value)
     assert (marker.kind, marker.code_point, marker.start, marker.line, marker.column) == (
-        text.INVISIBLE,
+        text.MarkerKind.INVISIBLE,
         cp,
         20,
         2,
@@ -133,7 +134,7 @@ def test_joiners_and_variation_selectors_inside_emoji_are_ordinary_text():
 def test_a_word_mixing_scripts_is_flagged(word, scripts, minority):
     value = f"Log in at {word} now"
     [marker] = text.markers(value)
-    assert (marker.kind, marker.text, marker.label, marker.start) == (text.MIXED_SCRIPT, word, scripts, 10)
+    assert (marker.kind, marker.text, marker.label, marker.start) == (text.MarkerKind.MIXED_SCRIPT, word, scripts, 10)
     assert minority in marker.code_point
 
 
@@ -150,8 +151,8 @@ def test_warnings_name_the_field_and_summary_counts_them():
     assert found[0]["message"] == "body: U+200B ZERO WIDTH SPACE at line 1, column 2"
     assert text.summary(found) | {"labels": None} == {
         "total": 2,
-        "invisible": 1,
-        "mixed": 1,
+        "kinds": text.no_markers() | {text.MarkerKind.INVISIBLE: 1, text.MarkerKind.MIXED_SCRIPT: 1},
+        "said": "1 invisible or format character and 1 word mixing scripts",
         "fields": [("body", 2)],
         "labels": None,
         "listed": 2,

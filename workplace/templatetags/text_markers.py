@@ -1,7 +1,7 @@
 """Showing the text policy's markers (docs/TEXT.md) on the admin pages.
 
-``{{ value|marked }}`` escapes a text and marks each invisible character and mixed-script
-word where it stands; ``{% text_banner warnings %}`` counts them at the top of a page.
+``{{ value|marked }}`` escapes a text and draws each of the text policy's markers where it
+stands; ``{% text_banner warnings %}`` counts them at the top of a page.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ def marked(value):
 @register.inclusion_tag("admin/decisionflow/text_banner.html")
 def text_banner(warnings, where="on this page"):
     """The banner that counts the markers of a page; nothing when there are none."""
+    return banner_context(warnings, where)
+
+
+def banner_context(warnings, where: str) -> dict:
+    """What the banner shows: the summary of ``warnings`` and where they stand."""
     return {"summary": text.summary(warnings or []), "warnings": warnings or [], "where": where}
 
 
