@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,168 @@ def test_values_in_status_lines_cannot_forge_a_line():
     assert text.shown(forged) == '"T-1\\nreconcile: case=T-1077 state=Committed"'
     assert "\n" not in text.shown(forged) and "\u202e" not in text.shown("a\u202eb")
     assert text.one_line("a\nb\r\u202ec\u200bd\x1b") == "a\\nb\\r\\u202ec\\u200bd\\x1b"
+
+
+# --- each kind of marker, by example (docs/TEXT.md) -------------------------------------------
+#
+# Each example is kept (check_text returns it unchanged) and gets exactly the marker listed:
+# its kind (as the API names it), the part of the text it covers, and its badge.
+
+MARKED_EXAMPLES = {
+    # Characters without a standard meaning.
+    "noncharacter U+FDD0": ("a\ufdd0b", [("undefined_character", "\ufdd0", "NONCHAR U+FDD0")]),
+    "noncharacter U+FFFE": ("a\ufffeb", [("undefined_character", "\ufffe", "NONCHAR U+FFFE")]),
+    "noncharacter U+10FFFF": ("a\U0010ffffb", [("undefined_character", "\U0010ffff", "NONCHAR U+10FFFF")]),
+    "private use U+E000": ("logo \ue000 here", [("undefined_character", "\ue000", "PUA U+E000")]),
+    "private use U+F0000": ("x\U000f0000", [("undefined_character", "\U000f0000", "PUA U+F0000")]),
+    "unassigned U+0378": ("x\u0378y", [("undefined_character", "\u0378", "UNASSIGNED U+0378")]),
+    "object replacement U+FFFC": ("see \ufffc here", [("undefined_character", "\ufffc", "OBJ U+FFFC")]),
+    # Marks stacked on one character: more than four, counted in NFD.
+    "200 marks on a letter": (
+        "Hello z" + "\u0301" * 200 + "algo",
+        [("stacked_marks", "z" + "\u0301" * 200, "200 stacked marks")],
+    ),
+    "five marks": (
+        "e\u0301\u0302\u0303\u0304\u0306",
+        [("stacked_marks", "e\u0301\u0302\u0303\u0304\u0306", "5 stacked marks")],
+    ),
+    "three on a precomposed letter": (
+        "\u1ec7\u0301\u0301\u0301",
+        [("stacked_marks", "\u1ec7\u0301\u0301\u0301", "5 stacked marks")],
+    ),
+    # Struck through or overlaid (combining class 1, Overlay).
+    "struck-through number": (
+        "pay 1\u03360\u03360\u03360\u0336 EUR",
+        [("overlay_mark", "1\u03360\u03360\u03360\u0336", "struck through")],
+    ),
+    "slashed letter": ("a\u0338b", [("overlay_mark", "a\u0338", "struck through")]),
+    "long vertical line overlay": ("x\u20d2", [("overlay_mark", "x\u20d2", "struck through")]),
+    # Numbers in digits that are not ASCII.
+    "full-width digits": (
+        "pay \uff11\uff10\uff10\uff10 EUR",
+        [("non_ascii_digits", "\uff11\uff10\uff10\uff10", "Fullwidth digits: 1000")],
+    ),
+    "Arabic-Indic digits": (
+        "\u0661\u0660\u0660\u0660",
+        [("non_ascii_digits", "\u0661\u0660\u0660\u0660", "Arabic-Indic digits: 1000")],
+    ),
+    "mathematical digits": (
+        "\U0001d7cf\U0001d7ce\U0001d7ce\U0001d7ce",
+        [("non_ascii_digits", "\U0001d7cf\U0001d7ce\U0001d7ce\U0001d7ce", "Mathematical Bold digits: 1000")],
+    ),
+    "a Bengali four that looks like 8": ("\u09ea EUR", [("non_ascii_digits", "\u09ea", "Bengali digits: 4")]),
+    "digits of two systems": ("1\u066000", [("non_ascii_digits", "1\u066000", "ASCII+Arabic-Indic digits: 1000")]),
+    # A word in another script that looks Latin.
+    "all-Cyrillic paypal": (
+        "Log in at \u0440\u0430\u0443\u0440\u0430\u04cf now",
+        [("confusable_word", "\u0440\u0430\u0443\u0440\u0430\u04cf", "Cyrillic look-alike")],
+    ),
+    # Words mixing scripts, across every script.
+    "Armenian": ("g\u0585\u0585gle.com", [("mixed_script_word", "g\u0585\u0585gle", "Latin+Armenian")]),
+    "Cherokee": ("\u13e2AYPAL", [("mixed_script_word", "\u13e2AYPAL", "Latin+Cherokee")]),
+    "Coptic": ("micr\u2c9fsoft", [("mixed_script_word", "micr\u2c9fsoft", "Latin+Coptic")]),
+    "Lisu": ("\ua4d1AYPAL", [("mixed_script_word", "\ua4d1AYPAL", "Latin+Lisu")]),
+    "Hiragana in Hangul": ("\ud55c\u3042\uad6d", [("mixed_script_word", "\ud55c\u3042\uad6d", "Hangul+Hiragana")]),
+    # Mathematical letters.
+    "mathematical italic p": ("pay\U0001d45dal", [("mathematical_letters", "pay\U0001d45dal", "math letters")]),
+    "all mathematical bold": (
+        "\U0001d429\U0001d41a\U0001d432",
+        [("mathematical_letters", "\U0001d429\U0001d41a\U0001d432", "math letters")],
+    ),
+}
+
+
+def found(value: str) -> list[tuple[str, str, str]]:
+    return [(m.kind, m.text, m.label) for m in text.markers(value)]
+
+
+@pytest.mark.parametrize("example", MARKED_EXAMPLES)
+def test_each_example_is_kept_and_gets_its_marker(example):
+    value, expected = MARKED_EXAMPLES[example]
+    assert text.check_text(value, field="body") == value
+    assert found(value) == expected
+
+
+@pytest.mark.parametrize("example", MARKED_EXAMPLES)
+def test_the_page_shows_the_hashed_text_with_each_marker(example):
+    import html
+
+    value, expected = MARKED_EXAMPLES[example]
+    out = str(marked_html(value))
+    assert html.unescape(re.sub(r"<[^>]+>", "", out)) == value  # the badges are CSS, not text
+    assert re.findall(r'data-label="([^"]+)"', out) == [html.escape(label) for _k, _t, label in expected]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "東京タワーへ行きました",  # Japanese: Han, Katakana, Hiragana
+        "한국어와 漢字를 섞은 문장",  # Korean: Hangul and Han in one word
+        "ㄅㄆㄇ漢字",  # Han with Bopomofo
+        "Wi-Fiを使う",  # Latin with Japanese, as UTS #39's highly restrictive level allows
+        "Vie\u0323\u0302t Nam, tie\u0302\u0301ng Vie\u0323\u0302t",  # Vietnamese, decomposed: two or three marks
+        "\u05e9\u05c1\u05bc\u05b8",  # Hebrew: a letter with three marks
+        "Привет, а у вас о чём?",  # Russian: "а", "у", "о" look Latin but the text writes Cyrillic
+        "Ο κ. Παπαδόπουλος",  # Greek, likewise
+        "café 10:30 №5 ½ ①",  # numbers and Latin with ASCII digits
+    ],
+)
+def test_ordinary_text_of_other_scripts_is_not_marked(value):
+    assert text.markers(value) == []
+
+
+def test_a_word_in_another_script_that_looks_latin_is_marked_only_where_that_script_writes_nothing_else():
+    lookalike = "\u0440\u0430\u0443\u0440\u0430\u04cf"  # раураӏ
+    assert [m.kind for m in text.markers(f"Pay via {lookalike} today")] == ["confusable_word"]
+    assert text.markers(f"Оплатите через {lookalike}") == []  # a Russian text: a Russian word
+    cherokee = "\u13e2\u13aa\u13a9\u13e2\u13aa\u13de"  # ᏢᎪᎩᏢᎪᏞ
+    assert found(f"Log in at {cherokee}") == [("confusable_word", cherokee, "Cherokee look-alike")]
+
+
+def test_overlapping_markers_nest_on_the_page_and_each_keeps_one_badge():
+    import html
+
+    value = (
+        "p\u0430\u0336ypal 1\u0336\uff12\u0336"  # a struck Cyrillic letter in a mixed word; struck full-width digits
+    )
+    assert [(m.kind, m.text) for m in text.markers(value)] == [
+        ("mixed_script_word", "p\u0430\u0336ypal"),
+        ("overlay_mark", "\u0430\u0336"),
+        ("overlay_mark", "1\u0336\uff12\u0336"),
+        ("non_ascii_digits", "\uff12"),
+    ]
+    out = str(marked_html(value))
+    assert html.unescape(re.sub(r"<[^>]+>", "", out)) == value
+    assert out.count("<mark") == out.count("</mark>") == 4 and "df-tm-part" not in out
+    # A marker that crosses another is cut in pieces: the badge stays on its last one.
+    crossing = str(marked_html("ab \u0430\u0336b", wrap=[(0, 5, "<i>", "</i>")]))
+    assert crossing.count("df-tm-part") == 1 and html.unescape(re.sub(r"<[^>]+>", "", crossing)) == "ab \u0430\u0336b"
+
+
+def test_summary_counts_every_kind_and_says_each():
+    values = [("zwsp", "a\u200bb"), *((name, value) for name, (value, _expected) in MARKED_EXAMPLES.items())]
+    summary = text.summary(text.warnings(values))
+    assert summary["total"] == 1 + sum(len(expected) for _v, expected in MARKED_EXAMPLES.values())
+    assert set(summary["kinds"]) == set(text.MarkerKind) and all(summary["kinds"].values())
+    assert summary["said"].startswith("1 invisible or format character, 7 characters without a standard meaning, 3 ")
+    assert summary["said"].endswith(", 2 words with mathematical letters and 1 word in another script that looks Latin")
+
+
+def test_the_marker_kinds_are_one_vocabulary(client, db):
+    """The API's ``kind``, the pages' classes and the banner's words each list every kind."""
+    from workplace.display import MARKER_CLASSES
+
+    openapi = client.get("/api/openapi.json").json()["components"]["schemas"]
+    assert openapi["TextWarningOut"]["properties"]["kind"]["enum"] == [kind.value for kind in text.MarkerKind]
+    assert set(MARKER_CLASSES) == set(text.MarkerKind) == set(text._SAID)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "TEXT.md").read_text(encoding="utf-8")
+    table = doc.split("| kind |", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\| `([a-z_]+)` \|", table, re.M) == [kind.value for kind in text.MarkerKind]
+
+
+def test_regex_lists_the_scripts_the_policy_names():
+    """The script names come from regex's own table: an upgrade that moves it fails here."""
+    for script in ("LATIN", "CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE", "COPTIC", "LISU", "HAN", "HIRAGANA"):
+        assert script in text.SCRIPTS
+    assert text.SCRIPTS["LATIN"] == "Latin" and len(text.SCRIPTS) > 150
+    assert {"KATAKANA", "HANGUL", "BOPOMOFO"} <= set(text.SCRIPTS)
