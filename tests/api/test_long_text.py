@@ -95,6 +95,32 @@ def test_markers_scan_the_text_a_bounded_number_of_times():
         assert (m.line, m.column) == text.position(ADVERSARIAL, m.start)
 
 
+# 250 KB of each other kind, at its densest: a marker on every few characters.
+DENSE = {
+    "undefined_character": "\ue000",
+    "stacked_marks": "a" + "\u0301" * 5 + " ",
+    "overlay_mark": "1\u0336 ",
+    "non_ascii_digits": "\uff11 ",
+    "mixed_script_word": "p\u0430 ",
+    "mathematical_letters": "\U0001d45d ",
+    "confusable_word": "\u0440\u0430 ",
+}
+
+
+@pytest.mark.parametrize("kind", DENSE)
+def test_every_kind_is_found_in_one_scan_of_a_dense_250_kb_text(kind):
+    unit = DENSE[kind]
+    line = unit * max(1, 79 // len(unit))
+    dense = "\n".join([line] * (250_000 // len((line + "\n").encode())))
+    body = Scanned(dense, budget=4 * len(dense))
+    with bounded(10):
+        found, counts = text.marked(body)
+    assert {m.kind for m in found} == {kind} and counts[kind] == len(found) > 10_000
+    assert body.scanned <= 4 * len(dense)
+    for m in (found[0], found[len(found) // 2], found[-1]):
+        assert (m.line, m.column) == text.position(dense, m.start)
+
+
 @pytest.mark.django_db(transaction=False)
 def test_a_body_past_the_limit_is_refused_and_writes_nothing(api, proposal):
     before = snapshot()
