@@ -642,7 +642,9 @@ class Marker:
         where = f"line {self.line}, column {self.column}"
         if self.kind in (MarkerKind.INVISIBLE, MarkerKind.UNDEFINED):
             return f"{self.code_point} {self.name} at {where}"
-        return f'{self.name} at {where}: "{self.text}" ({self.code_point})'
+        # A stack is named by its base alone: the marks would paint over the message's lines.
+        shown = self.text[:1] if self.kind == MarkerKind.STACKED_MARKS else self.text
+        return f'{self.name} at {where}: "{shown}" ({self.code_point})'
 
 
 def _named(chars: Iterable[str]) -> str:

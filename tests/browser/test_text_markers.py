@@ -74,3 +74,52 @@ def test_each_marked_character_has_a_badge_and_the_banner_counts_them(demo, logi
     assert body.evaluate("e => e.textContent") == proposal.body
     page.locator("#df-text-markers details summary").click()
     page.screenshot(path=str(screenshot_dir / "text-markers.png"), full_page=True)
+
+
+# One of each other kind, with its badge; the stack has 60 marks, enough to paint over the
+# lines around it if the page let it.
+KINDS = [
+    ("logo \ue000 here", "undefined", "PUA U+E000"),
+    ("see \ufffc there", "undefined", "OBJ U+FFFC"),
+    ("z" + "\u0301" * 60 + "algo", "stacked", "60 stacked marks"),
+    ("was 1\u03360\u03360\u03360\u0336 EUR", "overlay", "struck through"),
+    ("now \uff11\uff10\uff10\uff10 EUR", "digits", "Fullwidth digits: 1000"),
+    ("at g\u0585\u0585gle.com", "mixed", "Latin+Armenian"),
+    ("via pay\U0001d45dal", "math", "math letters"),
+    ("or \u0440\u0430\u0443\u0440\u0430\u04cf", "confusable", "Cyrillic look-alike"),
+]
+
+
+def test_each_kind_has_its_badge_and_a_stack_of_marks_stays_on_its_line(demo, login, live_server, screenshot_dir):
+    from cases.services import case_import
+    from tests.conftest import load_fixture
+    from workflow.begin import review_begin
+
+    lines = ["Hello,", "", *(f"- {value}" for value, _css, _label in KINDS), "", "Kind regards,"]
+    body = "\n".join(lines)
+    case = case_import(data=dict(load_fixture("t1042.json"), case_id="T-2002", draft=body)).case
+    in_thread(review_begin, case=case)
+    case.refresh_from_db()
+    proposal = case.current_proposal
+    context, page = login(*REVIEWER)
+    page.goto(f"{live_server.url}/admin/reviews/proposal/{proposal.pk}/review/")
+    page.wait_for_selector("#df-review")
+
+    banner = page.locator("#df-text-markers")
+    expect(banner).to_contain_text(f"{len(KINDS)} marked places on this page")
+    expect(banner).to_contain_text("2 characters without a standard meaning, 1 character with stacked combining marks")
+    pre = page.locator("#df-body")
+    drawn = pre.locator(".df-tm").evaluate_all(
+        "els => els.map(e => [e.className.replace('df-tm df-tm-', ''), getComputedStyle(e, '::after').content])"
+    )
+    assert drawn == [[css, f'"{label}"'] for _value, css, label in KINDS], drawn
+    # The stack is clipped to its line: its box is no taller than a line of the body.
+    stack, line_height = pre.locator(".df-tm-stacked").evaluate(
+        "e => [e.getBoundingClientRect().height, parseFloat(getComputedStyle(e.parentElement).lineHeight) || 20]"
+    )
+    assert stack <= 2 * line_height, (stack, line_height)
+    assert pre.evaluate("e => e.textContent") == proposal.body
+    page.locator("#df-text-markers details summary").click()
+    # The banner names the stack by its base: its marks are not in the list.
+    expect(banner).to_contain_text('a character carrying 60 combining marks (more than 4) at line 5, column 3: "z"')
+    page.screenshot(path=str(screenshot_dir / "text-markers-kinds.png"), full_page=True)
