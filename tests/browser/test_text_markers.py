@@ -36,18 +36,24 @@ def draft() -> str:
     return "\n".join(lines)
 
 
-def test_each_marked_character_has_a_badge_and_the_banner_counts_them(demo, login, live_server, screenshot_dir):
+def review_page(login, live_server, case_id: str, body: str):
+    """A case with ``body`` as its draft, begun, and its review page open for the reviewer."""
     from cases.services import case_import
     from tests.conftest import load_fixture
     from workflow.begin import review_begin
 
-    case = case_import(data=dict(load_fixture("t1042.json"), case_id="T-2001", draft=draft())).case
+    case = case_import(data=dict(load_fixture("t1042.json"), case_id=case_id, draft=body)).case
     in_thread(review_begin, case=case)
     case.refresh_from_db()
     proposal = case.current_proposal
-    context, page = login(*REVIEWER)
+    _context, page = login(*REVIEWER)
     page.goto(f"{live_server.url}/admin/reviews/proposal/{proposal.pk}/review/")
     page.wait_for_selector("#df-review")
+    return page, proposal
+
+
+def test_each_marked_character_has_a_badge_and_the_banner_counts_them(demo, login, live_server, screenshot_dir):
+    page, proposal = review_page(login, live_server, "T-2001", draft())
 
     total = len(MARKED) + 1
     banner = page.locator("#df-text-markers")
@@ -91,19 +97,8 @@ KINDS = [
 
 
 def test_each_kind_has_its_badge_and_a_stack_of_marks_stays_on_its_line(demo, login, live_server, screenshot_dir):
-    from cases.services import case_import
-    from tests.conftest import load_fixture
-    from workflow.begin import review_begin
-
     lines = ["Hello,", "", *(f"- {value}" for value, _css, _label in KINDS), "", "Kind regards,"]
-    body = "\n".join(lines)
-    case = case_import(data=dict(load_fixture("t1042.json"), case_id="T-2002", draft=body)).case
-    in_thread(review_begin, case=case)
-    case.refresh_from_db()
-    proposal = case.current_proposal
-    context, page = login(*REVIEWER)
-    page.goto(f"{live_server.url}/admin/reviews/proposal/{proposal.pk}/review/")
-    page.wait_for_selector("#df-review")
+    page, proposal = review_page(login, live_server, "T-2002", "\n".join(lines))
 
     banner = page.locator("#df-text-markers")
     expect(banner).to_contain_text(f"{len(KINDS)} marked places on this page")
