@@ -10,6 +10,7 @@ does, a trickle of an answer it would otherwise give in full.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
@@ -29,7 +30,10 @@ def slow_helpdesk(settings, delivering):
     """A stub helpdesk whose answer is the ``answer`` dict's: its status and JSON body, sent
     after ``silent_s`` seconds, then one byte every ``every_s`` seconds."""
     answer: dict = {"silent_s": 0.0, "every_s": 0.2}
-    written = {"bytes": 0, "finished": False}
+    # "finished" is set by the server's thread after its last byte, which the worker may have
+    # read already: a test waits for it (``finished.wait``) rather than read it at once.
+    finished = threading.Event()
+    written = {"bytes": 0, "finished": finished}
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 (http.server's hook name)
@@ -51,7 +55,7 @@ def slow_helpdesk(settings, delivering):
                     self.wfile.flush()
                     written["bytes"] += 1
                     time.sleep(answer["every_s"])
-                written["finished"] = True
+                finished.set()
             except OSError:
                 pass  # the worker hung up
 
@@ -96,7 +100,7 @@ def test_a_trickling_answer_is_cut_at_the_deadline_and_the_try_is_unknown(
     assert (attempt.kind, attempt.outcome, attempt.http_status) == ("send", "unknown", None)
     assert "DeadlinePassed" in attempt.error and "1 s deadline" in attempt.error
     assert "1 s deadline" in row.reason
-    assert not written["finished"]
+    assert not written["finished"].is_set()
 
 
 def test_a_silent_helpdesk_is_cut_at_the_deadline_not_at_the_longer_read_timeout(
@@ -121,7 +125,7 @@ def test_an_answer_within_the_deadline_is_delivered(proposal, reviewer, slow_hel
     answer.update(status=201, body=acknowledged, every_s=0.0)
     op = proposal.operation_id
     effect_commit(operation_id=op, approved=True, reviewer=reviewer)
-    assert deliver.call(op) == "delivered" and written["finished"]
+    assert deliver.call(op) == "delivered" and written["finished"].wait(5)
     assert Delivery.objects.get(operation_id=op).reference == "HD-1"
 
 

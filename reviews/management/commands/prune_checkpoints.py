@@ -55,19 +55,17 @@ class Command(WorkflowCommand):
             )
         cutoff = result.cutoff.isoformat(timespec="seconds")
         kept = f"{result.kept_for_pending} kept as the pause of a pending review"
+        # The pipeline's keys have their own period; said in the same one summary line.
+        keys, key_cutoff = keys_prune(apply=apply, now=now)
+        claimed = f"{keys} idempotency key(s) claimed before {key_cutoff.isoformat(timespec='seconds')}"
         if result.applied:
             self.stdout.write(
                 f"prune_checkpoints: deleted {result.rows} checkpoint(s) taken before {cutoff} "
-                f"in {result.batches} batch(es); {kept}"
+                f"in {result.batches} batch(es); {kept}; deleted {claimed}"
             )
         else:
             self.stdout.write(
                 f"prune_checkpoints: dry run: {result.rows} checkpoint(s) taken before {cutoff} would be deleted "
-                f"({result.payload_chars} payload characters); {kept}. Nothing was deleted: add --apply"
+                f"({result.payload_chars} payload characters); {kept}; {claimed} would be deleted. "
+                "Nothing was deleted: add --apply"
             )
-        keys, key_cutoff = keys_prune(apply=apply, now=now)
-        verb = "deleted" if apply else "dry run: would delete"
-        self.stdout.write(
-            f"prune_checkpoints: {verb} {keys} idempotency key(s) claimed before "
-            f"{key_cutoff.isoformat(timespec='seconds')} (DECISIONFLOW_IDEMPOTENCY_KEEP)"
-        )
