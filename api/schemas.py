@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     CaseStatusOut = str
     TextWarningKindOut = str
 else:
-    DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never "expired": that one is the system's
+    DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never a system actor's reason
     ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
     OutcomeOut = one_of(DECIDED)
     OriginOut = one_of(Origin.values)
@@ -102,7 +102,7 @@ class DecisionIn(Strict):
     reason: DeclineReasonIn | None = Field(
         default=None,
         description="with a decline: why (docs/QUEUE.md). A second decline is a replay: the first reason "
-        "stands. Refused (400) with an approval; `expired` is reserved for the system",
+        "stands. Refused (400) with an approval; `expired` and `withdrawn` are reserved for the system",
     )
     note: Annotated[StrictStr, Field(max_length=2000)] | None = Field(
         default=None, description="with a decline: optional free text; the text policy applies (docs/TEXT.md)"
@@ -281,7 +281,9 @@ class DecisionInfoOut(Schema):
     )
     decline_note: str | None = Field(default=None, description="the decliner's free text, if any")
     system_actor: str | None = Field(
-        default=None, description="set when no person decided: e.g. sla-expiry (declined as expired)"
+        default=None,
+        description="set when no person decided: sla-expiry (declined as expired) or pipeline-withdraw "
+        "(withdrawn by the pipeline's service user, the reviewer)",
     )
 
 

@@ -39,7 +39,7 @@ from effects.delivery import delivery_attempt, delivery_configured, duration_set
 from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
 from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
-from reviews.models import HUMAN_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision, SystemActor
+from reviews.models import HUMAN_DECLINE_REASONS, SYSTEM_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision
 
 log = logging.getLogger(__name__)
 
@@ -101,21 +101,23 @@ DECLINE_NOTE_MAX = 2000
 def decline_reason_check(*, approved, decline_reason, decline_note, system_actor=None) -> None:
     """Refuse a decline reason that is not one of the documented set (docs/QUEUE.md).
 
-    A reason goes with a decline only; ``expired`` is the system actor's alone, and the
-    system actor gives nothing else (the database's ``decision_expired_iff_system_actor``
-    says the same). The note is optional free text under the text policy.
+    A reason goes with a decline only; each system actor's reason (``SYSTEM_DECLINE_REASONS``)
+    is that actor's alone, and a system actor gives nothing else (the database's
+    ``decision_system_reason_iff_system_actor`` says the same). The note is optional free
+    text under the text policy.
     """
     if decline_reason is None and decline_note is None and system_actor is None:
         return
     if approved is not False:
         raise InvalidInput("a decline reason or note goes with a decline only", field="reason")
     if system_actor is not None:
-        if system_actor not in SystemActor.values or decline_reason != DeclineReason.EXPIRED:
-            raise InvalidInput(f"the system actor {system_actor!r} may only decline with reason expired")
+        own = SYSTEM_DECLINE_REASONS.get(system_actor)
+        if own is None or decline_reason != own:
+            raise InvalidInput(f"the system actor {system_actor!r} may only decline with reason {own or 'none'}")
     elif decline_reason is not None and decline_reason not in HUMAN_DECLINE_REASONS:
         raise InvalidInput(
             f"unknown decline reason {str(decline_reason)[:40]!r}; the reasons are {', '.join(HUMAN_DECLINE_REASONS)}"
-            " (expired is reserved for the system)",
+            f" ({', '.join(SYSTEM_DECLINE_REASONS.values())}: reserved for the system)",
             field="reason",
         )
     if decline_note is not None:
@@ -428,8 +430,10 @@ def effect_commit(
 
     A decline may carry ``decline_reason`` (``DeclineReason``) and ``decline_note``; they are
     stored with the decision, and a replay keeps the first (its attempt row keeps its own).
-    ``system_actor`` names a system decision (only ``sla-expiry``, declining with reason
-    ``expired``): the reviewer is then that actor's own user row and needs no permission.
+    ``system_actor`` names a system decision (a ``SystemActor``, declining with its own
+    reason): the reviewer is then the user row the caller stands for (``sla-expiry``'s own
+    row, the pipeline's service user for a withdrawal) and needs no review permission; the
+    caller has checked what that actor may do.
     """
     call = _Call(operation_id, approved, reviewer, channel, decline_reason, decline_note, system_actor)
     with commit_observed(approved=approved) as seen:  # commit latency by outcome

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from django.conf import settings
 from django.db import models
 
@@ -30,9 +33,9 @@ class Channel(models.TextChoices):
 class DeclineReason(models.TextChoices):
     """Why a proposal was declined: the one vocabulary of decline reasons (docs/QUEUE.md).
 
-    ``expired`` is reserved for the system actor that declines a review whose SLA was
-    breached under the fail-closed policy; a person cannot give it, and a database
-    constraint on ``ReviewDecision`` allows it only with a system actor.
+    ``expired`` and ``withdrawn`` are reserved for the system actors (``SYSTEM_DECLINE_REASONS``):
+    a person cannot give them, and a database constraint on ``ReviewDecision`` allows each
+    only with its system actor.
     """
 
     WRONG_FACTS = "wrong_facts", "Wrong facts"
@@ -41,16 +44,27 @@ class DeclineReason(models.TextChoices):
     EVIDENCE = "evidence", "Evidence does not support it"
     OTHER = "other", "Other"
     EXPIRED = "expired", "Expired (declined by the system)"
-
-
-# The reasons a person may give; ``expired`` is the system's alone.
-HUMAN_DECLINE_REASONS = tuple(r.value for r in DeclineReason if r != DeclineReason.EXPIRED)
+    WITHDRAWN = "withdrawn", "Withdrawn by the pipeline"
 
 
 class SystemActor(models.TextChoices):
-    """The named system actors that may make a decision without a person (docs/QUEUE.md)."""
+    """The named system actors that may make a decision without a person (docs/QUEUE.md,
+    docs/INTAKE.md). Each only declines, and only with its own reason."""
 
     SLA_EXPIRY = "sla-expiry", "SLA expiry (fail closed)"
+    # The pipeline withdrew the review (the ticket was closed elsewhere); the decision's
+    # reviewer is the pipeline's service user who asked, so the history names it.
+    PIPELINE_WITHDRAW = "pipeline-withdraw", "Pipeline withdrawal"
+
+
+# The one reason each system actor declines with.
+SYSTEM_DECLINE_REASONS: dict[str, str] = {
+    SystemActor.SLA_EXPIRY: DeclineReason.EXPIRED,
+    SystemActor.PIPELINE_WITHDRAW: DeclineReason.WITHDRAWN,
+}
+
+# The reasons a person may give; the system actors' reasons are theirs alone.
+HUMAN_DECLINE_REASONS = tuple(r.value for r in DeclineReason if r not in SYSTEM_DECLINE_REASONS.values())
 
 
 class Proposal(AppendOnlyModel):
@@ -157,28 +171,39 @@ class ReviewDecision(AppendOnlyModel):
                 condition=models.Q(approved=False) | models.Q(decline_reason__isnull=True, decline_note__isnull=True),
                 name="decision_reason_only_on_decline",
             ),
-            # The only automatic decision the database allows: a decline for reason "expired"
-            # by a system actor. A person never gives "expired"; a system actor gives nothing else.
+            # The only automatic decisions the database allows: a system actor's decline for
+            # its own reason. A person never gives a system reason; a system actor gives nothing else.
             models.CheckConstraint(
                 # (Each column compared is also said NOT NULL: a NULL would make the whole
                 # check unknown, which a CHECK lets through.)
-                condition=models.Q(
-                    system_actor__in=SystemActor.values,
-                    system_actor__isnull=False,
-                    approved=False,
-                    decline_reason=DeclineReason.EXPIRED,
-                    decline_reason__isnull=False,
+                condition=functools.reduce(
+                    operator.or_,
+                    (
+                        models.Q(
+                            system_actor=actor,
+                            system_actor__isnull=False,
+                            approved=False,
+                            decline_reason=reason,
+                            decline_reason__isnull=False,
+                        )
+                        for actor, reason in SYSTEM_DECLINE_REASONS.items()
+                    ),
                 )
                 | (
                     models.Q(system_actor__isnull=True)
                     & (models.Q(decline_reason__isnull=True) | models.Q(decline_reason__in=HUMAN_DECLINE_REASONS))
                 ),
-                name="decision_expired_iff_system_actor",
+                name="decision_system_reason_iff_system_actor",
             ),
         ]
 
     def __str__(self):
         return f"{'approved' if self.approved else 'declined'} {short(self.operation_id)}"
+
+    @property
+    def withdrawn(self) -> bool:
+        """The pipeline withdrew this review: a later approval is refused as ``Withdrawn``."""
+        return self.system_actor == SystemActor.PIPELINE_WITHDRAW
 
 
 class PendingReview(models.Model):

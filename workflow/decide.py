@@ -134,7 +134,7 @@ def decision_record(
     however often it is called. Every refusal writes no decision and no effect, and is
     recorded as a commit attempt.
 
-    A decline may carry ``decline_reason`` (one of ``DeclineReason``, never ``expired``) and
+    A decline may carry ``decline_reason`` (one of ``HUMAN_DECLINE_REASONS``) and
     a free-text ``decline_note``; an unknown reason is refused (``InvalidInput``) before
     anything runs. A second decline is a replay: the first reason stands.
     """

@@ -15,7 +15,7 @@ claims, and what happens when a review waits too long.
   ``stay_pending`` (the default) or ``decline`` (fail closed: ``manage.py sla_report
   --expire`` declines each breached review with reason ``expired``, as the system actor
   ``sla-expiry``). Nothing ever approves automatically; the database allows no automatic
-  decision but that decline (``decision_expired_iff_system_actor``).
+  decision but the system actors' declines (``decision_system_reason_iff_system_actor``).
 """
 
 from __future__ import annotations

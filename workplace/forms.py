@@ -14,7 +14,7 @@ APPROVE = "approve"
 DECLINE = "decline"
 
 
-# The reasons a reviewer may give a decline, in the enum's order ("expired" is the system's).
+# The reasons a reviewer may give a decline, in the enum's order (the system actors' are theirs).
 DECLINE_REASON_CHOICES = [(r.value, r.label) for r in DeclineReason if r.value in HUMAN_DECLINE_REASONS]
 
 
@@ -28,7 +28,7 @@ class DecisionForm(forms.Form):
         error_messages={"required": "choose Approve or Decline: an omitted decision is not consent"},
     )
 
-    # With Decline: why (docs/QUEUE.md). Optional; "expired" is the system's, never offered.
+    # With Decline: why (docs/QUEUE.md). Optional; the system actors' reasons are never offered.
     reason = forms.ChoiceField(required=False, choices=[("", "(no reason given)"), *DECLINE_REASON_CHOICES])
     note = forms.CharField(required=False, max_length=2000, strip=False)
 

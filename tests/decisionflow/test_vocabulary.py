@@ -239,7 +239,7 @@ def test_every_channel_offers_the_human_decline_reasons(openapi):
     from workflow.management.commands.resume import Command as Resume
     from workplace.forms import DECLINE_REASON_CHOICES
 
-    human = [reason.value for reason in DeclineReason if reason != DeclineReason.EXPIRED]
+    human = [reason.value for reason in DeclineReason if reason not in (DeclineReason.EXPIRED, DeclineReason.WITHDRAWN)]
     assert list(HUMAN_DECLINE_REASONS) == human
     assert _enum(openapi, "DecisionIn", "reason") == human
     assert [value for value, _label in DECLINE_REASON_CHOICES] == human

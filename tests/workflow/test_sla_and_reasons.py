@@ -133,6 +133,10 @@ def test_the_database_allows_no_other_automatic_decision(proposal, reviewer):
         {"approved": True, "decline_reason": "tone"},  # a reason on an approval
         {"approved": False, "decline_reason": "bored"},  # not a reason at all
         {"approved": False, "system_actor": "someone", "decline_reason": "expired"},  # not a system actor
+        {"approved": False, "decline_reason": "withdrawn"},  # a person withdrawing
+        {"approved": False, "system_actor": "pipeline-withdraw", "decline_reason": "expired"},  # another's reason
+        {"approved": False, "system_actor": "sla-expiry", "decline_reason": "withdrawn"},  # likewise
+        {"approved": True, "system_actor": "pipeline-withdraw", "decline_reason": "withdrawn"},  # an approval
     ]
     for fields in refused:
         with pytest.raises(IntegrityError), transaction.atomic():
@@ -144,7 +148,7 @@ def test_the_service_refuses_a_system_reason_from_a_person(begun, reviewer):
     from core.errors import InvalidInput
     from workflow.decide import decision_record
 
-    for fields in ({"decline_reason": "expired"}, {"decline_reason": "nope"}):
+    for fields in ({"decline_reason": "expired"}, {"decline_reason": "withdrawn"}, {"decline_reason": "nope"}):
         with pytest.raises(InvalidInput):
             decision_record(
                 case=begun.case,
@@ -164,7 +168,7 @@ def test_the_service_refuses_a_system_reason_from_a_person(begun, reviewer):
             decline_reason="tone",
         )
     assert not ReviewDecision.objects.exists()
-    assert CommitAttempt.objects.filter(outcome="refused", reason="bad_input").count() == 3
+    assert CommitAttempt.objects.filter(outcome="refused", reason="bad_input").count() == 4
 
 
 def test_resume_decline_takes_a_reason_and_reconcile_json_returns_it(begun, reviewer):
