@@ -8,6 +8,8 @@ attributes and nothing else, so a new refusal is one new class here.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.db import models
 
 from core.identity import short
@@ -170,6 +172,32 @@ class ConflictingDecision(DecisionflowError):
         )
 
 
+class Withdrawn(ConflictingDecision):
+    """The pipeline withdrew this operation's review (its ticket was closed elsewhere): the
+    operation is declined for good, so an approval is refused; nothing was written.
+
+    A conflict with its own code and exit code, so that whoever approves is told that the
+    ticket is closed, by whom, when and why, and not only that somebody declined it.
+    """
+
+    code = "withdrawn"
+    exit_code = 9
+    http_status = 409
+
+    @classmethod
+    def of_withdrawal(cls, *, operation_id: str, by: str, at: datetime, reason: str | None, result=None) -> Withdrawn:
+        """The refusal of an approval of ``operation_id``, which ``by`` (the pipeline's
+        service user) withdrew at ``at``, saying ``reason`` (None: it gave none)."""
+        why = f": {reason}" if reason else ""
+        return cls(
+            f"withdrawn: {short(operation_id)} was withdrawn by the pipeline ({by}) at "
+            f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC{why}; the ticket was closed elsewhere, so it cannot be "
+            "approved; no decision or effect was written",
+            result=result,
+            operation_id=operation_id,
+        )
+
+
 class WorkflowIncompatible(DecisionflowError):
     """A pending review from another workflow version, or a checkpoint that fails its checks."""
 
@@ -274,6 +302,7 @@ REFUSALS: tuple[type[DecisionflowError], ...] = (
     StaleProposal,
     AlreadyDecided,
     ConflictingDecision,
+    Withdrawn,
     WorkflowIncompatible,
     CaseBusy,
     OutcomeUncertain,

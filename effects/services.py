@@ -29,6 +29,7 @@ from core.errors import (
     PermissionRefused,
     RefusalReason,
     StaleProposal,
+    Withdrawn,
 )
 from core.faults import crash_point
 from core.locks import decision_lock_timeout, lock_timeout_ms
@@ -265,6 +266,27 @@ def _is_replay(standing: ReviewDecision | None, approved: bool, effect_exists: b
     """The same decision stands, with everything it implies: nothing new to write. An
     approval whose effect is missing is not a replay: the commit writes the effect."""
     return standing is not None and standing.approved == approved and (effect_exists or not approved)
+
+
+def conflict_refusal(commit: CommitResult) -> ConflictingDecision:
+    """The refusal of a commit that found the opposite decision standing: ``Withdrawn`` when
+    the pipeline withdrew the review, ``ConflictingDecision`` otherwise. Every channel's
+    conflict is told apart here, and only here."""
+    decision = commit.decision
+    if decision is not None and decision.withdrawn:
+        return Withdrawn.of_withdrawal(
+            operation_id=commit.operation_id,
+            by=decision.reviewer.get_username(),
+            at=decision.decided_at,
+            reason=decision.decline_note,
+            result=commit,
+        )
+    return ConflictingDecision.of(
+        operation_id=commit.operation_id,
+        approved=None if decision is None else decision.approved,
+        by=None if decision is None else decision.reviewer.get_username(),
+        result=commit,
+    )
 
 
 def _outcome(target: Target, approved: bool) -> str:

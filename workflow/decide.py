@@ -40,7 +40,6 @@ from cases.models import Case
 from core import faults, identity
 from core.errors import (
     CaseBusy,
-    ConflictingDecision,
     DecisionflowError,
     InvalidInput,
     OutcomeUncertain,
@@ -56,6 +55,7 @@ from effects.services import (
     DECLINED,
     CommitResult,
     attempt_record,
+    conflict_refusal,
     decline_reason_check,
     effect_commit,
     reviewer_check,
@@ -98,16 +98,6 @@ def _outcome(commit: CommitResult) -> DecisionOutcome:
     return DecisionOutcome.DECLINED if commit.status == DECLINED else DecisionOutcome.COMMITTED
 
 
-def _conflict(commit: CommitResult) -> ConflictingDecision:
-    decision = commit.decision
-    return ConflictingDecision.of(
-        operation_id=commit.operation_id,
-        approved=None if decision is None else decision.approved,
-        by=None if decision is None else decision.reviewer.get_username(),
-        result=commit,
-    )
-
-
 def decision_record(
     *,
     case: Case,
@@ -128,7 +118,7 @@ def decision_record(
     ``PermissionRefused``, ``InvalidInput``, ``WorkflowIncompatible`` (the pause fails a
     binding check: nothing ran), ``CaseBusy`` (another action held the case past the
     timeout), ``ConflictingDecision`` (the opposite decision stands; it carries the
-    receipt) and ``OutcomeUncertain`` (the commit may have happened: ask reconcile).
+    receipt), ``Withdrawn`` (an approval of a review the pipeline withdrew) and ``OutcomeUncertain`` (the commit may have happened: ask reconcile).
 
     Invariant: one decision and at most one effect per operation, whatever the channel,
     however often it is called. Every refusal writes no decision and no effect, and is
@@ -200,7 +190,7 @@ def decision_record(
                 )
             raise
         if commit.status == CONFLICTING:
-            raise _conflict(commit)
+            raise conflict_refusal(commit)
         seen.result = DecisionResult(
             outcome=_outcome(commit), commit=commit, checkpoint_id=pending.checkpoint_id, begun=begun
         )
