@@ -35,6 +35,8 @@ from api.schemas import (
     OperationOut,
     PolicyPublishIn,
     PolicyPublishOut,
+    WithdrawIn,
+    WithdrawOut,
 )
 from cases.idempotency import HEADER as IDEMPOTENCY_HEADER
 from cases.idempotency import idempotent
@@ -44,6 +46,7 @@ from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.intake import case_intake as intake_service
 from workflow.publishing import policy_publish as publish_service
+from workflow.withdraw import case_withdraw as withdraw_service
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +288,56 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
         "operation_id": commit.operation_id,
         "outcome": decided.outcome.value,
     }
+
+
+@api.post(
+    "/cases/{case_id}/withdraw",
+    response={200: WithdrawOut, **_errors(400, 401, 403, 404, 409, 413, 422, 500)},
+    tags=["intake"],
+    operation_id="case_withdraw",
+)
+def case_withdraw(request, payload: WithdrawIn, response: HttpResponse, case_id: str = CaseId):
+    """Withdraw the pending review of the operation the pipeline saw, because the ticket was
+    closed elsewhere: it is declined with reason ``withdrawn`` by the system actor
+    ``pipeline-withdraw``, and a later approval is 409 ``withdrawn``. Needs the withdraw
+    permission (the Pipeline group).
+
+    The same withdrawal again answers 200 with ``replay: true``. An approved operation is 409
+    ``conflicting_decision``; an operation that is not the case's current proposal, 409
+    ``stale_proposal``. An ``Idempotency-Key`` is optional and works as the intake's. See
+    docs/INTAKE.md, "Withdrawals".
+    """
+    case = selectors.case_get(case_id)
+
+    def run() -> tuple[int, dict]:
+        commit = withdraw_service(
+            case=case,
+            operation_id=payload.operation_id,
+            actor=request.auth,
+            reason=payload.reason,
+            channel=Channel.API,
+        )
+        decision = commit.decision
+        assert decision is not None  # a withdrawal that answers leaves a decline standing
+        answer = {
+            "status": commit.status,
+            "replay": commit.replay,
+            "operation_id": commit.operation_id,
+            "decline_reason": decision.decline_reason,
+            "decision": selectors.decision_data(decision),
+        }
+        return 200, WithdrawOut.model_validate(answer).model_dump(mode="json")
+
+    answer = idempotent(
+        user=request.auth,
+        key=request.headers.get(IDEMPOTENCY_HEADER),
+        endpoint=f"POST /api/cases/{case.case_id}/withdraw",
+        body=payload.model_dump(mode="json"),
+        run=run,
+    )
+    if answer.replayed:
+        response["Idempotent-Replayed"] = "true"
+    return Status(answer.status, answer.body)
 
 
 @api.post(

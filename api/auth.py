@@ -3,7 +3,8 @@
 Reads follow the admin's permissions: they need the view permission on cases
 (``cases.view_case``, which the Reviewers and Support leads groups have), as every admin
 page does. ``is_staff`` is not needed: it only opens the admin's login. Unsafe methods need
-the review permission. Checking both here, before the body is parsed, means a caller
+the review permission, but for the pipeline's intake and withdrawal and a policy's publish,
+which need their own. Checking both here, before the body is parsed, means a caller
 without the permission learns nothing from validation errors and the services are never
 reached; a refused decision is still recorded as a commit attempt.
 """
@@ -25,7 +26,7 @@ from cases.services import can_publish
 from core import identity
 from core.errors import PermissionRefused
 from effects.services import REVIEW_PERMISSION
-from reviews.groups import INTAKE_PERMISSION
+from reviews.groups import INTAKE_PERMISSION, WITHDRAW_PERMISSION
 from reviews.models import Channel
 from workflow.decide import refusal_record
 
@@ -35,6 +36,8 @@ PUBLISH_PATH = "/policies/publish"
 # The pipeline's acts need the intake permission (the Pipeline group), not the review one:
 # a pipeline token brings cases in but never decides one (docs/INTAKE.md).
 INTAKE_PATH = re.compile(r"/api/cases/?$")
+# A withdrawal needs the withdraw permission, not the review one (docs/INTAKE.md, "Withdrawals").
+WITHDRAW_PATH = re.compile(r"/api/cases/[^/]+/withdraw/?$")
 
 
 def _permitted(request: HttpRequest, user):
@@ -54,6 +57,14 @@ def _permitted(request: HttpRequest, user):
                 message=f"{user.get_username()} does not have the intake permission ({INTAKE_PERMISSION}, "
                 "the Pipeline group)"
             )
+    elif WITHDRAW_PATH.search(request.path):
+        if not user.has_perm(WITHDRAW_PERMISSION):
+            message = (
+                f"{user.get_username()} does not have the withdraw permission ({WITHDRAW_PERMISSION}, "
+                "the Pipeline group)"
+            )
+            _record_refused_call(request, user, message)
+            raise AuthorizationError(message=message)
     elif not user.has_perm(REVIEW_PERMISSION):
         message = f"{user.get_username()} does not have the review permission"
         _record_refused_call(request, user, message)
@@ -62,16 +73,17 @@ def _permitted(request: HttpRequest, user):
 
 
 def _record_refused_call(request: HttpRequest, user, message: str) -> None:
-    """The attempt row of a decision or an edit refused for want of the permission.
+    """The attempt row of a decision, a withdrawal or an edit refused for want of the permission.
 
-    Only for ``POST /api/cases/{id}/decision`` and ``POST /api/cases/{id}/edits`` of a case
+    Only for ``POST /api/cases/{id}/decision``, ``…/withdraw`` and ``…/edits`` of a case
     that exists. The operation (and the decision) are read from the body for the record
     only, never answered: a body that names no operation is recorded against the case's
-    current one.
+    current one. A withdrawal is recorded as the decline it would have been.
     """
     match = request.resolver_match
     edit = request.path.endswith("/edits")
-    if match is None or not (edit or request.path.endswith("/decision")) or "case_id" not in match.kwargs:
+    withdraw = WITHDRAW_PATH.search(request.path) is not None
+    if match is None or not (edit or withdraw or request.path.endswith("/decision")) or "case_id" not in match.kwargs:
         return
     case = Case.objects.select_related("current_proposal").filter(case_id=match.kwargs["case_id"]).first()
     if case is None:
@@ -84,7 +96,7 @@ def _record_refused_call(request: HttpRequest, user, message: str) -> None:
     named = body.get("expected_operation_id" if edit else "operation_id")
     if not (isinstance(named, str) and identity.is_operation_id(named)):
         named = case.current_proposal.operation_id if case.current_proposal is not None else ""
-    approved = None if edit else body.get("approved")
+    approved = None if edit else False if withdraw else body.get("approved")
     refusal_record(
         case=case,
         operation_id=named,

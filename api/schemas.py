@@ -15,6 +15,7 @@ from core.identity import OPERATION_ID_RE
 from core.outcomes import DECIDED, OperationState, ReceiptStatus
 from effects.models import DeliveryState, DeliveryTry
 from reviews.models import HUMAN_DECLINE_REASONS, Channel, Origin, PendingReview
+from workflow.withdraw import WITHDRAW_REASON_MAX
 
 OPERATION_ID_PATTERN = OPERATION_ID_RE.pattern
 DEMO_OPERATION_ID = "op-v1-e3976ac9e004f816de8a7695aa8b5bf99b16b3f893063045153b2a114922fbfc"
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     # A Literal built at run time is opaque to mypy: to it these are strings.
     DeclineReasonIn = str
     ReceiptStatusOut = str
+    WithdrawStatusOut = str
     OutcomeOut = str
     OriginOut = str
     PendingStatusOut = str
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
 else:
     DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never a system actor's reason
     ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
+    WithdrawStatusOut = one_of([ReceiptStatus.DECLINED])
     OutcomeOut = one_of(DECIDED)
     OriginOut = one_of(Origin.values)
     PendingStatusOut = one_of(PendingReview.Status.values)
@@ -149,6 +152,17 @@ class EditIn(Strict):
         return self
 
 
+class WithdrawIn(Strict):
+    operation_id: OperationId = Field(
+        description="the operation the pipeline saw (the case's current proposal); another one is 409 stale_proposal"
+    )
+    reason: Annotated[StrictStr, Field(min_length=1, max_length=WITHDRAW_REASON_MAX)] | None = Field(
+        default=None,
+        description='optional, one line: why, e.g. "ticket closed in the helpdesk"; shown to reviewers, and the '
+        "text policy applies (docs/TEXT.md)",
+    )
+
+
 # Responses --------------------------------------------------------------------------------
 
 
@@ -157,7 +171,8 @@ class ErrorOut(Schema):
         description="stable, machine-readable: invalid_request, unauthorized, forbidden, four_eyes, not_found, "
         "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
         "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error; for the intake "
-        "(docs/INTAKE.md): operation_id_mismatch, idempotency_mismatch, in_progress (with Retry-After)"
+        "(docs/INTAKE.md): operation_id_mismatch, idempotency_mismatch, in_progress (with Retry-After); "
+        "withdrawn (an approval of a review the pipeline withdrew)"
     )
     message: str
     current_operation_id: str | None = Field(
@@ -285,6 +300,16 @@ class DecisionInfoOut(Schema):
         description="set when no person decided: sla-expiry (declined as expired) or pipeline-withdraw "
         "(withdrawn by the pipeline's service user, the reviewer)",
     )
+
+
+class WithdrawOut(Schema):
+    status: WithdrawStatusOut = Field(description="a withdrawn operation is declined")
+    replay: bool = Field(description="true: it was declined before (withdrawn, or declined by a person or the SLA)")
+    operation_id: str
+    decline_reason: str | None = Field(
+        description="the reason that stands: withdrawn, or the earlier decline's own on a replay"
+    )
+    decision: DecisionInfoOut = Field(description="the decline that stands")
 
 
 class DeliveryTryOut(Schema):

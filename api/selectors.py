@@ -211,17 +211,20 @@ def _operation_view(*, case_id: str, operation_id: str, current: bool, found: _O
         "state": operation_state(decision.approved if decision is not None else None, found.has_effect),
         "effect_count": 1 if found.has_effect else 0,  # at most one: effect_unique_operation
         "current": current,
-        "decision": None
-        if decision is None
-        else {
-            "approved": decision.approved,
-            "reviewer": decision.reviewer.get_username(),
-            "decided_at": decision.decided_at,
-            "decline_reason": decision.decline_reason,
-            "decline_note": decision.decline_note,
-            "system_actor": decision.system_actor,
-        },
+        "decision": None if decision is None else decision_data(decision),
         "delivery": delivery_data(found.delivery),
+    }
+
+
+def decision_data(decision: ReviewDecision) -> dict:
+    """Who decided, when, and why (``DecisionInfoOut``); reads ``decision.reviewer``."""
+    return {
+        "approved": decision.approved,
+        "reviewer": decision.reviewer.get_username(),
+        "decided_at": decision.decided_at,
+        "decline_reason": decision.decline_reason,
+        "decline_note": decision.decline_note,
+        "system_actor": decision.system_actor,
     }
 
 

@@ -46,6 +46,31 @@ class Api:
 
 
 @pytest.fixture
+def pipeline(make_user):
+    return make_user("pipeline", group="pipeline")
+
+
+@pytest.fixture
+def pipeline_api(client, pipeline):
+    from api.services import token_create
+
+    return Api(client, token_create(user=pipeline, name="intake")[1])
+
+
+@pytest.fixture
+def demo_case(db):
+    """T-1042 with its review begun."""
+    from cases.services import case_import
+    from tests.conftest import load_fixture
+    from workflow.begin import review_begin
+
+    case = case_import(data=load_fixture("t1042.json")).case
+    review_begin(case=case)
+    case.refresh_from_db()
+    return case
+
+
+@pytest.fixture
 def api(client, reviewer_token):
     return Api(client, reviewer_token)
 

@@ -18,18 +18,6 @@ from tests.api.conftest import Api, assert_error
 from tests.conftest import load_fixture, snapshot
 
 
-@pytest.fixture
-def pipeline(make_user):
-    return make_user("pipeline", group="pipeline")
-
-
-@pytest.fixture
-def pipeline_api(client, pipeline):
-    from api.services import token_create
-
-    return Api(client, token_create(user=pipeline, name="intake")[1])
-
-
 def case_file(case_id="T-2001", **overrides) -> dict:
     return {**load_fixture("t1042.json"), "case_id": case_id, **overrides}
 
@@ -152,17 +140,6 @@ def test_a_pipeline_token_cannot_decide_and_a_reviewer_token_cannot_bring_cases_
     body = assert_error(post(api, case_file()), 403, "forbidden")
     assert "intake permission" in body["message"]
     assert not Case.objects.filter(case_id="T-2001").exists()
-
-
-@pytest.fixture
-def demo_case(db):
-    from cases.services import case_import
-    from workflow.begin import review_begin
-
-    case = case_import(data=load_fixture("t1042.json")).case
-    review_begin(case=case)
-    case.refresh_from_db()
-    return case
 
 
 def test_a_claim_past_its_lease_is_taken_over_and_a_running_one_is_409(pipeline_api, pipeline, settings):

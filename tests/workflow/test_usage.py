@@ -20,6 +20,7 @@ COMMANDS = {
     "edit": "--expected-operation-id OP (--body-file FILE | --source SOURCE=VERSION ...)",
     "reconcile": "Run from cron",
     "demo": "lost-receipt story",
+    "withdraw": "python manage.py withdraw CASE_ID --operation-id OP --user PIPELINE_USER",
 }
 
 

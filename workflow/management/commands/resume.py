@@ -21,7 +21,7 @@ class Command(WorkflowCommand):
         "declined; 1 error; 3 conflicting decision; 4 stale, or not the recorded proposal; 5 incompatible "
         "workflow version, or a checkpoint that fails its checks (nothing ran); 6 the case is busy, try "
         "again; 8 four eyes: the reviewer changed this proposal, so another reviewer must approve it; "
-        "42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
+        "9 withdrawn: the pipeline withdrew this review, so it cannot be approved; 42 the outcome is uncertain (run `manage.py reconcile CASE_ID`)."
     )
 
     def add_arguments(self, parser):
