@@ -255,7 +255,8 @@ def _standing(
     if decision is not None:
         who = decision.reviewer.get_username() if decision.reviewer_id else "(unknown)"
         if not decision.approved:
-            return Step(proposal, Standing.DECLINED, Standing.DECLINED.label, f"by {who}", decision.decided_at)
+            by = f"withdrawn by the pipeline ({who})" if decision.withdrawn else f"by {who}"
+            return Step(proposal, Standing.DECLINED, Standing.DECLINED.label, by, decision.decided_at)
         if has_effect:
             return Step(
                 proposal, Standing.COMMITTED, Standing.COMMITTED.label, f"approved by {who}", decision.decided_at

@@ -208,9 +208,9 @@ def test_the_admin_refuses_an_approval_with_the_withdrawal_and_shows_it(pipeline
     assert text.startswith("withdrawn: ") and "withdrawn by the pipeline (pipeline)" in text and REASON in text
     assert snapshot() == before
     page = answered.content.decode()
-    assert "Withdrawn</strong>" not in page  # the banner's verb is plain text
     assert 'id="df-withdrawn"' in page and "Withdrawn by <strong>the pipeline (pipeline)</strong>" in page
     assert f'Reason: <strong id="df-decline-reason-shown">Withdrawn by the pipeline</strong> ({REASON})' in page
+    assert "withdrawn by the pipeline (pipeline)" in page  # the picture's caption
     history = client.get(reverse("admin:cases_case_history", args=[demo_case.pk])).content.decode()
     assert "<strong>withdrawn</strong> by" in history and "the pipeline (pipeline)</strong>, not a person" in history
     assert "Withdrawn by the pipeline" in history
