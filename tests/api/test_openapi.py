@@ -12,6 +12,7 @@ def test_openapi_json_describes_the_endpoints(client, db):
         "/api/cases/{case_id}",
         "/api/cases/{case_id}/decision",
         "/api/cases/{case_id}/edits",
+        "/api/cases/{case_id}/withdraw",
         "/api/operations/{operation_id}",
         "/api/policies/publish",
     }
@@ -36,6 +37,12 @@ def test_openapi_json_describes_the_endpoints(client, db):
     assert set(intake["responses"]) == {"200", "201", "400", "401", "403", "409", "413", "422", "500"}
     assert components["CaseIn"]["additionalProperties"] is False
     assert {"created", "operation_id", "review_begun", "case"} <= set(components["IntakeOut"]["required"])
+    # The withdrawal names the operation it withdraws; its reason is optional.
+    withdraw = schema["paths"]["/api/cases/{case_id}/withdraw"]["post"]
+    assert set(withdraw["responses"]) == {"200", "400", "401", "403", "404", "409", "413", "422", "500"}
+    assert components["WithdrawIn"]["additionalProperties"] is False
+    assert components["WithdrawIn"]["required"] == ["operation_id"]
+    assert components["WithdrawOut"]["properties"]["status"]["const"] == "Declined"
     # The test-only fault header is not part of the public contract.
     assert "X-Decisionflow-Fault" not in response.content.decode()
 
