@@ -153,21 +153,36 @@ def _revised_passages(current: Proposal, source_versions: dict) -> tuple[list[di
             raise InvalidInput(f"{source_id} has no version {version}", field="source_versions")
         wanted[source_id] = sv
 
-    def move(item: dict, text_key: str, what: str) -> dict:
-        sv = wanted.get(item["source_id"])
-        if sv is None:
-            return dict(item)
-        if item[text_key] not in sv.text:
-            raise InvalidInput(
-                f"the {what} from {item['source_id']} v{item['version']} is not in version {sv.version}: "
-                f"{item[text_key]!r}",
-                field="source_versions",
-            )
-        return {**item, "version": sv.version}
+    missing = evidence_missing(current, wanted)
+    if missing is not None:
+        item, what, sv = missing
+        raise InvalidInput(
+            f"the {what} from {item['source_id']} v{item['version']} is not in version {sv.version}: "
+            f"{item[_CITED_TEXT[what]]!r}",
+            field="source_versions",
+        )
 
-    passages = [move(p, "quotation", "quotation") for p in current.passages]
-    findings = [move(f, "licensed_clause", "licensed clause") for f in current.findings]
-    return passages, findings
+    def move(item: dict) -> dict:
+        sv = wanted.get(item["source_id"])
+        return dict(item) if sv is None else {**item, "version": sv.version}
+
+    return [move(p) for p in current.passages], [move(f) for f in current.findings]
+
+
+# What a proposal cites of a source version, by the word a message uses for it.
+_CITED_TEXT = {"quotation": "quotation", "licensed clause": "licensed_clause"}
+
+
+def evidence_missing(proposal: Proposal, versions: dict[str, SourceVersion]) -> tuple[dict, str, SourceVersion] | None:
+    """The first quotation or licensed clause of ``proposal`` from a source in ``versions``
+    that the version given for it does not contain verbatim, as (item, what, version); None
+    when every one is still there. The one rule of "moving evidence to another version"."""
+    for items, what in ((proposal.passages, "quotation"), (proposal.findings, "licensed clause")):
+        for item in items:
+            sv = versions.get(item["source_id"])
+            if sv is not None and item[_CITED_TEXT[what]] not in sv.text:
+                return item, what, sv
+    return None
 
 
 def _prepared_root(proposal: Proposal) -> Proposal:
