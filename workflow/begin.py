@@ -110,6 +110,16 @@ def _begin_run(case: Case, actor, *, proposal: Proposal | None = None) -> tuple[
     return session_id, result.get_final_state(), result.get_request_info_events(), buffer
 
 
+def pending_supersede_others(case: Case, operation_id: str) -> None:
+    """Mark the case's pending reviews of every other operation superseded (resuming one is
+    then refused as stale): what an edit, a publish and a new source version do once they
+    make ``operation_id`` current, in their transaction under the case lock."""
+    # update() skips auto_now; checkpoint retention counts its window from this time.
+    PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
+        operation_id=operation_id
+    ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+
+
 def begin_under_lock(case: Case, actor, channel: str = Channel.SERVICE, *, refreshed: bool = False) -> BeginResult:
     """Begin the case's current proposal, inside the caller's transaction that holds the
     case lock (``case_lock``): edit and publishing call it after their own writes.

@@ -5,15 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from django.utils import timezone
-
 from cases.models import Case
 from core.errors import DecisionflowError
 from core.locks import case_lock
 from effects.services import reviewer_check
-from reviews.models import Channel, PendingReview
+from reviews.models import Channel
 from reviews.services import RevisionResult, proposal_revise
-from workflow.begin import BeginResult, begin_under_lock
+from workflow.begin import BeginResult, begin_under_lock, pending_supersede_others
 from workflow.decide import refusal_record
 
 log = logging.getLogger(__name__)
@@ -63,10 +61,7 @@ def review_edit(
                 editor=editor,
             )
             if revision.changed:
-                # update() skips auto_now; checkpoint retention counts its window from this time.
-                PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
-                    operation_id=revision.proposal.operation_id
-                ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+                pending_supersede_others(case, revision.proposal.operation_id)
     except DecisionflowError as exc:
         refusal_record(
             case=case,

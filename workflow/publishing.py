@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.conf import settings
 from django.db.models import CharField, Exists, OuterRef, Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
@@ -44,15 +43,12 @@ from cases.services import can_publish, policy_version_get_or_create, validate_p
 from core import faults, identity
 from core.errors import CaseBusy, DecisionflowError, PermissionRefused
 from core.locks import case_lock, policy_lock
-from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
+from reviews.models import Channel, Proposal, ReviewDecision
 from reviews.services import proposal_policy_change
-from workflow.begin import begin_under_lock
+from workflow.batches import batch_size, cases_in_batches
+from workflow.begin import begin_under_lock, pending_supersede_others
 
 SAMPLE = 50  # rows of the plan shown before acting
-
-
-def batch_size() -> int:
-    return int(getattr(settings, "DECISIONFLOW_PUBLISH_BATCH", 100))
 
 
 @dataclass(frozen=True)
@@ -155,10 +151,7 @@ def _publish_case(case: Case, policy: Policy, publisher, channel: str) -> Propos
         proposal = proposal_policy_change(case=case, policy=policy)
         if proposal is None:
             return None
-        # update() skips auto_now; checkpoint retention counts its window from this time.
-        PendingReview.objects.filter(case=case, status=PendingReview.Status.PENDING).exclude(
-            operation_id=proposal.operation_id
-        ).update(status=PendingReview.Status.SUPERSEDED, updated_at=timezone.now())
+        pending_supersede_others(case, proposal.operation_id)
         # Begun by the publisher (recorded as who began it, not as an author of the text).
         begin_under_lock(case, publisher, channel)
         return proposal
@@ -238,26 +231,20 @@ def policy_publish(
     current = current_policy(plan.name)
     if plan.total == 0 and current is not None and (current.policy_id, current.label) == (plan.policy_id, plan.label):
         return result  # the same publish again: nothing to do, nothing written
-    size = max(1, batch or batch_size())
+    size = batch_size(batch)
     policy, result.policy_created, result.moved = _switch(plan, data, publisher, size)
     faults.crash_point("publish-after-switch")
-    done, last_pk, total = result.moved, 0, plan.total
-    while True:
-        # Bounded: one batch of cases at a time, by primary key, still matching now.
-        chunk = list(_unprepared(plan.name, plan.policy_id).filter(pk__gt=last_pk).order_by("pk")[:size])
-        if not chunk:
-            break
-        for case in chunk:
-            last_pk = case.pk
-            try:
-                proposal = _publish_case(case, policy, publisher, channel)
-            except (CaseBusy, DecisionflowError) as exc:
-                result.failed.append((case.case_id, exc))
-            else:
-                if proposal is not None:
-                    result.superseded += 1
-            faults.crash_point("publish-after-case")
-            done += 1
-            if progress is not None:
-                progress(done, max(total, done))
+    done, total = result.moved, plan.total
+    for case in cases_in_batches(lambda: _unprepared(plan.name, plan.policy_id), size=size):
+        try:
+            proposal = _publish_case(case, policy, publisher, channel)
+        except (CaseBusy, DecisionflowError) as exc:
+            result.failed.append((case.case_id, exc))
+        else:
+            if proposal is not None:
+                result.superseded += 1
+        faults.crash_point("publish-after-case")
+        done += 1
+        if progress is not None:
+            progress(done, max(total, done))
     return result
