@@ -87,6 +87,12 @@ class Case(models.Model):
         blank=True,
         related_name="+",
     )
+    # The operation of the current proposal that a new source version left without one of
+    # its quotations or licensed clauses (an ``EvidenceChange`` says which): not approvable
+    # until a re-draft or an edit makes another proposal current. "" when none. On the case
+    # row because the commit's guard holds that row as read (effects/store.py): a mark that
+    # commits between an approval's read and its write makes the write find the row changed.
+    evidence_hold = models.CharField(max_length=80, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -163,3 +169,55 @@ class IntakeRequest(models.Model):
 
     def __str__(self):
         return f"{self.key} ({self.endpoint})"
+
+
+class EvidenceChange(models.Model):
+    """A proposal found to cite a passage or licensed clause that a newer version of its
+    source no longer contains verbatim (``add_source_version``, workflow/sources.py).
+
+    Written once per (operation, source version) and never changed; the case's
+    ``evidence_hold`` names the operation while it is current. The proposal itself is
+    append-only, so the mark is a row of its own, tied to the operation: a re-draft or an
+    edit makes a new operation current, and that one carries no mark.
+    """
+
+    case = models.ForeignKey(Case, on_delete=models.CASCADE, related_name="evidence_changes")
+    operation_id = models.CharField(max_length=80, db_index=True)
+    source_version = models.ForeignKey(SourceVersion, on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField()
+    marked_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["operation_id", "source_version"], name="evidence_change_unique_version")
+        ]
+
+    def __str__(self):
+        return f"{self.operation_id[:19]}: {self.reason}"
+
+
+class SourceVersionJob(models.Model):
+    """One run of bringing undecided proposals onto a new source version, started by
+    ``POST /api/sources/{id}/versions`` and run by a task worker; ``GET /api/jobs/{id}``
+    shows it. The counts are the run's own; the cases' state is in their proposals."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    source_version = models.ForeignKey(SourceVersion, on_delete=models.PROTECT, related_name="+")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    total = models.PositiveIntegerField(default=0)  # the plan's count when the run began
+    done = models.PositiveIntegerField(default=0)
+    moved = models.PositiveIntegerField(default=0)
+    marked = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"job {self.pk}: {self.source_version} {self.state}"

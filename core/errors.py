@@ -29,6 +29,7 @@ class RefusalReason(models.TextChoices):
     BUSY = "busy", "Case busy"
     BAD_INPUT = "bad_input", "Bad input"
     NOT_FOUND = "not_found", "Not found"
+    EVIDENCE_CHANGED = "evidence_changed", "Evidence changed"
     FAILED = "failed", "Failed"
 
 
@@ -129,6 +130,34 @@ class StaleProposal(DecisionflowError):
             case_id=case_id,
             policy=policy,
             current_policy_label=current,
+        )
+
+
+class EvidenceChanged(DecisionflowError):
+    """A newer version of a source this proposal cites no longer contains one of its
+    quotations or licensed clauses verbatim: the proposal cannot be approved until a
+    re-draft or an edit makes another proposal current (docs/INTAKE.md, "New source
+    versions"). Declining stays allowed. 409, like stale: the proposal is no longer one
+    that can be approved, and the same request will not change that."""
+
+    code = "evidence_changed"
+    exit_code = 4
+    http_status = 409
+    reason = RefusalReason.EVIDENCE_CHANGED
+
+    @staticmethod
+    def reason_of(*, what: str, source_id: str, version: int) -> str:
+        """The mark's own words (``EvidenceChange.reason``): what is missing, and where."""
+        return f"evidence changed: the {what} is no longer in {source_id} v{version}"
+
+    @classmethod
+    def of(cls, *, operation_id: str, case_id: str, reason: str) -> EvidenceChanged:
+        return cls(
+            f"{reason}: {short(operation_id)} of case {case_id} cannot be approved until it is re-drafted or "
+            "edited (you may decline it); nothing was written",
+            operation_id=operation_id,
+            case_id=case_id,
+            reason=reason,
         )
 
 
@@ -300,6 +329,7 @@ REFUSALS: tuple[type[DecisionflowError], ...] = (
     FourEyesRefused,
     NotFound,
     StaleProposal,
+    EvidenceChanged,
     AlreadyDecided,
     ConflictingDecision,
     Withdrawn,

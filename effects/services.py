@@ -23,6 +23,7 @@ from core.errors import (
     ConflictingDecision,
     DecisionflowError,
     DecisionOmitted,
+    EvidenceChanged,
     InvalidInput,
     NotFound,
     OutcomeUncertain,
@@ -257,6 +258,19 @@ def _policy_moved_on(target: Target) -> bool:
     return not target.proposal.under_policy(target.case_policy_id)
 
 
+def evidence_refusal(*, hold: str, operation_id: str, reason: str | None, case_id: str) -> EvidenceChanged | None:
+    """The refusal an approval of ``operation_id`` gets when a new source version has marked
+    it (a quotation or licensed clause it cites is gone from the newer version,
+    workflow/sources.py), or None: the case's ``evidence_hold`` names this very operation and
+    a mark gives the reason. Refused until a re-draft or an edit makes another proposal
+    current; a decline stands. The commit decides it from its read, whose guard holds the
+    hold as read (a mark that commits first makes the commit read again); the review page
+    asks the same to show the reason instead of Approve."""
+    if reason is None or hold != operation_id:
+        return None
+    return EvidenceChanged.of(operation_id=operation_id, case_id=case_id, reason=reason)
+
+
 def _is_conflict(standing: ReviewDecision | None, approved: bool) -> bool:
     """The opposite decision stands: refused, never an update."""
     return standing is not None and standing.approved != approved
@@ -487,6 +501,14 @@ def effect_commit(
                                 prepared_under=target.proposal.policy_snapshot.get("label", "?"),
                                 current=target.case_policy_label,
                             )
+                        held = evidence_refusal(
+                            hold=target.evidence_hold,
+                            operation_id=target.proposal.operation_id,
+                            reason=target.evidence_changed,
+                            case_id=target.case_label,
+                        )
+                        if approved and held is not None:
+                            raise held
                         crash_point("commit-before-decision")
                         outcome = _outcome(target, approved)
                         writes, decision = _decided(call, target, outcome)

@@ -23,12 +23,12 @@ from typing import Any, Protocol, cast
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import Exists, Model, OuterRef
+from django.db.models import Exists, Model, OuterRef, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.db.models.sql import Query, UpdateQuery
 
-from cases.models import Case
+from cases.models import Case, EvidenceChange
 from core.locks import lock_not_available
 from core.statements import bound_cursor, database, insert, loaded, statement_commits, statement_scope
 from effects.delivery import delivery_fields
@@ -57,6 +57,11 @@ class Target:
     case_policy_pk: int
     case_policy_id: str
     case_policy_label: str
+    # The operation a new source version left without one of its passages (the case's
+    # ``evidence_hold``, "" when none), and the reason of this operation's latest mark
+    # (None: not marked). The guard holds the first as read, as it holds the policy.
+    evidence_hold: str
+    evidence_changed: str | None
     decision: ReviewDecision | None  # the decision that stands, its reviewer's username loaded
     # Known only with a decision: without one there is no effect (it references the
     # decision), and a new decision completes any pending review anyway.
@@ -127,6 +132,7 @@ _OPERATION = "\x00operation"
 _CASE = "\x00case"
 _CURRENT = "\x00current"
 _POLICY = "\x00policy"
+_HOLD = "\x00hold"
 
 
 class _Query:
@@ -163,17 +169,21 @@ def _completion() -> _Query:
 
 @cache
 def _guard() -> _Query:
-    """The case row as the commit's read saw it (its id, current proposal and policy), locked FOR
+    """The case row as the commit's read saw it (its id, current proposal, policy and evidence
+    hold), locked FOR
     NO KEY UPDATE: not FOR UPDATE, which would wait for the FOR KEY SHARE that the foreign
     keys of concurrent attempt rows take, while commits and edits, which take FOR NO KEY
     UPDATE or update the row, still exclude each other. A row an edit or a publish is
     changing is waited for, then compared again at its new version (READ COMMITTED's
-    recheck), so an edit, or a publish's switch of the case's policy, that committed first
-    leaves the guard empty. The lock clause is the backend's own
+    recheck), so an edit, a publish's switch of the case's policy, or a new source version's
+    mark of its evidence (``Case.evidence_hold``), that committed first leaves the guard empty. The lock clause is the backend's own
     (``for_update_sql``): select_for_update() compiles only inside a transaction, and this
     statement is compiled once, wherever the first commit runs."""
     case = Case.objects.filter(
-        pk=RawSQL("%s", (_CASE,)), current_proposal_id=RawSQL("%s", (_CURRENT,)), policy_id=RawSQL("%s", (_POLICY,))
+        pk=RawSQL("%s", (_CASE,)),
+        current_proposal_id=RawSQL("%s", (_CURRENT,)),
+        policy_id=RawSQL("%s", (_POLICY,)),
+        evidence_hold=RawSQL("%s", (_HOLD,)),
     )
     return _Query(
         case.order_by().values_list("current_proposal_id").query, lock=connection.ops.for_update_sql(no_key=True)
@@ -203,7 +213,12 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
         basis = writes.basis
         assert basis is not None, "a new decision or effect is written only from a read"
         guard = _guard()
-        places = {_CASE: basis.proposal.case_id, _CURRENT: basis.current_proposal_id, _POLICY: basis.case_policy_pk}
+        places = {
+            _CASE: basis.proposal.case_id,
+            _CURRENT: basis.current_proposal_id,
+            _POLICY: basis.case_policy_pk,
+            _HOLD: basis.evidence_hold,
+        }
         parts.append(("guard", guard.sql, guard.params_for(places)))
     if writes.decision is not None:
         statement = insert(ReviewDecision, by_name=(_GUARDED,))
@@ -243,8 +258,9 @@ _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "d
 @cache
 def _read() -> _Query:
     """What a commit reads of its operation, in one statement and one snapshot: the case with
-    the operation's proposal and the case's policy version, the standing decision with its
-    reviewer's username, whether its effect exists and whether a pending review is open. It
+    the operation's proposal and the case's policy version and evidence hold, the reason of the
+    operation's latest evidence mark, the standing decision with its reviewer's username,
+    whether its effect exists and whether a pending review is open. It
     takes no lock: whatever of it the write depends on, the write checks as it writes (the
     case row by the guard, a decision or effect written since by their unique keys)."""
     decision = "proposals__decisions__"
@@ -258,10 +274,15 @@ def _read() -> _Query:
                     operation_id=OuterRef("proposals__operation_id"), status=PendingReview.Status.PENDING
                 )
             ),
+            evidence_changed=Subquery(
+                EvidenceChange.objects.filter(operation_id=OuterRef("proposals__operation_id"))
+                .order_by("-pk")
+                .values("reason")[:1]
+            ),
         )
     )
     names = [f"proposals__{name}" for name in _PROPOSAL] + ["case_id", "current_proposal_id"]
-    names += ["policy_id", "policy__policy_id", "policy__label"]
+    names += ["policy_id", "policy__policy_id", "policy__label", "evidence_hold", "evidence_changed"]
     names += [decision + name for name in _DECISION] + [f"{decision}reviewer__{get_user_model().USERNAME_FIELD}"]
     names += ["effect_exists", "pending_open"]
     return _Query(read.values_list(*names).query)
@@ -276,6 +297,7 @@ def _target(read: _Query, raw: list) -> Target | None:
     proposal = loaded(Proposal, {name: next(values) for name in _PROPOSAL})
     case_label, current_proposal_id = next(values), next(values)
     case_policy_pk, case_policy_id, case_policy_label = next(values), next(values), next(values)
+    evidence_hold, evidence_changed = next(values), next(values)
     decided = {name: next(values) for name in _DECISION}
     username, effect_exists, pending_open = next(values), next(values), next(values)
     decision = None
@@ -292,6 +314,8 @@ def _target(read: _Query, raw: list) -> Target | None:
         case_policy_pk=case_policy_pk,
         case_policy_id=case_policy_id,
         case_policy_label=case_policy_label,
+        evidence_hold=evidence_hold,
+        evidence_changed=evidence_changed,
         decision=decision,
         effect_exists=bool(effect_exists) and decision is not None,
         pending_open=bool(pending_open) and decision is not None,

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, TypedDict
 from django.db.models import Case as Conditional
 from django.db.models import CharField, Exists, Model, OuterRef, QuerySet, Subquery, Value, When
 
-from cases.models import Case
+from cases.models import Case, EvidenceChange
+from core.errors import EvidenceChanged
 from core.outcomes import DecisionOutcome
 from core.text import when
 from effects.models import CommitAttempt, EffectRecord
-from effects.services import ReconcileRow, operations_reconcile
+from effects.services import ReconcileRow, evidence_refusal, operations_reconcile
 from reviews.models import Notification, Origin, PendingReview, Proposal, ReviewClaimEvent, ReviewDecision
 from reviews.selectors import evidence_moves, proposal_diff
 from reviews.services import prepared_content
@@ -147,6 +148,18 @@ def case_history(case: Case) -> CaseHistory:
     # Within one transaction the timestamps can tie; show cause before consequence.
     events.sort(key=lambda e: (e.at, _ORDER[e.kind], e.obj.pk))
     return CaseHistory(case, events, list(operations_reconcile(case_ids=[case.case_id])))
+
+
+def evidence_changed_refusal(case: Case, proposal: Proposal) -> EvidenceChanged | None:
+    """The refusal an approval of ``proposal`` would get because a new source version no
+    longer holds its evidence (``evidence_refusal``, the commit's own rule), or None."""
+    if not case.evidence_hold:
+        return None  # nothing marked: no need to read a reason
+    marks = EvidenceChange.objects.filter(operation_id=proposal.operation_id).order_by("-pk")
+    reason = marks.values_list("reason", flat=True).first()
+    return evidence_refusal(
+        hold=case.evidence_hold, operation_id=proposal.operation_id, reason=reason, case_id=case.case_id
+    )
 
 
 def decidable_operation_id(case: Case) -> str:

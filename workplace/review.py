@@ -31,6 +31,7 @@ from core import text as text_policy
 from core.errors import (
     DecisionflowError,
     DecisionOmitted,
+    EvidenceChanged,
     FourEyesRefused,
     InvalidInput,
     OutcomeUncertain,
@@ -203,6 +204,16 @@ def _four_eyes_sentence(refusal: FourEyesRefused | None):
     )
 
 
+def _evidence_changed_sentence(refusal: EvidenceChanged | None):
+    """What a reviewer is told instead of Approve on a proposal a new source version marked."""
+    if refusal is None:
+        return None
+    return format_html(
+        "{}. Approval waits for a re-draft or an edit of this proposal. You may decline it.",
+        refusal.details["reason"][:1].upper() + refusal.details["reason"][1:],
+    )
+
+
 def _four_eyes_message(case, user):
     if not case.current_proposal_id:
         return None
@@ -323,6 +334,10 @@ class ProposalAdmin(ViewOnlyAdmin):
             if reviewer_ok and is_current and decision is None
             else None
         )
+        # The same for a proposal a new source version has marked: the reason, not Approve.
+        evidence_changed = (
+            selectors.evidence_changed_refusal(case, proposal) if is_current and decision is None else None
+        )
         context = self._context(
             request,
             proposal,
@@ -358,6 +373,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             # Decided means decided: a decided proposal offers no Approve or Decline.
             show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
+            evidence_changed=_evidence_changed_sentence(evidence_changed),
             show_edit=reviewer_ok and is_current and decision is None,
             decline_reasons=DECLINE_REASON_CHOICES,
             history_url=reverse("admin:cases_case_history", args=[case.pk]),
