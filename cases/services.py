@@ -13,8 +13,9 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
 from cases.selectors import current_policy
 from core import identity, text
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
 from core.locks import policy_lock
+from core.text import shown as text_shown
 
 _REQUIRED = {
     "": [
@@ -374,6 +375,55 @@ def case_import(*, data: dict) -> ImportResult:
             for i, f in enumerate(data["findings"])
         )
     return ImportResult(case, True)
+
+
+@dataclass(frozen=True)
+class NewSourceVersion:
+    """A version of an existing source, checked and not yet written (``source_version_check``)."""
+
+    source: Source
+    version: int
+    text: str
+    existing: SourceVersion | None  # this number with this very text is there already
+
+    def unsaved(self) -> SourceVersion:
+        """The version as it will be, for the checks a dry run makes against its text."""
+        return self.existing or SourceVersion(source=self.source, version=self.version, text=self.text)
+
+
+def source_version_check(*, source_id: Any, version: Any, text: Any) -> NewSourceVersion:
+    """A new version of an existing source, checked as a case file's source versions are
+    (the text policy, the version range, at most ``MOST_VERSIONS`` per source). The same
+    number with the same text is the version already there (``existing``); with other text
+    it is refused (``field: version``): versions are immutable. Reads only."""
+    _check_text(source_id, "source_id", "source_id")
+    number = _check_version(version, "version")
+    body = _check_text(text, "text")
+    source = Source.objects.filter(source_id=source_id).first()
+    if source is None:
+        raise NotFound(f"no source {text_shown(source_id)}: a version is added to an existing source")
+    existing = SourceVersion.objects.filter(source=source, version=number).first()
+    if existing is not None and existing.text != body:
+        _fail("version", f"{source_id} version {number} already exists with different text; add a new version instead")
+    if existing is None and source.versions.count() >= MOST_VERSIONS:
+        _fail("version", f"{source_id} has {MOST_VERSIONS} versions already; at most {MOST_VERSIONS} are allowed")
+    return NewSourceVersion(source, number, body, existing)
+
+
+def source_version_create(*, new: NewSourceVersion) -> tuple[SourceVersion, bool]:
+    """Write the version ``source_version_check`` passed, or find it; whether it is new.
+    The unique key on (source, version) decides between two concurrent adds: the loser finds
+    the winner's row, and is refused as above if its text is another."""
+    try:
+        with transaction.atomic():
+            sv, created = SourceVersion.objects.get_or_create(
+                source=new.source, version=new.version, defaults={"text": new.text}
+            )
+    except IntegrityError:
+        sv, created = SourceVersion.objects.get(source=new.source, version=new.version), False
+    if not created and sv.text != new.text:
+        _fail("version", f"{new.source.source_id} version {new.version} already exists with different text")
+    return sv, created
 
 
 PUBLISH_POLICY_PERMISSION = "cases.publish_policy"

@@ -22,6 +22,7 @@ from effects.store import PostgresCommitStore, SqliteCommitStore, Writes, commit
 from reviews.models import PendingReview, ReviewDecision
 from reviews.services import proposal_create, proposal_revise
 from tests.conftest import pending_review_of, race
+from workflow.sources import source_version_add
 
 HELPDESK = "http://127.0.0.1:9/helpdesk"
 
@@ -131,11 +132,12 @@ def test_write_inserts_what_it_is_given_and_answers_none_for_a_refused_row(propo
     assert CommitAttempt.objects.count() == 1
 
 
-@pytest.mark.parametrize("moved_on", ["edit", "publish switch"])
-def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pending, reviewer, moved_on):
-    """PostgreSQL reads and writes in two transactions, so an edit, or a publish's switch of
-    the case's policy, can commit between them; the write then writes nothing at all (the
-    guard holds the case row as read: its current proposal and its policy). SQLite holds the
+@pytest.mark.parametrize("moved_on", ["edit", "publish switch", "evidence mark"])
+def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pending, reviewer, make_user, moved_on):
+    """PostgreSQL reads and writes in two transactions, so an edit, a publish's switch of
+    the case's policy, or a new source version's mark of its evidence, can commit between
+    them; the write then writes nothing at all (the guard holds the case row as read: its
+    current proposal, its policy and its evidence hold). SQLite holds the
     database's write lock from the read to the write, so nothing can come between: the same
     write afterwards is refused there by the lock instead, and this case is PostgreSQL's alone."""
     if connection.vendor != "postgresql":
@@ -146,8 +148,17 @@ def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pendi
         proposal_revise(
             case=proposal.case, expected_operation_id=proposal.operation_id, body="Edited.", editor=reviewer
         )
-    else:
+    elif moved_on == "publish switch":
         switched(proposal.case)
+    else:
+        marked = source_version_add(
+            source_id="HOLD-7",
+            version=5,
+            text="Known issue.",
+            actor=make_user("pipeline", group="pipeline"),
+            apply=True,
+        )
+        assert marked.marked == 1
     decision = ReviewDecision(operation_id=proposal.operation_id, proposal=proposal, approved=True, reviewer=reviewer)
     attempt = CommitAttempt(operation_id=proposal.operation_id, case_id=proposal.case_id, outcome="committed")
     with store.transaction():
@@ -167,7 +178,8 @@ def test_write_answers_none_when_the_case_moved_on_from_the_read(proposal, pendi
     # A fresh read of the case shows what moved on.
     with store.transaction():
         fresh = store.read(proposal.operation_id)
-        assert (fresh.current_proposal_id, fresh.case_policy_pk) != (target.current_proposal_id, target.case_policy_pk)
+        seen = (target.current_proposal_id, target.case_policy_pk, target.evidence_hold)
+        assert (fresh.current_proposal_id, fresh.case_policy_pk, fresh.evidence_hold) != seen
 
 
 # -- effect_commit on the store: every row of the commit table --------------------------------
