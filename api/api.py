@@ -32,11 +32,14 @@ from api.schemas import (
     EditOut,
     ErrorOut,
     IntakeOut,
+    JobOut,
     OperationOut,
     PolicyPublishIn,
     PolicyPublishOut,
     WithdrawIn,
     WithdrawOut,
+    SourceVersionAddOut,
+    SourceVersionIn,
 )
 from cases.idempotency import HEADER as IDEMPOTENCY_HEADER
 from cases.idempotency import idempotent
@@ -47,6 +50,7 @@ from workflow.edit import review_edit
 from workflow.intake import case_intake as intake_service
 from workflow.publishing import policy_publish as publish_service
 from workflow.withdraw import case_withdraw as withdraw_service
+from workflow.sources import source_version_job_start
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +196,7 @@ def _errors(*statuses: int) -> dict:
 
 
 CaseId = Path(..., description="the case's external ID, e.g. T-1042", examples=["T-1042"], max_length=100)
+SourceId = Path(..., description="the source's ID, e.g. HOLD-7", examples=["HOLD-7"], max_length=100)
 OperationIdPath = Path(
     ..., pattern=OPERATION_ID_PATTERN, description="op-v1- and 64 lowercase hex digits", examples=[DEMO_OPERATION_ID]
 )
@@ -398,6 +403,63 @@ def policy_publish(request, payload: PolicyPublishIn):
             for r in result.plan.sample
         ],
     }
+
+
+@api.post(
+    "/sources/{source_id}/versions",
+    response={
+        200: SourceVersionAddOut,
+        201: SourceVersionAddOut,
+        202: SourceVersionAddOut,
+        **_errors(400, 401, 403, 404, 409, 413, 422, 500),
+    },
+    tags=["intake"],
+    operation_id="source_version_add",
+)
+def source_version_add(request, payload: SourceVersionIn, response: HttpResponse, source_id: str = SourceId):
+    """Add a version to a source, and bring every undecided proposal citing an older version
+    onto it: moved (a new evidence-change proposal, a new operation) when its quotations are
+    all still in the new text, else marked evidence changed (its approval refused until a
+    re-draft or an edit). Needs the intake permission (the Pipeline group).
+
+    202 with a job to poll (``GET /api/jobs/{id}``) when some case needs it; otherwise 201
+    (the version is new) or 200 (this version with this text was there already: a no-op).
+    The same number with other text is 400 naming ``version``, and nothing is written.
+    ``Idempotency-Key`` as for ``POST /api/cases``. See docs/INTAKE.md.
+    """
+
+    def run() -> tuple[int, dict]:
+        result, job = source_version_job_start(
+            source_id=source_id, version=payload.version, text=payload.text, actor=request.auth
+        )
+        answer = {
+            **{k: result.summary()[k] for k in ("source_id", "version", "version_created", "to_move", "to_mark")},
+            "job": selectors.job_out(job) if job is not None else None,
+        }
+        status = 202 if job is not None else 201 if result.version_created else 200
+        return status, SourceVersionAddOut.model_validate(answer).model_dump(mode="json")
+
+    answer = idempotent(
+        user=request.auth,
+        key=request.headers.get(IDEMPOTENCY_HEADER),
+        endpoint=f"POST /api/sources/{source_id}/versions",
+        body=payload.model_dump(mode="json"),
+        run=run,
+    )
+    if answer.replayed:
+        response["Idempotent-Replayed"] = "true"
+    return Status(answer.status, answer.body)
+
+
+@api.get(
+    "/jobs/{job_id}",
+    response={200: JobOut, **_errors(400, 401, 403, 404)},
+    tags=["intake"],
+    operation_id="job_detail",
+)
+def job_detail(request, job_id: int):
+    """A job started by ``POST /api/sources/{id}/versions``: its state and its counts so far."""
+    return selectors.job_data(job_id)
 
 
 @api.get(

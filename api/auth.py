@@ -35,7 +35,7 @@ VIEW_PERMISSION = "cases.view_case"
 PUBLISH_PATH = "/policies/publish"
 # The pipeline's acts need the intake permission (the Pipeline group), not the review one:
 # a pipeline token brings cases in but never decides one (docs/INTAKE.md).
-INTAKE_PATH = re.compile(r"/api/cases/?$")
+INTAKE_PATH = re.compile(r"/api/(cases|sources/[^/]+/versions)/?$")
 # A withdrawal needs the withdraw permission, not the review one (docs/INTAKE.md, "Withdrawals").
 WITHDRAW_PATH = re.compile(r"/api/cases/[^/]+/withdraw/?$")
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from ninja import Schema
 from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from cases.models import SourceVersionJob
 from core import text
 from core.identity import OPERATION_ID_RE
 from core.outcomes import DECIDED, OperationState, ReceiptStatus
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     OperationStateOut = str
     CaseStatusOut = str
     TextWarningKindOut = str
+    JobStateOut = str
 else:
     DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never a system actor's reason
     ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
@@ -78,6 +80,8 @@ else:
     OperationStateOut = one_of(OperationState.values)
     CaseStatusOut = one_of([NOT_STARTED, *OperationState.values])
     TextWarningKindOut = one_of(text.MarkerKind)
+    TextWarningKindOut = one_of([text.INVISIBLE, text.MIXED_SCRIPT])
+    JobStateOut = one_of(SourceVersionJob.State.values)
 
 
 class Strict(Schema):
@@ -173,6 +177,7 @@ class ErrorOut(Schema):
         "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error; for the intake "
         "(docs/INTAKE.md): operation_id_mismatch, idempotency_mismatch, in_progress (with Retry-After); "
         "withdrawn (an approval of a review the pipeline withdrew)"
+        "evidence_changed (a new source version no longer holds a quotation the proposal cites)"
     )
     message: str
     current_operation_id: str | None = Field(
@@ -501,3 +506,30 @@ class IntakeOut(Schema):
     review_begun: bool = Field(description="whether the review is begun (with begin: true); the case is in either way")
     review_error: str | None = Field(description="why beginning the review failed (the first decision begins it)")
     case: CaseOut
+
+
+# New source versions (docs/INTAKE.md, "New source versions") ------------------------------
+
+
+class JobOut(Schema):
+    id: int
+    state: JobStateOut = Field(description="queued, running, done or failed")
+    source_id: str
+    version: int
+    total: int = Field(description="the cases that needed the version when the job was started")
+    done: int = Field(description="the cases handled so far: moved, marked, failed")
+    moved: int = Field(description="given an evidence-change proposal on the new version (a new operation)")
+    marked: int = Field(description="marked evidence changed: not approvable until re-drafted or edited")
+    failed: int = Field(description="left as they were (busy, say): POST the version again to finish them")
+    error: str | None = Field(description="with failed: why the job stopped")
+    created_at: datetime
+    updated_at: datetime
+
+
+class SourceVersionAddOut(Schema):
+    source_id: str
+    version: int
+    version_created: bool = Field(description="false: this version with this text was there already")
+    to_move: int = Field(description="undecided cases whose quotations are all still in the new version")
+    to_mark: int = Field(description="undecided cases with a quotation or licensed clause not in it")
+    job: JobOut | None = Field(description="the job moving and marking them (202); null: no case needs it")

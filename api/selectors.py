@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from api.models import ApiToken
 from api.rows import Joined, Part
 from api.schemas import NOT_STARTED
-from cases.models import Case, Policy
+from cases.models import Case, Policy, SourceVersionJob
 from cases.selectors import case_text_fields
 from core import text
 from core.errors import NotFound
@@ -277,4 +277,29 @@ def case_data(case: Case) -> dict:
         "proposal": shown,
         "pending": pending,
         "reconcile": reconcile,
+    }
+
+
+def job_data(job_id: int) -> dict:
+    """``GET /api/jobs/{id}``: one job of a new source version, as it stands now."""
+    job = SourceVersionJob.objects.select_related("source_version__source").filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"no job {job_id}")
+    return job_out(job)
+
+
+def job_out(job: SourceVersionJob) -> dict:
+    return {
+        "id": job.pk,
+        "state": job.state,
+        "source_id": job.source_version.source.source_id,
+        "version": job.source_version.version,
+        "total": job.total,
+        "done": job.done,
+        "moved": job.moved,
+        "marked": job.marked,
+        "failed": job.failed,
+        "error": job.error or None,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
     }

@@ -15,6 +15,8 @@ def test_openapi_json_describes_the_endpoints(client, db):
         "/api/cases/{case_id}/withdraw",
         "/api/operations/{operation_id}",
         "/api/policies/publish",
+        "/api/sources/{source_id}/versions",
+        "/api/jobs/{job_id}",
     }
     decision = schema["paths"]["/api/cases/{case_id}/decision"]["post"]
     assert set(decision["responses"]) == {"200", "400", "401", "403", "404", "409", "413", "500"}
@@ -43,6 +45,10 @@ def test_openapi_json_describes_the_endpoints(client, db):
     assert components["WithdrawIn"]["additionalProperties"] is False
     assert components["WithdrawIn"]["required"] == ["operation_id"]
     assert components["WithdrawOut"]["properties"]["status"]["const"] == "Declined"
+    # A new source version answers 202 with a job, whose states are the model's own.
+    versions = schema["paths"]["/api/sources/{source_id}/versions"]["post"]
+    assert {"200", "201", "202", "400", "403", "404"} <= set(versions["responses"])
+    assert components["JobOut"]["properties"]["state"]["enum"] == ["queued", "running", "done", "failed"]
     # The test-only fault header is not part of the public contract.
     assert "X-Decisionflow-Fault" not in response.content.decode()
 
