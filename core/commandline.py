@@ -18,19 +18,22 @@ line), with no traceback and no "CommandError:" prefix, because scripts parse bo
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
-from typing import NoReturn
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections
 
-from core.errors import DecisionflowError, InvalidInput, NotFound
+from core.errors import CaseBusy, DecisionflowError, InvalidInput, NotFound
 from core.observability import events_off_stderr
-from core.text import one_line
+from core.text import one_line, shown
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -153,6 +156,61 @@ class WorkflowCommand(ProjectCommand):
         if user is None:
             raise NotFound(f"no user named {username!r}")
         return user
+
+
+class BulkCommand(WorkflowCommand):
+    """A command that acts on many cases in batches (publish_policy, add_source_version): a
+    dry run unless ``--apply``, one JSON line with ``--json``, a progress bar on a terminal,
+    and exit 6 (or 1) when some cases were left as they were, for a run again to finish."""
+
+    def add_bulk_arguments(self, parser) -> None:
+        parser.add_argument("--apply", action="store_true", help="Act; without it, a dry run.")
+        parser.add_argument(
+            "--json", dest="as_json", action="store_true", help="One JSON summary line, no progress bar."
+        )
+        parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="Cases read per batch.")
+
+    def read_input(self, name: str) -> bytes:
+        """The bytes of file ``name`` (``-``: stdin); ``InvalidInput`` when it cannot be read."""
+        try:
+            return sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
+        except OSError as exc:
+            raise InvalidInput(f"{self._name()}: cannot read {shown(name)}: {exc.strerror}") from None
+
+    def interactive(self, as_json: bool) -> bool:
+        """A person at a terminal: a bar and the plan's lines; else one summary line."""
+        stream = getattr(self.stdout, "_out", self.stdout)
+        return not as_json and bool(getattr(stream, "isatty", lambda: False)())
+
+    def fail_if_left(self, failed: list[tuple[str, DecisionflowError]]) -> None:
+        """Exit 6 when every case left was busy (run again), 1 otherwise; nothing when none."""
+        if not failed:
+            return
+        busy = all(isinstance(exc, CaseBusy) for _, exc in failed)
+        self.fail(
+            EXIT_BUSY if busy else EXIT_ERROR,
+            f"{self._name()}: {len(failed)} case(s) were left as they were "
+            f"({shown(failed[0][0])}: {failed[0][1].message}); run again to finish",
+        )
+
+    def report(self, result, *, as_json: bool, interactive: bool, row: Callable[[Any], str], counts: str) -> None:
+        """The run's report: one JSON line (``result.summary()``) with ``--json``; else, for
+        a dry run on a terminal, a line per sampled case of the plan (``row``), then one
+        summary line (``counts``)."""
+        if as_json:
+            self.stdout.write(json.dumps(result.summary(), sort_keys=True))
+            return
+        plan = result.plan
+        if interactive and not result.applied:
+            for sampled in plan.sample:
+                self.stdout.write(f"  {row(sampled)}")
+            if plan.total > len(plan.sample):
+                self.stdout.write(f"  ... and {plan.total - len(plan.sample)} more")
+        mode = "applied" if result.applied else "dry run (add --apply to act)"
+        self.stdout.write(f"{self._name()}: {mode} {counts}")
+
+    def _name(self) -> str:
+        return type(self).__module__.rsplit(".", 1)[-1]
 
 
 # --- manage.py ---------------------------------------------------------------------------

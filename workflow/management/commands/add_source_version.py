@@ -1,9 +1,5 @@
-import json
-import sys
-from pathlib import Path
-
-from core.commandline import EXIT_BUSY, EXIT_ERROR, WorkflowCommand
-from core.errors import CaseBusy, InvalidInput
+from core.commandline import BulkCommand
+from core.errors import InvalidInput
 from core.progress import CommandProgress
 from core.text import shown
 from reviews.models import Channel
@@ -12,7 +8,7 @@ from workflow.sources import Follow, source_version_add, source_version_plan
 VERB = {Follow.MOVED: "move", Follow.MARKED: "mark"}
 
 
-class Command(WorkflowCommand):
+class Command(BulkCommand):
     help = (
         "Add a version to a source document: `python manage.py add_source_version SOURCE_ID VERSION "
         "--text-file F [--apply] [--actor USERNAME] [--json] [--batch-size N]`. F holds the version's text "
@@ -34,35 +30,23 @@ class Command(WorkflowCommand):
         # A positional argument: Django's commands all take --version (theirs).
         parser.add_argument("number", metavar="VERSION", type=int, help="The new version's number, e.g. 5.")
         parser.add_argument("--text-file", required=True, metavar="F", help="The version's text (- reads stdin).")
-        parser.add_argument("--apply", action="store_true", help="Act; without it, a dry run.")
         parser.add_argument(
             "--actor",
             metavar="USERNAME",
             help="Who adds it (needs the intake permission); default $DECISIONFLOW_REVIEWER.",
         )
-        parser.add_argument(
-            "--json", dest="as_json", action="store_true", help="One JSON summary line, no progress bar."
-        )
-        parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="Cases read per batch.")
+        self.add_bulk_arguments(parser)
 
     def _read(self, name: str) -> str:
         try:
-            raw = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
-        except OSError as exc:
-            raise InvalidInput(f"add_source_version: cannot read {shown(name)}: {exc.strerror}") from None
-        try:
-            return raw.decode("utf-8")
+            return self.read_input(name).decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidInput(f"text: {shown(name)} is not UTF-8; nothing was written", field="text") from None
-
-    def _interactive(self, as_json: bool) -> bool:
-        stream = getattr(self.stdout, "_out", self.stdout)
-        return not as_json and bool(getattr(stream, "isatty", lambda: False)())
 
     def handle(self, *args, source_id, number, text_file, apply, actor, as_json, batch_size, **options):
         text = self._read(text_file)
         user = self.user(actor, option="--actor", role="actor")
-        interactive = self._interactive(as_json)
+        interactive = self.interactive(as_json)
         call = {"source_id": source_id, "version": number, "text": text, "actor": user, "channel": Channel.COMMAND}
         if apply and interactive:
             # The bulk commands' one progress bar (core/progress.py): done, rate, time left.
@@ -74,32 +58,20 @@ class Command(WorkflowCommand):
         else:
             result = source_version_add(**call, apply=apply, batch=batch_size)
         self._report(result, as_json=as_json, interactive=interactive)
-        if result.failed:
-            busy = all(isinstance(exc, CaseBusy) for _, exc in result.failed)
-            self.fail(
-                EXIT_BUSY if busy else EXIT_ERROR,
-                f"add_source_version: {len(result.failed)} case(s) were left as they were "
-                f"({shown(result.failed[0][0])}: {result.failed[0][1].message}); run again to finish",
-            )
+        self.fail_if_left(result.failed)
 
     def _report(self, result, *, as_json: bool, interactive: bool):
-        summary = result.summary()
-        if as_json:
-            self.stdout.write(json.dumps(summary, sort_keys=True))
-            return
-        plan = result.plan
-        if interactive and not result.applied:
-            for row in plan.sample:
-                why = f": {row.reason}" if row.reason else ""
-                self.stdout.write(
-                    f"  would {VERB[row.action]} {shown(row.case_id)} "
-                    f"op={row.operation_id[:19]} (cites v{row.from_version}){why}"
-                )
-            if plan.total > len(plan.sample):
-                self.stdout.write(f"  ... and {plan.total - len(plan.sample)} more")
-        mode = "applied" if result.applied else "dry run (add --apply to act)"
-        self.stdout.write(
-            f"add_source_version: {mode} source={shown(summary['source_id'])} version={summary['version']} "
+        def row(r):
+            why = f": {r.reason}" if r.reason else ""
+            return f"would {VERB[r.action]} {shown(r.case_id)} op={r.operation_id[:19]} (cites v{r.from_version}){why}"
+
+        summary, plan = result.summary(), result.plan
+        self.report(
+            result,
+            as_json=as_json,
+            interactive=interactive,
+            row=row,
+            counts=f"source={shown(summary['source_id'])} version={summary['version']} "
             f"version_created={summary['version_created']} to_move={plan.to_move} to_mark={plan.to_mark} "
-            f"moved={result.moved} marked={result.marked} failed={len(result.failed)}"
+            f"moved={result.moved} marked={result.marked} failed={len(result.failed)}",
         )
