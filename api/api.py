@@ -195,6 +195,21 @@ def _errors(*statuses: int) -> dict:
     return dict.fromkeys(statuses, ErrorOut)
 
 
+def _once_per_key(request, response: HttpResponse, endpoint: str, payload, run) -> Status:
+    """The pipeline's requests with an ``Idempotency-Key`` (cases/idempotency.py): ``run``
+    once per key, its first answer sent again to a retry, marked ``Idempotent-Replayed``."""
+    answer = idempotent(
+        user=request.auth,
+        key=request.headers.get(IDEMPOTENCY_HEADER),
+        endpoint=endpoint,
+        body=payload.model_dump(mode="json"),
+        run=run,
+    )
+    if answer.replayed:
+        response["Idempotent-Replayed"] = "true"
+    return Status(answer.status, answer.body)
+
+
 CaseId = Path(..., description="the case's external ID, e.g. T-1042", examples=["T-1042"], max_length=100)
 SourceId = Path(..., description="the source's ID, e.g. HOLD-7", examples=["HOLD-7"], max_length=100)
 OperationIdPath = Path(
@@ -248,16 +263,7 @@ def case_intake(request, payload: CaseIn, response: HttpResponse):
         # Stored as JSON for the replays, exactly as this first answer is sent.
         return (201 if result.created else 200), IntakeOut.model_validate(answer).model_dump(mode="json")
 
-    answer = idempotent(
-        user=request.auth,
-        key=request.headers.get(IDEMPOTENCY_HEADER),
-        endpoint="POST /api/cases",
-        body=payload.model_dump(mode="json"),
-        run=run,
-    )
-    if answer.replayed:
-        response["Idempotent-Replayed"] = "true"
-    return Status(answer.status, answer.body)
+    return _once_per_key(request, response, "POST /api/cases", payload, run)
 
 
 @api.post(
@@ -439,16 +445,7 @@ def source_version_add(request, payload: SourceVersionIn, response: HttpResponse
         status = 202 if job is not None else 201 if result.version_created else 200
         return status, SourceVersionAddOut.model_validate(answer).model_dump(mode="json")
 
-    answer = idempotent(
-        user=request.auth,
-        key=request.headers.get(IDEMPOTENCY_HEADER),
-        endpoint=f"POST /api/sources/{source_id}/versions",
-        body=payload.model_dump(mode="json"),
-        run=run,
-    )
-    if answer.replayed:
-        response["Idempotent-Replayed"] = "true"
-    return Status(answer.status, answer.body)
+    return _once_per_key(request, response, f"POST /api/sources/{source_id}/versions", payload, run)
 
 
 @api.get(
