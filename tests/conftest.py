@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from contextlib import contextmanager
@@ -295,6 +296,33 @@ def editor(make_user):
 @pytest.fixture
 def lead(make_user):
     return make_user("lead", group="leads")
+
+
+@pytest.fixture
+def pipeline(make_user):
+    """A pipeline service user: the intake permission, never the review one."""
+    return make_user("pipeline", group="pipeline")
+
+
+class Terminal(io.StringIO):
+    """A standard output that says it is a terminal: the bulk commands show their bar."""
+
+    def isatty(self):
+        return True
+
+
+def command_run(name: str, *args, stdout=None) -> tuple[int, str, str]:
+    """Run command ``name`` with ``call_command``: its exit code, stdout and stderr."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out, err = stdout or io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        call_command(name, *args, stdout=out, stderr=err)
+    except CommandError as exc:
+        code = exc.returncode
+    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

@@ -81,6 +81,13 @@ def lead_api(client, lead_token):
 
 
 @pytest.fixture
+def pipeline_api(client, pipeline):
+    from api.services import token_create
+
+    return Api(client, token_create(user=pipeline, name="intake")[1])
+
+
+@pytest.fixture
 def anon_api(client):
     return Api(client)
 

@@ -13,7 +13,7 @@ from django_tasks import default_task_backend
 
 from cases.models import Case, EvidenceChange, SourceVersion, SourceVersionJob
 from reviews.models import Origin, ReviewDecision
-from tests.api.conftest import Api, assert_error
+from tests.api.conftest import assert_error
 from tests.conftest import load_fixture, snapshot
 from workflow.begin import review_begin
 from workflow.edit import review_edit
@@ -23,18 +23,6 @@ SEED = {v["version"]: v["text"] for v in load_fixture("t1042.json")["sources"][0
 QUOTATION = "Engineering needs a diagnostic export from affected units before advising any change."
 DROPPED = SEED[4].replace(QUOTATION + " ", "")
 DUMMY = {"default": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"}}
-
-
-@pytest.fixture
-def pipeline(make_user):
-    return make_user("pipeline", group="pipeline")
-
-
-@pytest.fixture
-def pipeline_api(client, pipeline):
-    from api.services import token_create
-
-    return Api(client, token_create(user=pipeline, name="intake")[1])
 
 
 @pytest.fixture

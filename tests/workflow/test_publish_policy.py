@@ -22,7 +22,7 @@ from core import identity
 from core.errors import InvalidInput, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
-from tests.conftest import load_fixture, snapshot
+from tests.conftest import Terminal, command_run, load_fixture, snapshot
 from tests.publish_race import race
 from workflow.begin import review_begin
 from workflow.decide import decision_record
@@ -230,19 +230,8 @@ def test_case_file_depends_on_is_checked(db, bad):
 # --- the command -----------------------------------------------------------------------
 
 
-class Terminal(io.StringIO):
-    def isatty(self):
-        return True
-
-
 def run(*args, stdout=None):
-    out, err = stdout or io.StringIO(), io.StringIO()
-    code = 0
-    try:
-        call_command("publish_policy", *args, stdout=out, stderr=err)
-    except CommandError as exc:
-        code = exc.returncode
-    return code, out.getvalue(), err.getvalue()
+    return command_run("publish_policy", *args, stdout=stdout)
 
 
 @pytest.fixture

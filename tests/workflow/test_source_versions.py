@@ -8,14 +8,12 @@ needs a diagnostic export ..." (the cases are marked).
 
 from __future__ import annotations
 
-import io
 import json
 import signal
 import threading
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
 from django.db import connections
 from django.test import Client
 from django.urls import reverse
@@ -25,7 +23,7 @@ from cases.services import case_import
 from core.errors import EvidenceChanged, InvalidInput, NotFound, PermissionRefused, StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import Origin, PendingReview, Proposal, ReviewDecision
-from tests.conftest import load_fixture, snapshot
+from tests.conftest import Terminal, command_run, load_fixture, snapshot
 from workflow.begin import review_begin
 from workflow.decide import decision_record
 from workflow.edit import review_edit
@@ -54,11 +52,6 @@ def current(case: Case) -> Proposal:
 
 def hold7(proposal: Proposal) -> set[int]:
     return {i["version"] for i in proposal.passages + proposal.findings if i["source_id"] == "HOLD-7"}
-
-
-@pytest.fixture
-def pipeline(make_user):
-    return make_user("pipeline", group="pipeline")
 
 
 @pytest.fixture
@@ -229,19 +222,8 @@ def test_only_the_intake_permission_adds_a_version(world, reviewer, lead):
 # --- the command -----------------------------------------------------------------------
 
 
-class Terminal(io.StringIO):
-    def isatty(self):
-        return True
-
-
 def run(*args, stdout=None):
-    out, err = stdout or io.StringIO(), io.StringIO()
-    code = 0
-    try:
-        call_command("add_source_version", *args, stdout=out, stderr=err)
-    except CommandError as exc:
-        code = exc.returncode
-    return code, out.getvalue(), err.getvalue()
+    return command_run("add_source_version", *args, stdout=stdout)
 
 
 @pytest.fixture
