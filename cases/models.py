@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from core.append_only import AppendOnlyModel
+
 
 class Policy(models.Model):
     """One version of a policy: what governed the AI work.
@@ -171,11 +173,12 @@ class IntakeRequest(models.Model):
         return f"{self.key} ({self.endpoint})"
 
 
-class EvidenceChange(models.Model):
+class EvidenceChange(AppendOnlyModel):
     """A proposal found to cite a passage or licensed clause that a newer version of its
     source no longer contains verbatim (``add_source_version``, workflow/sources.py).
 
-    Written once per (operation, source version) and never changed; the case's
+    Written once per (operation, source version) and never changed (the ORM refuses an
+    update or a delete; there are no database triggers, as there are on proposals); the case's
     ``evidence_hold`` names the operation while it is current. The proposal itself is
     append-only, so the mark is a row of its own, tied to the operation: a re-draft or an
     edit makes a new operation current, and that one carries no mark.
