@@ -201,12 +201,26 @@ def bulk_decision_plan(cases: list, *, approved: bool) -> list[BulkRow]:
             "pk", "origin"
         )
     )
+    # The marks of held operations, read only when some case has one.
+    held = {case.evidence_hold for case in cases if approved and case.evidence_hold}
+    marks = dict(
+        EvidenceChange.objects.filter(operation_id__in=held).order_by("pk").values_list("operation_id", "reason")
+    )
     rows = []
     for case in cases:
         operation_id = case.current_operation_id
         human_edit = origins.get(case.current_proposal_id) == Origin.HUMAN_EDIT
+        refusal = (
+            evidence_refusal(
+                hold=case.evidence_hold, operation_id=operation_id, reason=marks.get(operation_id), case_id=case.case_id
+            )
+            if operation_id and case.evidence_hold
+            else None
+        )
         if not operation_id:
             reason = "no review begun: open the case and start its review first"
+        elif approved and refusal is not None and case.decision_approved is None:
+            reason = f"{refusal.details['reason']}: an approval waits for a re-draft or an edit"
         elif case.decision_approved is not None:
             done = "approved" if case.decision_approved else "declined"
             reason = f"already {done} by {case.decision_reviewer} at {when(case.decision_at)}"

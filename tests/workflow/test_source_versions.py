@@ -367,3 +367,16 @@ def test_approvals_racing_a_new_version_are_committed_first_or_refused(make_user
             assert outcomes[case.pk] in (refusal, "CaseBusy"), outcomes[case.pk]
             assert not ReviewDecision.objects.filter(proposal__case=case).exists()
             assert (now.origin == Origin.EVIDENCE_CHANGE) if text == SAME else marked
+
+
+def test_a_bulk_approval_skips_a_marked_case_and_says_why(world, pipeline):
+    from workflow.selectors import bulk_decision_plan, cases_with_status
+
+    add(pipeline, text=DROPPED, apply=True)
+    cases = list(cases_with_status().filter(case_id__in=["S-PENDING", "S-DECIDED"]).order_by("case_id"))
+    decided, pending = bulk_decision_plan(cases, approved=True)
+    assert not pending.acts and pending.reason == (
+        "evidence changed: the quotation is no longer in HOLD-7 v5: an approval waits for a re-draft or an edit"
+    )
+    assert not decided.acts and decided.reason.startswith("already approved")
+    assert all(row.acts for row in bulk_decision_plan(cases[1:], approved=False))  # a decline stands
