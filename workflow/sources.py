@@ -64,9 +64,6 @@ class Follow(StrEnum):
     MARKED = "marked"  # marked evidence changed: not approvable until a re-draft or an edit
 
 
-MOVED, MARKED = Follow.MOVED, Follow.MARKED
-
-
 @dataclass(frozen=True)
 class PlanRow:
     case_id: str
@@ -151,12 +148,12 @@ def _older_cited(proposal: Proposal, sv: SourceVersion) -> int | None:
 
 
 def _verdict(proposal: Proposal, sv: SourceVersion) -> tuple[Follow, str]:
-    """MOVED or MARKED for a proposal that cites an older version, and a mark's reason."""
+    """What follows for a proposal that cites an older version, and a mark's reason."""
     missing = evidence_missing(proposal, {sv.source.source_id: sv})
     if missing is None:
-        return MOVED, ""
+        return Follow.MOVED, ""
     _, what, _ = missing
-    return MARKED, EvidenceChanged.reason_of(what=what, source_id=sv.source.source_id, version=sv.version)
+    return Follow.MARKED, EvidenceChanged.reason_of(what=what, source_id=sv.source.source_id, version=sv.version)
 
 
 def source_version_plan(*, source_id, version, text, size: int | None = None) -> SourceVersionPlan:
@@ -175,7 +172,7 @@ def source_version_plan(*, source_id, version, text, size: int | None = None) ->
         if older is None:
             continue
         action, reason = _verdict(proposal, sv)
-        if action == MOVED:
+        if action == Follow.MOVED:
             to_move += 1
         else:
             to_mark += 1
@@ -185,7 +182,7 @@ def source_version_plan(*, source_id, version, text, size: int | None = None) ->
 
 
 def _follow_case(case: Case, sv: SourceVersion, actor, channel: str) -> Follow | None:
-    """One case, all or nothing, in one transaction holding the case lock: MOVED, MARKED, or
+    """One case, all or nothing, in one transaction holding the case lock: moved, marked, or
     None when it no longer needs it (decided, moved on, already on this version or marked)."""
     with case_lock(case.case_id):
         # The case row, as the commit's guard takes it (see the module): an approval that
@@ -201,7 +198,7 @@ def _follow_case(case: Case, sv: SourceVersion, actor, channel: str) -> Follow |
         if EvidenceChange.objects.filter(operation_id=current.operation_id, source_version=sv).exists():
             return None
         action, reason = _verdict(current, sv)
-        if action == MOVED:
+        if action == Follow.MOVED:
             revision = proposal_revise(
                 case=locked,
                 expected_operation_id=current.operation_id,
@@ -210,10 +207,10 @@ def _follow_case(case: Case, sv: SourceVersion, actor, channel: str) -> Follow |
             )
             pending_supersede_others(locked, revision.proposal.operation_id)
             begin_under_lock(locked, actor, channel)
-            return MOVED
+            return Follow.MOVED
         EvidenceChange.objects.create(case=locked, operation_id=current.operation_id, source_version=sv, reason=reason)
         Case.objects.filter(pk=locked.pk, current_proposal=current).update(evidence_hold=current.operation_id)
-        return MARKED
+        return Follow.MARKED
 
 
 def source_version_follow(
@@ -238,8 +235,8 @@ def source_version_follow(
         except (CaseBusy, DecisionflowError) as exc:
             result.failed.append((case.case_id, exc))
         else:
-            result.moved += action == MOVED
-            result.marked += action == MARKED
+            result.moved += action == Follow.MOVED
+            result.marked += action == Follow.MARKED
         faults.crash_point("source-version-after-case")
         result.done += 1
         if progress is not None:
