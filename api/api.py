@@ -36,10 +36,10 @@ from api.schemas import (
     OperationOut,
     PolicyPublishIn,
     PolicyPublishOut,
-    WithdrawIn,
-    WithdrawOut,
     SourceVersionAddOut,
     SourceVersionIn,
+    WithdrawIn,
+    WithdrawOut,
 )
 from cases.idempotency import HEADER as IDEMPOTENCY_HEADER
 from cases.idempotency import idempotent
@@ -49,8 +49,8 @@ from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.intake import case_intake as intake_service
 from workflow.publishing import policy_publish as publish_service
-from workflow.withdraw import case_withdraw as withdraw_service
 from workflow.sources import source_version_job_start
+from workflow.withdraw import case_withdraw as withdraw_service
 
 logger = logging.getLogger(__name__)
 

@@ -80,7 +80,6 @@ else:
     OperationStateOut = one_of(OperationState.values)
     CaseStatusOut = one_of([NOT_STARTED, *OperationState.values])
     TextWarningKindOut = one_of(text.MarkerKind)
-    TextWarningKindOut = one_of([text.INVISIBLE, text.MIXED_SCRIPT])
     JobStateOut = one_of(SourceVersionJob.State.values)
 
 
@@ -176,7 +175,7 @@ class ErrorOut(Schema):
         "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
         "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error; for the intake "
         "(docs/INTAKE.md): operation_id_mismatch, idempotency_mismatch, in_progress (with Retry-After); "
-        "withdrawn (an approval of a review the pipeline withdrew)"
+        "withdrawn (an approval of a review the pipeline withdrew); "
         "evidence_changed (a new source version no longer holds a quotation the proposal cites)"
     )
     message: str

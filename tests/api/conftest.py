@@ -46,11 +46,6 @@ class Api:
 
 
 @pytest.fixture
-def pipeline(make_user):
-    return make_user("pipeline", group="pipeline")
-
-
-@pytest.fixture
 def pipeline_api(client, pipeline):
     from api.services import token_create
 
@@ -78,13 +73,6 @@ def api(client, reviewer_token):
 @pytest.fixture
 def lead_api(client, lead_token):
     return Api(client, lead_token)
-
-
-@pytest.fixture
-def pipeline_api(client, pipeline):
-    from api.services import token_create
-
-    return Api(client, token_create(user=pipeline, name="intake")[1])
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effects", "0010_delivery_needs_check"),
+        ("effects", "0011_withdrawn_decline_reason"),
     ]
 
     operations = [
