@@ -166,8 +166,18 @@ def validate_case_data(data: Any) -> None:
                 _fail(f"{vfield}.version", f"{key[0]} version {number} is listed twice")
             texts[key] = _check_text(version["text"], f"{vfield}.text")
 
+    _check_evidence(data["selected_evidence"], data["findings"], texts, "does not exist in sources")
+    validate_policy_data(data["policy"], "policy")
+    if "depends_on" in data:
+        _check_depends_on(data["depends_on"])
+
+
+def _check_evidence(passages: Any, findings: Any, texts: dict[tuple[str, int], str], missing: str) -> None:
+    """The selected evidence and the findings: each quotation and licensed clause in the text
+    of the source version it cites (``texts``), each finding citing selected evidence.
+    ``missing``: how a cited version that ``texts`` lacks is refused."""
     selected: set[tuple[str, int]] = set()
-    for i, passage in enumerate(_check_list(data["selected_evidence"], "selected_evidence", MOST_PASSAGES)):
+    for i, passage in enumerate(_check_list(passages, "selected_evidence", MOST_PASSAGES)):
         field = f"selected_evidence[{i}]"
         _check_keys(passage, "selected_evidence[]", field)
         key = (
@@ -175,7 +185,7 @@ def validate_case_data(data: Any) -> None:
             _check_version(passage["version"], f"{field}.version"),
         )
         if key not in texts:
-            _fail(f"{field}.version", f"{key[0]} version {key[1]} does not exist in sources")
+            _fail(f"{field}.version", f"{key[0]} version {key[1]} {missing}")
         if key in selected:
             _fail(f"{field}.version", f"{key[0]} version {key[1]} is selected twice")
         selected.add(key)
@@ -183,7 +193,7 @@ def validate_case_data(data: Any) -> None:
         if not quotation or quotation not in texts[key]:
             _fail(f"{field}.quotation", f"is not in the text of {key[0]} version {key[1]}")
 
-    for i, finding in enumerate(_check_list(data["findings"], "findings", MOST_FINDINGS)):
+    for i, finding in enumerate(_check_list(findings, "findings", MOST_FINDINGS)):
         field = f"findings[{i}]"
         _check_keys(finding, "findings[]", field)
         _check_text(finding["finding"], f"{field}.finding")
@@ -197,9 +207,40 @@ def validate_case_data(data: Any) -> None:
         if not clause or clause not in texts[key]:
             _fail(f"{field}.licensed_clause", f"is not in the text of {key[0]} version {key[1]}")
 
-    validate_policy_data(data["policy"], "policy")
-    if "depends_on" in data:
-        _check_depends_on(data["depends_on"])
+
+def evidence_check(*, selected_evidence: Any, findings: Any) -> tuple[list[dict], list[dict]]:
+    """Selected evidence and findings sent without their sources (a re-draft): the case
+    file's rules, against the source versions stored here. Returns both cut to their keys.
+
+    Source versions are immutable, so the texts read now are the texts a proposal cites.
+    """
+    _check_everywhere({"selected_evidence": selected_evidence, "findings": findings}, "")
+    items = [
+        item
+        for group in (selected_evidence, findings)
+        if isinstance(group, list)
+        for item in group
+        if isinstance(item, dict)
+    ]
+    # Only well-typed references are looked up; the checks below refuse the others by name.
+    cited = {
+        (item["source_id"], item["version"])
+        for item in items
+        if isinstance(item.get("source_id"), str) and type(item.get("version")) is int
+    }
+    names = {source_id for source_id, _ in cited}
+    texts = {
+        (source_id, version): body
+        for source_id, version, body in SourceVersion.objects.filter(source__source_id__in=names).values_list(
+            "source__source_id", "version", "text"
+        )
+        if (source_id, version) in cited
+    }
+    _check_evidence(selected_evidence, findings, texts, "does not exist")
+    return (
+        [{k: p[k] for k in _REQUIRED["selected_evidence[]"]} for p in selected_evidence],
+        [{k: f[k] for k in _REQUIRED["findings[]"]} for f in findings],
+    )
 
 
 def validate_policy_data(policy: Any, field: str = "policy") -> None:

@@ -162,9 +162,21 @@ class EvidenceChanged(DecisionflowError):
 
 
 class AlreadyDecided(DecisionflowError):
+    """The proposal a change names is decided: decided means decided, nothing replaces it."""
+
     code = "already_decided"
     exit_code = 4
     http_status = 409
+
+    @classmethod
+    def of(cls, *, operation_id: str, approved: bool, by: str, act: str) -> AlreadyDecided:
+        """``operation_id`` was approved (or declined) by ``by``, so it cannot be ``act``
+        ("edited", "re-drafted")."""
+        return cls(
+            f"already decided: {short(operation_id)} was {'approved' if approved else 'declined'} by {by} "
+            f"and cannot be {act}; nothing was written",
+            operation_id=operation_id,
+        )
 
 
 class ConflictingDecision(DecisionflowError):

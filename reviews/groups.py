@@ -45,3 +45,8 @@ def ensure_pipeline_group(Group, Permission):
     pipeline, _ = Group.objects.get_or_create(name=PIPELINE)
     pipeline.permissions.add(*acts, view)
     return pipeline
+
+
+def can_intake(user) -> bool:
+    """Whether ``user`` may act for the pipeline: bring cases in and re-draft them."""
+    return bool(getattr(user, "is_active", False) and user.has_perm(INTAKE_PERMISSION))

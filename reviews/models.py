@@ -19,6 +19,9 @@ class Origin(models.TextChoices):
     # A new policy version was published: same body and evidence, the new policy. Like a
     # prepared proposal it has no human author (the publisher did not write the text).
     POLICY_CHANGE = "policy_change", "Policy change"
+    # The pipeline sent a new draft, evidence or findings for the case (docs/INTAKE.md,
+    # Re-drafts). No human author either: the pipeline's text, not a person's.
+    PIPELINE_REDRAFT = "pipeline_redraft", "Pipeline re-draft"
 
 
 class Channel(models.TextChoices):

@@ -13,9 +13,9 @@ from django.db import IntegrityError, transaction
 
 from cases.models import Case, Policy, Source, SourceVersion
 from cases.selectors import case_evidence
-from cases.services import VERSION_RANGE
+from cases.services import VERSION_RANGE, evidence_check
 from core import identity, text
-from core.errors import AlreadyDecided, InvalidInput, NotFound, StaleProposal
+from core.errors import AlreadyDecided, InvalidInput, NotFound, OperationIdMismatch, StaleProposal
 from reviews.models import Origin, Proposal, ReviewDecision
 
 SOURCE_ID_MAX = Source._meta.get_field("source_id").max_length
@@ -192,6 +192,52 @@ def _prepared_root(proposal: Proposal) -> Proposal:
     return proposal
 
 
+def _locked_current(case: Case) -> tuple[Case, Proposal]:
+    """The case row locked, and its current proposal. Must run inside the caller's transaction.
+
+    NO KEY UPDATE: orders this change against a commit of the same case (which takes the
+    same lock) without blocking the FOR KEY SHARE an attempt row's foreign key takes.
+    """
+    locked = Case.objects.select_for_update(no_key=True).filter(pk=case.pk).first()
+    if locked is None:
+        raise NotFound(f"case {case.case_id} does not exist")
+    current = locked.current_proposal
+    if current is None:
+        raise InvalidInput(f"case {case.case_id} has no proposal yet; run begin first")
+    return locked, current
+
+
+def _undecided_check(current: Proposal, *, act: str) -> None:
+    decision = ReviewDecision.objects.filter(operation_id=current.operation_id).select_related("reviewer").first()
+    if decision is not None:
+        raise AlreadyDecided.of(
+            operation_id=current.operation_id,
+            approved=decision.approved,
+            by=decision.reviewer.get_username(),
+            act=act,
+        )
+
+
+def _supersede(case: Case, current: Proposal, fields: dict, **pointer) -> Proposal:
+    """Insert (or find) the proposal ``fields`` describe, with ``current`` as its parent, and
+    move the case's pointer to it by compare-and-swap from ``current`` (``pointer``: other
+    columns of the case that move with it). Runs under the row lock of ``_locked_current``."""
+    proposal = _find_or_insert({**fields, "parent": current})
+    moved = Case.objects.filter(pk=case.pk, current_proposal=current).update(current_proposal=proposal, **pointer)
+    if moved != 1:
+        # Unreachable while the row lock is held; kept so the CAS is the real guard.
+        raise StaleProposal(f"stale: case {case.case_id} moved on during this change")
+    case.current_proposal = proposal
+    return proposal
+
+
+def _body_check(body: str, *, field: str) -> None:
+    # The text policy (docs/TEXT.md): the same check as load_case, for every channel.
+    text.check_body(body, field=field)
+    if not body.strip():
+        raise InvalidInput(f"{field} must not be empty", field=field)
+
+
 def proposal_revise(
     *,
     case: Case,
@@ -211,34 +257,21 @@ def proposal_revise(
     if body is None and not source_versions:
         raise InvalidInput("an edit needs a new body, new source versions, or both")
     if body is not None:
-        # The text policy (docs/TEXT.md): the same check as load_case, for every channel.
-        text.check_body(body, field="body")
-        if not body.strip():
-            raise InvalidInput("body must not be empty", field="body")
+        _body_check(body, field="body")
     for source_id, version in (source_versions or {}).items():
         text.check_text(source_id, field="source_versions key", one_line=True, max_length=SOURCE_ID_MAX)
         text.check_integer(version, field=f"source_versions.{source_id}", minimum=VERSION_MIN, maximum=VERSION_MAX)
 
     with transaction.atomic():
-        # Lock the case so a commit and an edit of the same case cannot interleave.
-        # NO KEY UPDATE: orders this edit against a commit of the same case (which takes the
-        # same lock) without blocking the FOR KEY SHARE an attempt row's foreign key takes.
-        locked = Case.objects.select_for_update(no_key=True).filter(pk=case.pk).first()
-        if locked is None:
-            raise NotFound(f"case {case.case_id} does not exist")
-        current = locked.current_proposal
-        if current is None:
-            raise InvalidInput(f"case {case.case_id} has no proposal yet; run begin first")
+        # The case row locked, so a commit and an edit of the same case cannot interleave.
+        locked, current = _locked_current(case)
         if current.operation_id != expected_operation_id:
             raise StaleProposal(
                 f"stale: case {case.case_id} is now at {identity.short(current.operation_id)}, "
                 f"not {identity.short(str(expected_operation_id))}",
                 current_operation_id=current.operation_id,
             )
-        if ReviewDecision.objects.filter(operation_id=current.operation_id).exists():
-            raise AlreadyDecided(
-                f"already decided: {identity.short(current.operation_id)} has a decision and cannot be edited"
-            )
+        _undecided_check(current, act="edited")
 
         new_body = current.body if body is None else body
         passages, findings = (
@@ -250,20 +283,107 @@ def proposal_revise(
 
         body_changed = content["body"] != current.body
         root = _prepared_root(current)
-        proposal = _find_or_insert(
+        proposal = _supersede(
+            case,
+            current,
             {
                 **content,
                 "origin": Origin.HUMAN_EDIT if body_changed else Origin.EVIDENCE_CHANGE,
-                "parent": current,
                 "author": editor,
                 "unchecked_sentences": unchecked_sentences(body=content["body"], prepared=root.body),
-            }
+            },
         )
-        moved = Case.objects.filter(pk=case.pk, current_proposal=current).update(current_proposal=proposal)
-        if moved != 1:
-            # Unreachable while the row lock above is held; kept so the CAS is the real guard.
-            raise StaleProposal(f"stale: case {case.case_id} moved on during this edit")
-        case.current_proposal = proposal
+        return RevisionResult(proposal, True)
+
+
+def proposal_redraft(
+    *,
+    case: Case,
+    expected_operation_id: str,
+    draft: str | None = None,
+    selected_evidence: list[dict] | None = None,
+    findings: list[dict] | None = None,
+    operation_id: str | None = None,
+) -> RevisionResult:
+    """Supersede the case's current proposal with the pipeline's re-draft: a new body, new
+    selected evidence, new findings, or any of them together (the rest kept from the current
+    proposal; the policy kept too).
+
+    The new proposal's origin is ``pipeline_redraft``, its parent the replaced proposal, and
+    it has no author: the pipeline wrote it, so four eyes treats it like a prepared proposal.
+    A new draft is the pipeline's own text and has no unchecked sentences; a kept body keeps
+    the ones a person wrote. Evidence and findings follow the case file's rules against the
+    stored source versions (``evidence_check``).
+
+    Invariants, as for ``proposal_revise``: ``expected_operation_id`` must be the current
+    proposal (else ``StaleProposal``) and undecided (else ``AlreadyDecided``); the pointer
+    moves by compare-and-swap under the case row lock, so a commit of the old proposal either
+    came first (and this is refused as decided) or is refused as stale. The same re-draft
+    again is no change: the current proposal is already what it asks for, whether it was the
+    expected one or the re-draft that replaced it. Findings are not part of the operation
+    identity, so new findings alone, with the identity unchanged, are refused.
+    ``operation_id``: the identity the pipeline computed for the new proposal; when it is not
+    ours, ``OperationIdMismatch`` names both. One transaction: a refusal writes nothing.
+    """
+    if draft is None and selected_evidence is None and findings is None:
+        raise InvalidInput("a re-draft needs draft, selected_evidence, findings, or more than one of them")
+    if draft is not None:
+        _body_check(draft, field="draft")
+
+    with transaction.atomic():
+        locked, current = _locked_current(case)
+        base = current
+        if current.operation_id != expected_operation_id:
+            found = Proposal.objects.filter(case=locked, operation_id=expected_operation_id).first()
+            if found is None:
+                raise StaleProposal.superseded(
+                    operation_id=str(expected_operation_id),
+                    case_id=case.case_id,
+                    current_operation_id=current.operation_id,
+                )
+            base = found
+        else:
+            _undecided_check(current, act="re-drafted")
+        passages, new_findings = evidence_check(
+            selected_evidence=base.passages if selected_evidence is None else selected_evidence,
+            findings=base.findings if findings is None else findings,
+        )
+        content = _content(
+            locked,
+            body=base.body if draft is None else draft,
+            passages=passages,
+            findings=new_findings,
+            policy=base.policy_snapshot,
+        )
+        same = content["operation_id"] == current.operation_id
+        unchanged = same and content["findings"] == current.findings
+        if base is not current and not unchanged:
+            raise StaleProposal.superseded(
+                operation_id=str(expected_operation_id),
+                case_id=case.case_id,
+                current_operation_id=current.operation_id,
+            )
+        if operation_id is not None and operation_id != content["operation_id"]:
+            raise OperationIdMismatch.of(sent=operation_id, ours=content["operation_id"])
+        if unchanged:
+            return RevisionResult(current, False)
+        if same:
+            raise InvalidInput(
+                "findings: new findings alone do not change the operation identity (docs/PROTOCOL.md: the draft, "
+                "the selected evidence and the policy), so they cannot make a new proposal; send them with the "
+                "draft or the evidence they belong to; nothing was written",
+                field="findings",
+            )
+        proposal = _supersede(
+            case,
+            current,
+            {
+                **content,
+                "origin": Origin.PIPELINE_REDRAFT,
+                "author": None,
+                "unchecked_sentences": [] if draft is not None else list(current.unchecked_sentences),
+            },
+        )
         return RevisionResult(proposal, True)
 
 
@@ -296,19 +416,17 @@ def proposal_policy_change(*, case: Case, policy: Policy) -> Proposal | None:
         return None
     snapshot = {"name": policy.name, "label": policy.label, "parameters": policy.parameters}
     content = _content(locked, body=current.body, passages=current.passages, findings=current.findings, policy=snapshot)
-    proposal = _find_or_insert(
+    proposal = _supersede(
+        case,
+        current,
         {
             **content,
             "origin": Origin.POLICY_CHANGE,
-            "parent": current,
             "author": None,
             # The body did not change: its sentences a person wrote are still unchecked.
             "unchecked_sentences": list(current.unchecked_sentences),
-        }
+        },
+        policy=policy,
     )
-    moved = Case.objects.filter(pk=case.pk, current_proposal=current).update(current_proposal=proposal, policy=policy)
-    if moved != 1:
-        raise StaleProposal(f"stale: case {case.case_id} moved on during the policy change")
-    case.current_proposal = proposal
     case.policy = policy
     return proposal
