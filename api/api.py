@@ -28,6 +28,8 @@ from api.schemas import (
     CaseOut,
     DecisionIn,
     DecisionOut,
+    DraftIn,
+    DraftOut,
     EditIn,
     EditOut,
     ErrorOut,
@@ -51,6 +53,7 @@ from workflow.intake import case_intake as intake_service
 from workflow.publishing import policy_publish as publish_service
 from workflow.sources import source_version_job_start
 from workflow.withdraw import case_withdraw as withdraw_service
+from workflow.redraft import case_redraft
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +267,49 @@ def case_intake(request, payload: CaseIn, response: HttpResponse):
         return (201 if result.created else 200), IntakeOut.model_validate(answer).model_dump(mode="json")
 
     return _once_per_key(request, response, "POST /api/cases", payload, run)
+
+
+@api.post(
+    "/cases/{case_id}/drafts",
+    response={200: DraftOut, 201: DraftOut, **_errors(400, 401, 403, 404, 409, 413, 422, 500)},
+    tags=["intake"],
+    operation_id="case_redraft",
+)
+def case_redraft_post(request, payload: DraftIn, response: HttpResponse, case_id: str = CaseId):
+    """Re-draft: the pipeline's new draft, selected evidence or findings for a case supersede
+    its current proposal (``expected_operation_id``) with a ``pipeline_redraft`` proposal
+    (201), and its review is begun unless ``begin`` is false. 200 with ``changed: false``
+    when the current proposal is already what this asks for. A stale
+    ``expected_operation_id`` is 409 ``stale_proposal``; a decided case 409
+    ``already_decided``. Needs the intake permission (the Pipeline group). The same
+    ``Idempotency-Key`` rules as ``POST /api/cases``. See docs/INTAKE.md.
+    """
+    case = selectors.case_get(case_id)
+
+    def run() -> tuple[int, dict]:
+        passages, findings = payload.evidence()
+        result = case_redraft(
+            case=case,
+            expected_operation_id=payload.expected_operation_id,
+            draft=payload.draft,
+            selected_evidence=passages,
+            findings=findings,
+            operation_id=payload.operation_id,
+            begin=payload.begin,
+            actor=request.auth,
+            channel=Channel.API,
+        )
+        answer = {
+            "changed": result.revision.changed,
+            "operation_id": result.revision.proposal.operation_id,
+            "review_begun": result.begun is not None,
+            "review_error": result.begin_error.message if result.begin_error is not None else None,
+            "case": selectors.case_data(selectors.case_get(case.case_id)),
+        }
+        # Stored as JSON for the replays, exactly as this first answer is sent.
+        return (201 if result.revision.changed else 200), DraftOut.model_validate(answer).model_dump(mode="json")
+
+    return _once_per_key(request, response, f"POST /api/cases/{case.case_id}/drafts", payload, run)
 
 
 @api.post(

@@ -26,7 +26,7 @@ from cases.services import can_publish
 from core import identity
 from core.errors import PermissionRefused
 from effects.services import REVIEW_PERMISSION
-from reviews.groups import INTAKE_PERMISSION, WITHDRAW_PERMISSION
+from reviews.groups import INTAKE_PERMISSION, WITHDRAW_PERMISSION, can_intake
 from reviews.models import Channel
 from workflow.decide import refusal_record
 
@@ -34,8 +34,9 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
 VIEW_PERMISSION = "cases.view_case"
 PUBLISH_PATH = "/policies/publish"
 # The pipeline's acts need the intake permission (the Pipeline group), not the review one:
-# a pipeline token brings cases in but never decides one (docs/INTAKE.md).
-INTAKE_PATH = re.compile(r"/api/(cases|sources/[^/]+/versions)/?$")
+# a pipeline token brings cases in, re-drafts them and adds source versions, but never
+# decides one (docs/INTAKE.md).
+INTAKE_PATH = re.compile(r"/api/(cases(/[^/]+/drafts)?|sources/[^/]+/versions)/?$")
 # A withdrawal needs the withdraw permission, not the review one (docs/INTAKE.md, "Withdrawals").
 WITHDRAW_PATH = re.compile(r"/api/cases/[^/]+/withdraw/?$")
 
@@ -52,7 +53,7 @@ def _permitted(request: HttpRequest, user):
         if not can_publish(user):
             raise AuthorizationError(message=f"{user.get_username()} does not have the publish policy permission")
     elif INTAKE_PATH.search(request.path):
-        if not user.has_perm(INTAKE_PERMISSION):
+        if not can_intake(user):
             raise AuthorizationError(
                 message=f"{user.get_username()} does not have the intake permission ({INTAKE_PERMISSION}, "
                 "the Pipeline group)"

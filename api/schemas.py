@@ -532,3 +532,63 @@ class SourceVersionAddOut(Schema):
     to_move: int = Field(description="undecided cases whose quotations are all still in the new version")
     to_mark: int = Field(description="undecided cases with a quotation or licensed clause not in it")
     job: JobOut | None = Field(description="the job moving and marking them (202); null: no case needs it")
+class DraftIn(Strict):
+    """A re-draft (docs/INTAKE.md, Re-drafts): what replaces the case's current proposal."""
+
+    # At least one of draft, selected_evidence and findings, said in the schema too (anyOf).
+    # None means "left out" and an explicit null is refused, as in EditIn.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [{"required": ["draft"]}, {"required": ["selected_evidence"]}, {"required": ["findings"]}]
+        },
+    )
+
+    expected_operation_id: OperationId = Field(description="the proposal this re-draft replaces: the current one")
+    draft: StrictStr = Field(  # type: ignore[assignment]  # None = left out; null is refused
+        default=None,
+        description="the new body; not blank; the text policy applies (docs/TEXT.md). Left out: the body is kept",
+        json_schema_extra={"default": None},
+    )
+    selected_evidence: list[PassageIn] = Field(
+        default=None,  # type: ignore[arg-type]  # None = left out; null is refused
+        description="the new selected evidence, as in a case file: each quotation in the text of a source "
+        "version stored here. Left out: the evidence is kept",
+        json_schema_extra={"default": None},
+    )
+    findings: list[FindingIn] = Field(
+        default=None,  # type: ignore[arg-type]  # None = left out; null is refused
+        description="the new findings, each citing selected evidence. Left out: the findings are kept",
+        json_schema_extra={"default": None},
+    )
+    operation_id: OperationId = Field(  # type: ignore[assignment]  # None = left out; null is refused
+        default=None,
+        description="optional: the identity you computed for the new proposal (docs/PROTOCOL.md); "
+        "422 operation_id_mismatch with both values when ours differs",
+        json_schema_extra={"default": None},
+    )
+    begin: StrictBool = Field(default=True, description="begin the review of the new proposal (the default)")
+
+    @model_validator(mode="after")
+    def _something_to_change(self):
+        if self.draft is None and self.selected_evidence is None and self.findings is None:
+            raise ValueError("a re-draft needs draft, selected_evidence, findings, or more than one of them")
+        return self
+
+    def evidence(self) -> tuple[list[dict] | None, list[dict] | None]:
+        """The selected evidence and the findings as the service takes them (None: kept)."""
+        passages = None if self.selected_evidence is None else [p.model_dump() for p in self.selected_evidence]
+        findings = None if self.findings is None else [f.model_dump() for f in self.findings]
+        return passages, findings
+
+
+class DraftOut(Schema):
+    changed: bool = Field(
+        description="false: the current proposal is already what this re-draft asks for; nothing was written"
+    )
+    operation_id: str = Field(description="the identity of the case's current proposal: the re-draft's")
+    review_begun: bool = Field(
+        description="whether the review of the new proposal was begun (with begin: true); saved either way"
+    )
+    review_error: str | None = Field(description="why beginning the review failed (the first decision begins it)")
+    case: CaseOut
