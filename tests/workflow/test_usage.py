@@ -18,6 +18,7 @@ COMMANDS = {
     "begin": "python manage.py begin CASE_ID",
     "resume": "--operation-id OP (--approve | --decline)",
     "edit": "--expected-operation-id OP (--body-file FILE | --source SOURCE=VERSION ...)",
+    "redraft": "--expected-operation-id OP --file FILE",
     "reconcile": "Run from cron",
     "demo": "lost-receipt story",
     "withdraw": "python manage.py withdraw CASE_ID --operation-id OP --user PIPELINE_USER",

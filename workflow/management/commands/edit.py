@@ -7,9 +7,32 @@ from core.commandline import EXIT_SAVED_NOT_BEGUN, WorkflowCommand
 from core.errors import InvalidInput
 from core.text import shown
 from reviews.models import Channel
-from workflow.edit import review_edit
+from workflow.edit import EditResult, review_edit
 
 _SOURCE = re.compile(r"^(?P<source>[^=\s]+)=(?P<version>\d+)$")
+
+
+def report(command: WorkflowCommand, act: str, edited: EditResult, case_id: str) -> None:
+    """The lines of a revision (an edit, a re-draft), and exit 7 when it is saved but its
+    review was not begun."""
+    revision, begun = edited.revision, edited.begun
+    # Every value is shown quoted unless it is a plain token: no value can forge a line.
+    op = shown(revision.proposal.operation_id)
+    if not revision.changed:
+        command.stdout.write(f"{act}: op={op} unchanged")
+        return
+    command.stdout.write(f"{act}: op={op} origin={shown(revision.proposal.origin)}")
+    if edited.begin_error is not None:
+        # Saved and current; only its review is not begun. Say so, and how to finish.
+        command.fail(
+            EXIT_SAVED_NOT_BEGUN,
+            f"{act}: saved, but the review of the new proposal was not begun: {edited.begin_error.message}",
+            f"{act}: run `manage.py begin {shown(case_id)}` (or decide on it: the first decision begins it)",
+        )
+    if begun is not None:  # None: not asked to begin it
+        command.stdout.write(
+            f"begin: status={shown(begun.status)} op={shown(begun.operation_id)} checkpoints={begun.checkpoints}"
+        )
 
 
 class Command(WorkflowCommand):
@@ -69,24 +92,7 @@ class Command(WorkflowCommand):
             editor=user,
             channel=Channel.COMMAND,
         )
-        revision, begun = edited.revision, edited.begun
-        # Every value is shown quoted unless it is a plain token: no value can forge a line.
-        op = shown(revision.proposal.operation_id)
-        if not revision.changed:
-            self.stdout.write(f"edit: op={op} unchanged")
-            return
-        self.stdout.write(f"edit: op={op} origin={shown(revision.proposal.origin)}")
-        if begun is None:
-            # Saved and current; only its review is not begun. Say so, and how to finish.
-            reason = edited.begin_error.message if edited.begin_error is not None else "unknown"
-            self.fail(
-                EXIT_SAVED_NOT_BEGUN,
-                f"edit: saved, but the review of the new proposal was not begun: {reason}",
-                f"edit: run `manage.py begin {shown(case_id)}` (or decide on it: the first decision begins it)",
-            )
-        self.stdout.write(
-            f"begin: status={shown(begun.status)} op={shown(begun.operation_id)} checkpoints={begun.checkpoints}"
-        )
+        report(self, "edit", edited, case_id)
 
     def _read(self, body_file: str) -> str:
         try:
