@@ -11,6 +11,7 @@ def test_openapi_json_describes_the_endpoints(client, db):
         "/api/cases",
         "/api/cases/{case_id}",
         "/api/cases/{case_id}/decision",
+        "/api/cases/{case_id}/drafts",
         "/api/cases/{case_id}/edits",
         "/api/cases/{case_id}/withdraw",
         "/api/operations/{operation_id}",
@@ -49,6 +50,12 @@ def test_openapi_json_describes_the_endpoints(client, db):
     versions = schema["paths"]["/api/sources/{source_id}/versions"]["post"]
     assert {"200", "201", "202", "400", "403", "404"} <= set(versions["responses"])
     assert components["JobOut"]["properties"]["state"]["enum"] == ["queued", "running", "done", "failed"]
+    # The re-draft: strict, at least one thing to change, and the intake's answers.
+    redraft = schema["paths"]["/api/cases/{case_id}/drafts"]["post"]
+    assert set(redraft["responses"]) == {"200", "201", "400", "401", "403", "404", "409", "413", "422", "500"}
+    assert components["DraftIn"]["additionalProperties"] is False
+    assert components["DraftIn"]["required"] == ["expected_operation_id"]
+    assert {"changed", "operation_id", "review_begun", "case"} <= set(components["DraftOut"]["required"])
     # The test-only fault header is not part of the public contract.
     assert "X-Decisionflow-Fault" not in response.content.decode()
 
