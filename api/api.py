@@ -51,9 +51,9 @@ from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.intake import case_intake as intake_service
 from workflow.publishing import policy_publish as publish_service
+from workflow.redraft import case_redraft
 from workflow.sources import source_version_job_start
 from workflow.withdraw import case_withdraw as withdraw_service
-from workflow.redraft import case_redraft
 
 logger = logging.getLogger(__name__)
 

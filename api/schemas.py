@@ -532,6 +532,8 @@ class SourceVersionAddOut(Schema):
     to_move: int = Field(description="undecided cases whose quotations are all still in the new version")
     to_mark: int = Field(description="undecided cases with a quotation or licensed clause not in it")
     job: JobOut | None = Field(description="the job moving and marking them (202); null: no case needs it")
+
+
 class DraftIn(Strict):
     """A re-draft (docs/INTAKE.md, Re-drafts): what replaces the case's current proposal."""
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("reviews", "0009_notifications"),
+        ("reviews", "0010_withdrawn_by_the_pipeline"),
     ]
 
     operations = [
