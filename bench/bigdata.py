@@ -68,10 +68,10 @@ def load_operations(conn, n: int, *, prefix: str = "L") -> None:
         cur.execute(
             """
             INSERT INTO cases_case (id, case_id, subject, customer_message, action, policy_id, draft,
-                                    import_digest, current_proposal_id, created_at)
+                                    import_digest, current_proposal_id, created_at, evidence_hold)
             SELECT g, %(prefix)s || '-' || lpad(g::text, 7, '0'), 'Gateway reboots after firmware 4.2.0 (bulk ' || g || ')',
                    'Two of our gateways reboot every few minutes.', 'record_support_review', %(policy)s,
-                   'Hello, please collect a diagnostic export.', '', g, now() - (g || ' seconds')::interval
+                   'Hello, please collect a diagnostic export.', '', g, now() - (g || ' seconds')::interval, ''
             FROM generate_series(1, %(n)s) g
             """,
             {"prefix": prefix, "policy": policy_id, "n": n},
