@@ -170,15 +170,14 @@ def _completion() -> _Query:
 @cache
 def _guard() -> _Query:
     """The case row as the commit's read saw it (its id, current proposal, policy and evidence
-    hold), locked FOR
-    NO KEY UPDATE: not FOR UPDATE, which would wait for the FOR KEY SHARE that the foreign
-    keys of concurrent attempt rows take, while commits and edits, which take FOR NO KEY
-    UPDATE or update the row, still exclude each other. A row an edit or a publish is
-    changing is waited for, then compared again at its new version (READ COMMITTED's
-    recheck), so an edit, a publish's switch of the case's policy, or a new source version's
-    mark of its evidence (``Case.evidence_hold``), that committed first leaves the guard empty. The lock clause is the backend's own
-    (``for_update_sql``): select_for_update() compiles only inside a transaction, and this
-    statement is compiled once, wherever the first commit runs."""
+    hold), locked FOR NO KEY UPDATE: not FOR UPDATE, which would wait for the FOR KEY SHARE
+    that the foreign keys of concurrent attempt rows take, while commits and edits, which take
+    FOR NO KEY UPDATE or update the row, still exclude each other. A row being changed is
+    waited for, then compared again at its new version (READ COMMITTED's recheck), so an
+    edit, a publish's switch of the case's policy or a new source version's mark of its
+    evidence (``Case.evidence_hold``) that committed first leaves the guard empty. The lock
+    clause is the backend's own (``for_update_sql``): select_for_update() compiles only
+    inside a transaction, and this statement is compiled once, wherever the first commit runs."""
     case = Case.objects.filter(
         pk=RawSQL("%s", (_CASE,)),
         current_proposal_id=RawSQL("%s", (_CURRENT,)),
