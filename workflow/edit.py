@@ -12,8 +12,9 @@ from core.locks import case_lock
 from effects.services import reviewer_check
 from reviews.models import Channel
 from reviews.services import RevisionResult, proposal_revise
-from workflow.begin import BeginResult, begin_under_lock, pending_supersede_others
+from workflow.begin import BeginResult, begin_under_lock, pending_supersede_others, review_begin
 from workflow.decide import refusal_record
+from workflow.selectors import decidable_operation_id
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,17 @@ def revision_begun(
     before begin runs: if begin fails (``CaseBusy`` included), the new proposal is saved and
     current, and the result says so (``begin_error``); the first decision on it, or
     ``manage.py begin``, begins it.
+
+    A case never begun (imported with ``begin: false``, or by ``load_case``) has no proposal
+    to revise yet. When ``expected_operation_id`` is the identity its case file gives, the
+    review is begun first, as the first decision on it would be, so the revision supersedes
+    the prepared proposal and the history shows both.
     """
     try:
         permitted(actor)
+        if case.current_proposal_id is None and expected_operation_id == decidable_operation_id(case):
+            review_begin(case=case, actor=actor, channel=channel)
+            case.refresh_from_db(fields=["current_proposal"])
         with case_lock(case.case_id):
             revision = revise()
             if revision.changed:

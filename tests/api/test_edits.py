@@ -137,9 +137,17 @@ def test_decided_proposal_is_not_edited(api, proposal):
     assert snapshot() == before
 
 
-def test_edit_before_begin_is_refused(api, case):
-    """A case whose review was never begun has no proposal to revise: 400, nothing written."""
+def test_edit_before_begin_begins_the_review_first_and_another_identity_is_refused(api, case):
+    """A case whose review was never begun has no proposal to revise. Naming the identity its
+    case file gives, the edit begins the review first, as a first decision would, and revises
+    that proposal; naming another identity is 400 and writes nothing."""
     before = snapshot()
-    body = assert_error(api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi."}), 400, "invalid_request")
+    other = "op-v1-" + "1" * 64
+    body = assert_error(api.post(EDITS, {"expected_operation_id": other, "body": "Hi."}), 400, "invalid_request")
     assert "begin" in body["message"]
     assert snapshot() == before
+    response = api.post(EDITS, {"expected_operation_id": DEMO_OP, "body": "Hi.\n\nSupport"})
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["proposal"]["parent_operation_id"] == DEMO_OP and data["proposal"]["origin"] == "human_edit"
+    assert (data["review_begun"], data["pending"]["status"]) == (True, "pending")

@@ -275,3 +275,17 @@ def test_the_command_refuses_a_name_that_is_a_person(make_user):
     make_user("alice")
     code, out, err = command("pipeline_user", "alice")
     assert code == 1 and "is not a pipeline service user" in err and "token" not in out
+
+
+def test_the_command_makes_the_pipeline_group_again_when_it_was_deleted(db):
+    from django.contrib.auth.models import Group
+
+    from reviews.groups import INTAKE_PERMISSION, PIPELINE
+    from tests.reliability.conftest import command
+
+    Group.objects.filter(name=PIPELINE).delete()
+    code, out, err = command("pipeline_user", "pipeline-svc")
+    assert (code, err) == (0, "") and "created=yes" in out
+    from django.contrib.auth import get_user_model
+
+    assert get_user_model().objects.get(username="pipeline-svc").has_perm(INTAKE_PERMISSION)

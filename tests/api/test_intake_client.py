@@ -55,3 +55,43 @@ def test_the_client_brings_a_case_in_once_against_a_live_server(live_server, mak
         [*argv, "--key", "k-live", str(DEMO / "t1042.json")], capture_output=True, text=True, timeout=60
     )
     assert refused.returncode == 1 and "idempotency_mismatch" in refused.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_demo_redraft_in_intake_md_runs_as_written(live_server):
+    """docs/INTAKE.md's shell lines for the demo, run by bash against a live server holding the
+    demo's never-begun T-1042 (the state ``make run`` leaves): 201, and a replay with the key."""
+    import os
+    import re
+
+    from cases.services import case_import
+    from tests.conftest import database_url
+
+    case_import(data=load_fixture("t1042.json"))
+    text = (ROOT / "docs" / "INTAKE.md").read_text()
+    block = re.search(r"```sh\n(export DEBUG=1.*?)```", text, re.S).group(1)
+    script = block.replace("http://127.0.0.1:8000", live_server.url).replace(". .venv/bin/activate", "")
+    script = script.replace(
+        'curl -s -H "Authorization: Bearer $TOKEN" -H "Idempotency-Key',
+        'curl -s -w "\\n%{http_code}\\n" -H "Authorization: Bearer $TOKEN" -H "Idempotency-Key',
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+    }
+    runs = [
+        subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        for _ in range(2)
+    ]
+    assert runs[0].returncode == 0, runs[0].stderr
+    answer, status = runs[0].stdout.strip().rsplit("\n", 1)
+    assert status == "201", runs[0].stdout
+    assert json.loads(answer)["case"]["proposal"]["origin"] == "pipeline_redraft"
+    # Run again: the current operation is the re-draft's, so the key is new and the same
+    # draft is no change.
+    again, status = runs[1].stdout.strip().rsplit("\n", 1)
+    assert (status, json.loads(again)["changed"]) == ("200", False), runs[1].stdout
+    assert Proposal.objects.filter(origin="pipeline_redraft").count() == 1

@@ -224,6 +224,41 @@ def test_the_history_and_the_review_page_show_the_redraft(admin_client, pipeline
     assert "Pipeline re-draft" in page and "Prepared by the pipeline" not in page.split('id="df-origin"')[1][:200]
 
 
+@pytest.fixture
+def never_begun(db):
+    """The demo's state after ``make run``: imported by ``load_case``, no proposal yet."""
+    from cases.services import case_import
+
+    case = case_import(data=load_fixture()).case
+    assert case.current_proposal_id is None
+    return case
+
+
+def test_a_never_begun_case_is_begun_first_then_redrafted_as_its_first_decision_would_be(pipeline_api, never_begun):
+    response = post(pipeline_api, redraft(), key="r-first")
+    assert response.status_code == 201, response.content
+    assert response.json()["operation_id"] == ours()
+    prepared = Proposal.objects.get(operation_id=DEMO_OP)  # the case file's, begun, then superseded
+    assert prepared.origin == Origin.PREPARED
+    assert Proposal.objects.get(operation_id=ours()).parent_id == prepared.pk
+    statuses = dict(PendingReview.objects.values_list("operation_id", "status"))
+    assert statuses == {DEMO_OP: PendingReview.Status.SUPERSEDED, ours(): PendingReview.Status.PENDING}
+    # Twice: the same request again is the same answer, and the same draft without a key is no change.
+    again = post(pipeline_api, redraft(), key="r-first")
+    assert (again.status_code, again.get("Idempotent-Replayed")) == (201, "true")
+    assert post(pipeline_api, redraft(expected_operation_id=ours())).json()["changed"] is False
+    assert Proposal.objects.count() == 2 and PendingReview.objects.count() == 2
+
+
+def test_a_never_begun_case_named_by_another_identity_is_refused_and_nothing_is_begun(pipeline_api, never_begun):
+    other = "op-v1-" + "0" * 64
+    response = post(pipeline_api, redraft(expected_operation_id=other))
+    assert_error(response, 400, "invalid_request")
+    assert "no proposal yet" in response.json()["message"]
+    assert Proposal.objects.count() == 0 and PendingReview.objects.count() == 0
+    assert CommitAttempt.objects.filter(operation_id=other).count() == 1  # the refusal, recorded as an edit
+
+
 def test_an_unknown_case_is_404(pipeline_api, db):
     assert_error(pipeline_api.post("/api/cases/T-404/drafts", redraft()), 404, "not_found")
 
@@ -280,3 +315,41 @@ def test_concurrent_requests_with_one_key_make_one_redraft(pipeline, reviewer):
         t.join(60)
     assert sorted(results) == [200] * 9 + [201], results
     assert Proposal.objects.filter(origin=Origin.PIPELINE_REDRAFT).count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_redrafts_of_a_never_begun_case_begin_it_once(pipeline):
+    """Eight re-drafts with their own keys and drafts, all naming the case file's identity:
+    one review begun for it, one re-draft supersedes it, the other seven are stale."""
+    from api.services import token_create
+    from cases.services import case_import
+
+    case_import(data=load_fixture())
+    token = token_create(user=pipeline, name="intake")[1]
+    n = 8
+    barrier = threading.Barrier(n)
+    answers: list[tuple[int, dict]] = []
+
+    def send(i: int):
+        try:
+            barrier.wait(10)
+            r = Api(Client(), token).post(
+                DRAFTS, redraft(draft=f"{NEW_DRAFT} ({i})"), headers={"Idempotency-Key": f"k{i}"}
+            )
+            answers.append((r.status_code, r.json()))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    statuses = sorted(s for s, _ in answers)
+    assert statuses.count(201) == 1, [(s, b.get("code")) for s, b in answers]
+    assert all(b["code"] in ("stale_proposal", "case_busy") for s, b in answers if s != 201), answers
+    assert Proposal.objects.filter(operation_id=DEMO_OP).count() == 1
+    assert Proposal.objects.filter(origin=Origin.PIPELINE_REDRAFT).count() == 1
+    pending = dict(PendingReview.objects.values_list("operation_id", "status"))
+    assert pending[DEMO_OP] == PendingReview.Status.SUPERSEDED and len(pending) == 2

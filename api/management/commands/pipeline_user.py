@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 
 from api.services import TOKEN_NAME_MAX, token_create
 from core import text
 from core.commandline import WorkflowCommand
-from reviews.groups import PIPELINE
+from reviews.groups import PIPELINE, ensure_pipeline_group
 
 
 class Command(WorkflowCommand):
@@ -32,7 +32,7 @@ class Command(WorkflowCommand):
     def handle(self, *args, name, token_name, **options):
         text.check_text(name, field="NAME", one_line=True, max_length=150)
         text.check_text(token_name, field="--token-name", one_line=True, max_length=TOKEN_NAME_MAX)
-        group = Group.objects.get(name=PIPELINE)
+        group = ensure_pipeline_group(Group, Permission)  # the migration made it; deleted since, made again
         user, created = get_user_model().objects.get_or_create(username=name, defaults={"is_staff": False})
         if created:
             user.set_unusable_password()
