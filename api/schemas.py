@@ -370,6 +370,12 @@ class CaseOut(Schema):
         "never a new decision"
     )
     decision: DecisionInfoOut | None = Field(description="who decided the current proposal, and when")
+    evidence_changed: str | None = Field(
+        default=None,
+        description="null, or why the current proposal cannot be approved: a new source version no longer "
+        'holds a quotation or licensed clause it cites ("evidence changed: the quotation is no longer in HOLD-7 v4"). '
+        "An approval is 409 evidence_changed until a re-draft or an edit; a decline stands (docs/INTAKE.md)",
+    )
     operation_id: str = Field(
         description="the operation a decision must name now: the current proposal's, or "
         "before the review was begun, the one begin will prepare"

@@ -21,7 +21,7 @@ from effects.selectors import delivery_data
 from effects.services import operation_state
 from reviews.models import PendingReview, Proposal, ReviewDecision
 from reviews.selectors import proposal_text_fields
-from workflow.selectors import decidable_operation_id
+from workflow.selectors import decidable_operation_id, evidence_changed_refusal
 
 
 def tokens_of(user) -> QuerySet[ApiToken]:
@@ -265,6 +265,7 @@ def case_data(case: Case) -> dict:
         reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True, found=found)
         pending = _pending_view(found.pending)
     decision = reconcile["decision"] if reconcile else None
+    held = evidence_changed_refusal(case, proposal) if proposal is not None and decision is None else None
     return {
         "case_id": case.case_id,
         "subject": case.subject,
@@ -272,6 +273,7 @@ def case_data(case: Case) -> dict:
         "status": reconcile["state"] if reconcile else NOT_STARTED,
         "decidable": decision is None,
         "decision": decision,
+        "evidence_changed": held.details["reason"] if held else None,
         **_warnings_out(warnings),
         "operation_id": decidable_operation_id(case),
         "proposal": shown,

@@ -88,6 +88,7 @@ def test_t1042_moves_from_v2_to_v4_and_an_old_tab_is_refused_as_stale(
     stale = api.post("/api/cases/T-1042/decision", {"operation_id": old, "approved": True})
     assert assert_error(stale, 409, "stale_proposal")["current_operation_id"] == new
     assert not ReviewDecision.objects.exists()
+    assert api.get("/api/cases/T-1042").json()["evidence_changed"] is None  # the new proposal carries no mark
     assert api.post("/api/cases/T-1042/decision", {"operation_id": new, "approved": True}).status_code == 200
 
 
@@ -126,6 +127,9 @@ def test_a_marked_case_is_refused_with_evidence_changed_until_an_edit(
         api.post("/api/cases/T-1042/decision", {"operation_id": old, "approved": True}), 409, "evidence_changed"
     )
     assert "no longer in HOLD-7 v5" in refused["message"] and refused["operation_id"] == old
+    # The pipeline reads the mark back on the case, before anyone tries to approve.
+    shown = pipeline_api.get("/api/cases/T-1042").json()
+    assert shown["evidence_changed"] == "evidence changed: the quotation is no longer in HOLD-7 v5"
     # The admin's button says the same words.
     client = Client()
     client.force_login(reviewer)
