@@ -85,7 +85,7 @@ pgbouncer:
 		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install pgbouncer"; \
 	fi
 
-# Rerun the browser tests and keep their screenshots for the README (docs/screenshots/).
+# Rerun the browser tests and keep their screenshots for the README and docs/ (docs/screenshots/).
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
 

@@ -41,7 +41,7 @@ DECISIONFLOW_FAULT_INJECTION = env.bool("DECISIONFLOW_FAULT_INJECTION", default=
 DECISIONFLOW_DECISION_LOCK_TIMEOUT = env.float("DECISIONFLOW_DECISION_LOCK_TIMEOUT", default=3.0)
 
 # Four eyes: whoever made a human change in a proposal cannot approve it (they may decline).
-# Off only where one person is the whole review team (README, docs/ADMIN.md).
+# Off only where one person is the whole review team (docs/CONFIGURATION.md, docs/ADMIN.md).
 DECISIONFLOW_FOUR_EYES = env.bool("DECISIONFLOW_FOUR_EYES", default=True)
 
 # The review queue (docs/QUEUE.md). The SLA target of a pending review ("4h", "30m", "2d"),
