@@ -32,6 +32,41 @@ def test_the_docs_point_only_to_files_that_exist(doc):
     assert missing == [], f"{doc.name} points to files the project does not have: {missing}"
 
 
+ANCHORED_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def _anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (lower case, punctuation
+    dropped, spaces as hyphens, -1, -2 … for repeats); fenced code is not a heading."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in doc.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = re.match(r"#{1,6}\s+(.*)", line)
+        if fenced or not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda p: p.name)
+def test_the_docs_link_only_to_sections_that_exist(doc):
+    """A section moved to another page (the README's settings, roles, upgrade notes) leaves no
+    link behind that opens the right page at the wrong place."""
+    broken = []
+    for target, anchor in ANCHORED_LINK.findall(doc.read_text()):
+        path = (doc.parent / target) if target else doc
+        if "://" in target or path.suffix != ".md" or not path.exists():
+            continue  # another site, or a missing file (the test above names it)
+        if anchor not in _anchors(path):
+            broken.append(f"{target}#{anchor}")
+    assert broken == [], f"{doc.name} links to sections that do not exist: {broken}"
+
+
 def test_every_command_help_points_only_to_files_that_exist():
     ours = {name: app for name, app in get_commands().items() if not app.startswith("django.")}
     assert {"begin", "resume", "edit", "reconcile", "demo", "load_demo"} <= set(ours)
