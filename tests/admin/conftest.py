@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from django.conf import settings
+from django.contrib.staticfiles import finders
 from django.test import Client
+
+
+def stylesheets(html: str) -> str:
+    """The text of every stylesheet the page links from the static files, in page order.
+
+    A page's styles are all in files (the Content-Security-Policy allows no inline style).
+    """
+    prefix = "/" + settings.STATIC_URL.strip("/") + "/"
+    texts = []
+    for href in re.findall(r'<link rel="stylesheet"[^>]*href="([^"]+)"', html):
+        assert href.startswith(prefix), href
+        found = finders.find(href.removeprefix(prefix))
+        assert found, href
+        texts.append(Path(found).read_text(encoding="utf-8"))
+    return "\n".join(texts)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from django.utils.log import configure_logging
 from core.errors import StaleProposal
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview
+from tests.admin.conftest import stylesheets
 from workflow.begin import review_begin
 from workflow.decide import decision_record
 from workflow.edit import review_edit
@@ -61,7 +62,11 @@ def test_commit_attempts_show_the_decision_asked_apart_from_the_outcome(admin_cl
     assert all(SECONDS_AND_ZONE.search(row) for row in rows)
     # The detail is on the page and wraps inside its column (no side scrolling at 1280 px).
     assert f"stale: {stale_approval_then_commit[0][:18]}" in text_of(html) and "field-detail_text" in html
-    assert "max-width: 28rem" in html and " via api " in stale + committed and 'class="nav-sidebar"' not in html
+    assert (
+        "max-width: 28rem" in stylesheets(html)
+        and " via api " in stale + committed
+        and 'class="nav-sidebar"' not in html
+    )
 
 
 def test_commit_attempts_filter_by_the_decision_asked(admin_client, stale_approval_then_commit, case, reviewer):
@@ -119,7 +124,7 @@ def test_the_effect_record_page_shows_times_and_wraps_long_lines(admin_client, c
     effect = EffectRecord.objects.get()
     html = admin_client.get(reverse("admin:effects_effectrecord_change", args=[effect.pk])).content.decode()
     assert long_line in html and 'class="df-pre"' in html
-    assert re.search(r"\.df-pre[^{]*\{[^}]*white-space: pre-wrap; overflow-wrap: anywhere", html)
+    assert re.search(r"\.df-pre[^{]*\{[^}]*white-space: pre-wrap; overflow-wrap: anywhere", stylesheets(html))
     assert SECONDS_AND_ZONE.search(text_of(html))
 
 

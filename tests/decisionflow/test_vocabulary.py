@@ -292,7 +292,7 @@ def test_every_copy_of_the_delivery_states(openapi, admin_client):
     # The panel says something of its own for each state but Queued (its else branch), and
     # each has its badge colour.
     panel = (ROOT / "templates/admin/effects/delivery_panel.html").read_text(encoding="utf-8")
-    styles = (ROOT / "templates/admin/decisionflow/styles.html").read_text(encoding="utf-8")
+    styles = (ROOT / "workplace/static/workplace/workplace.css").read_text(encoding="utf-8")
     branches = re.findall(r'd\.state == "(\w+)"', panel)
     assert sorted(branches) == sorted(set(DeliveryState.values) - {DeliveryState.QUEUED})
     for state in DeliveryState:
