@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import logging
 
+from csp.decorators import csp_update
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, UnreadablePostError
 from django.http.request import RawPostDataException
 from django.shortcuts import render
+from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Path, Swagger
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
@@ -58,10 +60,17 @@ from workflow.withdraw import case_withdraw as withdraw_service
 logger = logging.getLogger(__name__)
 
 
+# Swagger UI's icons are data: URLs in its stylesheet: its page alone adds data: images to the
+# Content-Security-Policy (settings.py), to the policy sent and to its report-only twin alike.
+DOCS_CSP = {"img-src": ["data:"]}
+
+
 class LocalSwagger(Swagger):
     """Swagger UI from the package's own files (settings: its templates and static folders),
     whether or not ``ninja`` is an installed app; ninja itself would fall back to a CDN."""
 
+    @method_decorator(csp_update(DOCS_CSP))
+    @method_decorator(csp_update(DOCS_CSP, REPORT_ONLY=True))
     def render_page(self, request, api, **kwargs):
         self.settings["url"] = self.get_openapi_url(api, kwargs)
         context = {"swagger_settings": json.dumps(self.settings, indent=1), "api": api, "add_csrf": _csrf_needed(api)}

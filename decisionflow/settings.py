@@ -8,6 +8,7 @@ import importlib.util
 from pathlib import Path
 
 import environ
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -167,6 +168,8 @@ MIDDLEWARE = [
     # /healthz, /readyz and /metrics, answered before host validation and the HTTPS redirect.
     "decisionflow.health.OperationsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # The Content-Security-Policy header (CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     # Static files from STATIC_ROOT (collectstatic), compressed and cached forever by hash.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -275,6 +278,31 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# Content-Security-Policy (django-csp; docs/DEPLOY.md, "Content-Security-Policy"). Every script
+# and style of every page is a static file of ours, the admin's or Swagger UI's: no inline
+# script, style or event handler anywhere, so neither 'unsafe-inline' nor a nonce is needed.
+# /api/docs alone adds data: images (Swagger UI's icons are data: URLs in its CSS; api/urls.py).
+# DECISIONFLOW_CSP_REPORT_ONLY=1 sends the same policy as Content-Security-Policy-Report-Only:
+# browsers report what it would block and block nothing (to try it behind a proxy that adds
+# its own scripts). DECISIONFLOW_CSP_REPORT_URI is where browsers POST those reports.
+_CSP = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+        "report-uri": env.str("DECISIONFLOW_CSP_REPORT_URI", default="") or None,
+    }
+}
+if env.bool("DECISIONFLOW_CSP_REPORT_ONLY", default=False):
+    CONTENT_SECURITY_POLICY_REPORT_ONLY = _CSP
+else:
+    CONTENT_SECURITY_POLICY = _CSP
 
 LOG_LEVEL = env.str("LOG_LEVEL", default="WARNING")
 # Logs go to stderr. The decision events (logger decisionflow.events) are one JSON line each,
