@@ -15,12 +15,14 @@ shows a focus outline of our own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import LEAD, REVIEWER, in_thread
+from tests.browser.test_publish_policy import V4
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,14 +43,20 @@ def axe_violations(page) -> list[dict]:
 
 
 def data():
-    """A paused case with an edited proposal, a committed case with its effect, a declined case."""
+    """A paused case with an edited proposal, a committed case with its effect, and a queue
+    with a review in each SLA state (breached, at risk, within), one of them claimed."""
+    from datetime import timedelta
+
     from django.contrib.auth import get_user_model
+    from django.utils import timezone
 
     from cases.models import Case
     from effects.models import EffectRecord
+    from reviews.models import PendingReview
     from workflow.begin import review_begin
     from workflow.decide import decision_record
     from workflow.edit import review_edit
+    from workflow.queue import review_claim
 
     reviewer = get_user_model().objects.get(username="reviewer")
     paused = Case.objects.get(case_id="T-1042")
@@ -70,6 +78,15 @@ def data():
         reviewer=reviewer,
         channel="admin",
     )
+    for case_id in ("T-1103", "T-1150"):
+        in_thread(review_begin, case=Case.objects.get(case_id=case_id))
+    now = timezone.now()
+    for case_id, age in (("T-1042", timedelta(hours=5)), ("T-1103", timedelta(hours=3, minutes=30))):
+        PendingReview.objects.filter(case__case_id=case_id, status=PendingReview.Status.PENDING).update(
+            created_at=now - age
+        )
+    claimed = PendingReview.objects.get(case__case_id="T-1103", status=PendingReview.Status.PENDING)
+    in_thread(review_claim, pending=claimed, user=get_user_model().objects.get(username="reviewer2"))
     return {
         "paused": paused,
         "current": edited.revision.proposal,
@@ -92,7 +109,8 @@ def new_page(browser, live_server, scheme: str, user: tuple[str, str] | None):
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_no_serious_or_critical_violation_on_our_pages(demo, browser, live_server, scheme, screenshot_dir):
+def test_no_serious_or_critical_violation_on_our_pages(demo, browser, live_server, scheme, screenshot_dir, settings):
+    settings.DECISIONFLOW_REVIEW_SLA = "4h"  # the queue's ages above make one breached, one at risk
     made = data()
     url = live_server.url
     found: dict[str, list[dict]] = {}
@@ -116,6 +134,7 @@ def test_no_serious_or_critical_violation_on_our_pages(demo, browser, live_serve
         "pending reviews list": "/admin/reviews/pendingreview/",
         "your API tokens": "/admin/api/apitoken/mine/",
         "case list, searched": "/admin/cases/case/?q=1042",
+        "review queue": "/admin/reviews/reviewqueueitem/",
     }
     for name, path in pages.items():
         response = page.goto(url + path)
@@ -138,6 +157,14 @@ def test_no_serious_or_critical_violation_on_our_pages(demo, browser, live_serve
     context, page = new_page(browser, live_server, scheme, LEAD)
     page.goto(f"{url}/admin/reviews/proposal/{made['current'].pk}/review/")
     found["review page (support lead)"] = axe_violations(page)
+
+    # The lead's policy publish page, and its confirmation of what would be superseded.
+    page.goto(f"{url}/admin/cases/policy/publish/")
+    found["policy publish page"] = axe_violations(page)
+    page.fill("#df-policy-json", json.dumps(V4, indent=2))
+    page.click("#df-publish-preview")
+    page.wait_for_selector("#df-publish-summary")
+    found["policy publish confirmation"] = axe_violations(page)
     context.close()
 
     report = [
