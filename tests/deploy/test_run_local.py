@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,28 @@ def answers(url: str) -> int | None:
         return None
 
 
+def sigint_as_from_a_terminal() -> None:
+    """In the child, before exec: SIGINT delivered, with its default action, as a terminal
+    starts `make run`. The suite may have inherited it ignored (`make test &`, nohup, a script's
+    background job) or blocked (some CI runners); both survive fork and exec, and bash can
+    neither trap nor reset a signal ignored at its start, so Ctrl-C would reach neither the
+    script's trap nor runserver."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def sigint_ignored_and_blocked():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        # Unblocked while still ignored: a SIGINT that came meanwhile is dropped, not raised here.
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 def test_make_run_starts_the_helpdesk_and_a_worker_and_ctrl_c_stops_everything(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DECISIONFLOW_", "HELPDESK_"))}
@@ -70,18 +93,17 @@ def test_make_run_starts_the_helpdesk_and_a_worker_and_ctrl_c_stops_everything(t
         RUN_DIR=str(tmp_path),
     )
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-    proc = subprocess.Popen(
-        [str(SCRIPT)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        # As a terminal starts it: Ctrl-C delivered. A suite started in the background of a
-        # script (`make test &`) inherits SIGINT ignored, and an ignored signal stays ignored
-        # across exec, so neither bash's trap nor runserver would ever see it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    # Started from a suite that inherited SIGINT at its worst, as the script must work all the same.
+    with sigint_ignored_and_blocked():
+        proc = subprocess.Popen(
+            [str(SCRIPT)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=sigint_as_from_a_terminal,
+        )
     out: list[str] = []
     try:
         deadline = time.monotonic() + 30
