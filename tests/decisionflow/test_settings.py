@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.conftest import POSTGRES_ONLY, ROOT
 
 
 def _run(env_overrides, *args):
@@ -54,3 +54,11 @@ def test_production_settings_carry_no_test_configuration():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_the_postgres_skip_reason_is_true_during_make_test_too():
+    # Printed by the SQLite run, also while `make test` runs the PostgreSQL suite beside it:
+    # it says which database this run is on and what `make test` does, not to go and run it.
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "TEST_POSTGRES_URL ?=" in makefile and "TEST_POSTGRES_URL" in POSTGRES_ONLY
+    assert "this run is on SQLite" in POSTGRES_ONLY
