@@ -35,8 +35,12 @@ VIEW_PENDING = "reviews.view_pendingreview"
 
 
 def age_label(age: timedelta) -> str:
-    """``3d 4h``, ``2h 05m``, ``7m``: the two largest units, for a list column."""
-    minutes = max(0, int(age.total_seconds() // 60))
+    """``3d 4h``, ``2h 05m``, ``7m``, ``45s``: the two largest units, for a list column;
+    seconds under a minute, so that a short wait or target never reads ``0m``."""
+    seconds = max(0, int(age.total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes = seconds // 60
     days, minutes = divmod(minutes, 24 * 60)
     hours, minutes = divmod(minutes, 60)
     if days:
@@ -47,10 +51,10 @@ def age_label(age: timedelta) -> str:
 
 
 def target_label(target: timedelta) -> str:
-    """A target as set: ``4h``, ``90m``, ``2d``; ``age_label`` when it is not whole."""
+    """A target as set: ``4h``, ``90m``, ``2d``, ``20s``; ``age_label`` when it is not whole."""
     seconds = int(target.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return age_label(target)
 

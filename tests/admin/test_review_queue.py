@@ -90,6 +90,48 @@ def test_a_policy_target_overrides_the_default(admin_client, reviewer, frozen, s
     assert len(admin_client.get(f"{URL}?policy=no-such-policy").context["cl"].result_list) == 0
 
 
+def test_a_target_under_a_minute_is_shown_in_seconds(admin_client, reviewer, frozen, settings):
+    settings.DECISIONFLOW_REVIEW_SLA = "20s"
+    pending_made(16, reviewer, [timedelta(seconds=12)])
+    response = admin_client.get(URL)
+    html = response.content.decode()
+    [(_case, age, sla)] = listed(response)
+    assert ">12s<" in age and "of 20s" in sla and "of 0m" not in sla
+    assert "The SLA target is 20s" in html
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (timedelta(seconds=20), "20s"),
+        (timedelta(seconds=90), "90s"),
+        (timedelta(minutes=15), "15m"),
+        (timedelta(hours=4), "4h"),
+        (timedelta(days=2), "2d"),
+        (timedelta(minutes=1, seconds=30, milliseconds=500), "90s"),
+    ],
+)
+def test_target_labels(value, shown):
+    from workplace.queue import target_label
+
+    assert target_label(value) == shown
+
+
+@pytest.mark.parametrize(
+    "age, shown",
+    [
+        (timedelta(0), "0s"),
+        (timedelta(seconds=59), "59s"),
+        (timedelta(seconds=61), "1m"),
+        (timedelta(hours=2), "2h 00m"),
+    ],
+)
+def test_age_labels(age, shown):
+    from workplace.queue import age_label
+
+    assert age_label(age) == shown
+
+
 def test_the_sla_state_boundaries():
     target = timedelta(hours=4)
     assert queue.sla_state(age=timedelta(hours=3) - timedelta(seconds=1), target=target) == "within"
