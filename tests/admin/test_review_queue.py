@@ -132,6 +132,21 @@ def test_age_labels(age, shown):
     assert age_label(age) == shown
 
 
+def test_an_empty_queue_says_why_and_what_to_do(admin_client):
+    html = admin_client.get(URL).content.decode()
+    empty = html.split('id="df-queue-empty">', 1)[1].split("</p>", 1)[0]
+    assert empty.startswith("No pending reviews. A case's review starts when the pipeline sends it")
+    assert f'href="{reverse("admin:cases_case_changelist")}"' in empty and "Start review" in empty
+    assert 'id="result_list"' not in html
+
+
+def test_an_empty_filter_says_so_and_leads_back_to_the_whole_queue(admin_client, reviewer):
+    pending_made(16, reviewer, [timedelta(minutes=5)])
+    html = admin_client.get(f"{URL}?sla=breached").content.decode()
+    assert "No pending review matches these filters." in html and f'href="{URL}">Show the whole queue' in html
+    assert "No pending reviews. A case" not in admin_client.get(URL).content.decode()
+
+
 def test_the_sla_state_boundaries():
     target = timedelta(hours=4)
     assert queue.sla_state(age=timedelta(hours=3) - timedelta(seconds=1), target=target) == "within"

@@ -13,7 +13,7 @@ import pytest
 
 from cases.models import Case
 from core import identity
-from reviews.models import Proposal
+from reviews.models import PendingReview, Proposal
 from reviews.services import file_operation_id
 from tests.conftest import DEMO, ROOT, load_fixture
 
@@ -60,14 +60,16 @@ def test_the_client_brings_a_case_in_once_against_a_live_server(live_server, mak
 @pytest.mark.django_db(transaction=True)
 def test_the_demo_redraft_in_intake_md_runs_as_written(live_server):
     """docs/INTAKE.md's shell lines for the demo, run by bash against a live server holding the
-    demo's never-begun T-1042 (the state ``make run`` leaves): 201, and a replay with the key."""
+    demo's T-1042 imported and begun (the state ``make run`` leaves: load_demo begins it): 201,
+    and a replay with the key."""
     import os
     import re
 
     from cases.services import case_import
     from tests.conftest import database_url
+    from workflow.begin import review_begin
 
-    case_import(data=load_fixture("t1042.json"))
+    review_begin(case=case_import(data=load_fixture("t1042.json")).case)
     text = (ROOT / "docs" / "INTAKE.md").read_text()
     block = re.search(r"```sh\n(export DEBUG=1.*?)```", text, re.S).group(1)
     script = block.replace("http://127.0.0.1:8000", live_server.url).replace(". .venv/bin/activate", "")
@@ -95,3 +97,6 @@ def test_the_demo_redraft_in_intake_md_runs_as_written(live_server):
     again, status = runs[1].stdout.strip().rsplit("\n", 1)
     assert (status, json.loads(again)["changed"]) == ("200", False), runs[1].stdout
     assert Proposal.objects.filter(origin="pipeline_redraft").count() == 1
+    # The begun prepared proposal is superseded by the re-draft, whose review is pending.
+    statuses = dict(PendingReview.objects.values_list("proposal__origin", "status"))
+    assert statuses == {"prepared": PendingReview.Status.SUPERSEDED, "pipeline_redraft": PendingReview.Status.PENDING}

@@ -226,7 +226,7 @@ def test_the_history_and_the_review_page_show_the_redraft(admin_client, pipeline
 
 @pytest.fixture
 def never_begun(db):
-    """The demo's state after ``make run``: imported by ``load_case``, no proposal yet."""
+    """A case imported by ``load_case`` (or the intake with ``begin: false``): no proposal yet."""
     from cases.services import case_import
 
     case = case_import(data=load_fixture()).case

@@ -92,20 +92,20 @@ def screenshot_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def demo(transactional_db, settings):
-    """The demo data as `make run` loads it, with T-1042 begun (as `manage.py begin` does)."""
+    """The demo data as `make run` loads it: every demo case begun (``load_demo`` begins them
+    as `manage.py begin` does); T-1042 is returned."""
     from django.core.management import call_command
 
     from cases.models import Case
-    from workflow.begin import review_begin
 
     # The live server speaks plain HTTP; development cookie settings, whatever the env says.
     settings.SESSION_COOKIE_SECURE = False
     settings.CSRF_COOKIE_SECURE = False
     settings.SECURE_SSL_REDIRECT = False
-    call_command("load_demo", stdout=io.StringIO())
+    # load_demo begins the reviews, which runs the engine: not in this thread (see above).
+    in_thread(call_command, "load_demo", stdout=io.StringIO())
     case = Case.objects.get(case_id="T-1042")
-    in_thread(review_begin, case=case)
-    case.refresh_from_db()
+    assert case.current_proposal_id is not None
     return case
 
 

@@ -121,9 +121,11 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
 
 
 def test_not_begun_case_marks_nothing(demo, login, live_server):
-    from cases.models import Case
+    from cases.services import case_import
+    from tests.conftest import load_fixture
 
-    case = Case.objects.get(case_id="T-1150")
+    # load_demo begins every demo case: a copy imported under another ID is never begun.
+    case = case_import(data={**load_fixture("t1150.json"), "case_id": "T-9150"}).case
     _context, page = login(*LEAD)
     history_page(page, live_server, case.pk)
     assert here(page) == [] and walked(page) == []

@@ -10,9 +10,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from cases.models import Case
 from reviews.models import PendingReview
-from tests.browser.conftest import REVIEWER, in_thread
+from tests.browser.conftest import REVIEWER
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,14 +20,10 @@ REVIEWER2 = ("reviewer2", "review2-T1042")
 
 @pytest.fixture
 def queue_demo(demo, settings):
-    """Every demo case begun, aged so the queue shows each SLA state."""
-    from workflow.begin import review_begin
-
+    """Every demo case begun (as load_demo leaves them), aged so the queue shows each SLA state."""
     settings.DECISIONFLOW_REVIEW_SLA = "4h"
     # Short, so the test sees a renewal and a lapse in seconds (renewed every 1.5 s).
     settings.DECISIONFLOW_REVIEW_CLAIM_LEASE = "4.5s"
-    for case in Case.objects.exclude(case_id="T-1042"):
-        in_thread(review_begin, case=case)
     now = timezone.now()
     for case_id, age in (("T-1042", timedelta(hours=5, minutes=12)), ("T-1077", timedelta(hours=3, minutes=20))):
         PendingReview.objects.filter(case__case_id=case_id).update(created_at=now - age)

@@ -76,11 +76,7 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     assert decision.reviewer.username == "reviewer"
     assert EffectRecord.objects.filter(operation_id=op).count() == 1
 
-    # The cases list shows T-1042 committed, by whom; T-1077 waits; the others are not begun.
-    from cases.models import Case
-    from workflow.begin import review_begin
-
-    in_thread(review_begin, case=Case.objects.get(case_id="T-1077"))
+    # The cases list shows T-1042 committed, by whom; T-1077 waits (load_demo began every demo case).
     page.goto(f"{live_server.url}/admin/cases/case/")
     expect(page.locator("#result_list tr", has_text="T-1077")).to_contain_text("Pending review")
     row = page.locator("#result_list tr", has_text="T-1042")

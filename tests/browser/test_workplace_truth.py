@@ -10,8 +10,10 @@ import pytest
 from playwright.sync_api import expect
 
 from cases.models import Case
+from cases.services import case_import
 from effects.models import EffectRecord
 from tests.browser.conftest import LEAD, REVIEWER, in_thread
+from tests.conftest import load_fixture
 from workflow.begin import review_begin
 from workflow.decide import decision_record
 from workflow.edit import review_edit
@@ -112,8 +114,6 @@ def test_the_bulk_confirmation_counts_only_the_rows_that_will_act(demo, login, l
     reviewer = get_user_model().objects.get(username="reviewer")
     editor = get_user_model().objects.get(username="reviewer2")  # four eyes: not the approver
     edited = Case.objects.get(case_id="T-1150")
-    in_thread(review_begin, case=edited)
-    edited.refresh_from_db()
     in_thread(
         review_edit,
         case=edited,
@@ -124,7 +124,8 @@ def test_the_bulk_confirmation_counts_only_the_rows_that_will_act(demo, login, l
     approved = Case.objects.get(case_id="T-1077")
     op = in_thread(review_begin, case=approved).operation_id
     in_thread(decision_record, case=approved, operation_id=op, approved=True, reviewer=reviewer, channel="test")
-    # T-1042 is pending (the demo fixture began it); T-1103 was never begun.
+    # T-1042 and T-1103 are pending (load_demo began them); a copy of T-1103 was never begun.
+    never = case_import(data={**load_fixture("t1103.json"), "case_id": "T-9103"}).case
 
     context, page = login(*REVIEWER)
     page.goto(f"{live_server.url}/admin/cases/case/")
@@ -139,12 +140,12 @@ def test_the_bulk_confirmation_counts_only_the_rows_that_will_act(demo, login, l
     page.select_option("select[name=action]", "approve_selected")
     page.click("button[name=index]")
     page.wait_for_selector("#df-confirm-rows")
-    expect(page.locator("#df-confirm")).to_have_text("Approve 2 proposals")
-    expect(page.locator("#df-confirm-rows tbody tr")).to_have_count(4)
-    expect(page.locator("tr.df-row-act")).to_have_count(2)
+    expect(page.locator("#df-confirm")).to_have_text("Approve 3 proposals")
+    expect(page.locator("#df-confirm-rows tbody tr")).to_have_count(5)
+    expect(page.locator("tr.df-row-act")).to_have_count(3)
     expect(page.locator("tr[data-case=T-1150] .df-human-edit")).to_contain_text("yes: edited by a person")
     expect(page.locator("tr[data-case=T-1077] .df-outcome")).to_contain_text("skip: already approved by reviewer at")
-    expect(page.locator("tr[data-case=T-1103] .df-outcome")).to_contain_text("skip: no review begun")
+    expect(page.locator("tr[data-case=T-9103] .df-outcome")).to_contain_text("skip: no review begun")
     # The full identity stays on one line, inside its cell (scrolled, not wrapped or clipped off the page).
     cell = page.locator("tr[data-case=T-1042] .df-op-scroll")
     box = cell.bounding_box()
@@ -153,12 +154,12 @@ def test_the_bulk_confirmation_counts_only_the_rows_that_will_act(demo, login, l
     page.screenshot(path=str(screenshot_dir / "bulk-confirmation.png"), full_page=True)
     page.click("#df-confirm")
     page.wait_for_selector("ul.messagelist")
-    assert "approve selected: 2 done, 0 skipped or refused." in messages(page)
+    assert "approve selected: 3 done, 0 skipped or refused." in messages(page)
 
     # One row that acts: singular, and a decline says decline.
-    in_thread(review_begin, case=Case.objects.get(case_id="T-1103"))
+    in_thread(review_begin, case=never)
     page.goto(f"{live_server.url}/admin/cases/case/")
-    page.locator("#result_list tr", has_text="T-1103").locator("input.action-select").check()
+    page.locator("#result_list tr", has_text="T-9103").locator("input.action-select").check()
     page.locator("#result_list tr", has_text="T-1077").locator("input.action-select").check()
     page.select_option("select[name=action]", "decline_selected")
     page.click("button[name=index]")

@@ -158,15 +158,31 @@ def test_a_missing_file_is_a_clear_error(db, tmp_path):
         call_command("load_case", str(tmp_path / "nope.json"))
 
 
+def demo_reviews():
+    """The rows begin writes: proposals, pending reviews (pending ones apart) and checkpoints."""
+    from reviews.models import PendingReview, Proposal, WorkflowCheckpoint
+
+    pending = PendingReview.objects.filter(status=PendingReview.Status.PENDING).count()
+    return Proposal.objects.count(), PendingReview.objects.count(), pending, WorkflowCheckpoint.objects.count()
+
+
 def test_load_demo_loads_four_cases_and_three_logins_and_is_idempotent(db, capsys):
     from django.contrib.auth import get_user_model
 
+    from workflow.queue import review_queue
+
     call_command("load_demo")
-    first = counts(), get_user_model().objects.count()
-    assert first[0][0] == len(list(DEMO.glob("*.json"))) >= 4
+    first = counts(), get_user_model().objects.count(), demo_reviews()
+    cases = len(list(DEMO.glob("*.json")))
+    assert first[0][0] == cases >= 4
+    # Each demo case's review is begun, as `manage.py begin` begins it: the queue shows them all.
+    assert first[2][:3] == (cases, cases, cases) and review_queue().count() == cases
+    assert all(case.current_proposal_id for case in Case.objects.all())
     call_command("load_demo")
-    assert (counts(), get_user_model().objects.count()) == first
+    assert (counts(), get_user_model().objects.count(), demo_reviews()) == first
     out = capsys.readouterr().out
+    assert out.count(" review begun status=PendingRequests op=op-v1-") == cases
+    assert out.count(" review unchanged status=PendingRequests op=op-v1-") == cases
     assert "username=reviewer password=" in out and "username=lead password=" in out
     # Four eyes: a second reviewer approves what the first one edited.
     assert "username=reviewer2 password=" in out
@@ -175,6 +191,23 @@ def test_load_demo_loads_four_cases_and_three_logins_and_is_idempotent(db, capsy
     lead = get_user_model().objects.get(username="lead")
     assert reviewer.has_perm("reviews.review_proposal") and reviewer.is_staff
     assert not lead.has_perm("reviews.review_proposal") and lead.has_perm("effects.view_effectrecord")
+
+
+def test_load_demo_again_leaves_a_decided_demo_case_decided(db, capsys):
+    from django.contrib.auth import get_user_model
+
+    from effects.models import EffectRecord
+    from workflow.decide import decision_record
+
+    call_command("load_demo")
+    case = Case.objects.get(case_id="T-1042")
+    reviewer = get_user_model().objects.get(username="reviewer")
+    op = case.current_proposal.operation_id
+    decision_record(case=case, operation_id=op, approved=True, reviewer=reviewer, channel="test")
+    before = demo_reviews()
+    call_command("load_demo")
+    assert demo_reviews() == before and EffectRecord.objects.count() == 1
+    assert f"load_demo: case=T-1042 review unchanged status=Committed op={op}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["load_case", "load_demo"])

@@ -9,7 +9,10 @@ from django.db import transaction
 from cases.services import case_import, parse_case_file
 from core.commandline import ProjectCommand
 from core.errors import DecisionflowError
+from core.text import shown
 from reviews.groups import REVIEWERS, SUPPORT_LEADS, ensure_review_groups
+from reviews.models import Channel
+from workflow.begin import review_begin
 
 # The demo case files ship with the cases app, which owns the case format.
 DEMO_DIR = Path(apps.get_app_config("cases").path) / "demo"
@@ -25,17 +28,20 @@ DEMO_USERS = [
 
 class Command(ProjectCommand):
     help = (
-        "Load the demo cases (T-1042 and three more), two demo reviewers and a support lead: "
+        "Load the demo cases (T-1042 and three more), two demo reviewers and a support lead, and begin "
+        "each case's review as `manage.py begin` does, so the review queue shows them pending: "
         "`python manage.py load_demo`. Running it again changes nothing."
     )
 
     def handle(self, *args, **options):
         try:
             with transaction.atomic():
+                cases = []
                 for path in sorted(DEMO_DIR.glob("*.json")):
                     result = case_import(data=parse_case_file(path.read_bytes()))
                     verb = "imported" if result.created else "unchanged"
                     self.stdout.write(f"load_demo: case={result.case.case_id} {verb}")
+                    cases.append(result.case)
                 ensure_review_groups(Group, Permission)
                 User = get_user_model()
                 for username, password, group, _ in DEMO_USERS:
@@ -44,6 +50,15 @@ class Command(ProjectCommand):
                         user.set_password(password)
                         user.save()
                     user.groups.add(Group.objects.get(name=group))
+            # After the import commits: begin has transactions of its own, and a review begun
+            # or found is reported the way `begin` reports it (a decided case stays decided).
+            for case in cases:
+                begun = review_begin(case=case, channel=Channel.COMMAND)
+                verb = "begun" if begun.created else "unchanged"
+                self.stdout.write(
+                    f"load_demo: case={case.case_id} review {verb} status={shown(begun.status)} "
+                    f"op={shown(begun.operation_id)}"
+                )
         except DecisionflowError as exc:
             raise CommandError(f"load_demo: {exc.message}") from None
         self.stdout.write("Demo logins for http://127.0.0.1:8000/admin/ :")
