@@ -401,7 +401,7 @@ def _busy(call: _Call) -> CaseBusy:
         return busy
     call.case_pk = case_pk
     try:
-        attempt_append(call.attempt(CommitAttempt.Outcome.REFUSED, f"busy: {busy.message}", RefusalReason.BUSY))
+        attempt_append(call.attempt(CommitAttempt.Outcome.REFUSED, busy.message, RefusalReason.BUSY))
     except Exception:
         # The refusal stands without its audit row.
         log.exception("could not record the busy attempt on %s", what)

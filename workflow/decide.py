@@ -225,7 +225,8 @@ def refusal_record(
     (``decisionflow_refusal_unrecorded_total``) and logged at ERROR, and never raised.
     """
     outcome = CommitAttempt.Outcome.STALE if isinstance(error, StaleProposal) else CommitAttempt.Outcome.REFUSED
-    detail = f"{error.code}: {error.message}"
+    # The error's own words, once: ``reason`` already says which refusal it was.
+    detail = error.message
     try:
         attempt_record(
             operation_id=operation_id,

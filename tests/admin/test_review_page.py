@@ -348,7 +348,7 @@ def test_a_pause_that_fails_its_binding_check_is_refused_and_nothing_runs(
     assert counts() == {**before, "attempts": before["attempts"] + 1}  # one attempt row, nothing else
     attempt = CommitAttempt.objects.get()
     assert (attempt.outcome, attempt.channel) == ("refused", "admin")
-    assert attempt.detail.startswith("workflow_incompatible: ") and text == raised[-1].message
+    assert attempt.reason == "checkpoint" and attempt.detail == text == raised[-1].message
     assert WorkflowCheckpoint.objects.count() == checkpoints
     assert PendingReview.objects.get().status == PendingReview.Status.PENDING
 
@@ -374,6 +374,7 @@ def test_a_busy_case_answers_at_once_and_writes_nothing(reviewer_client, proposa
     assert {k: v for k, v in after.items() if k != "attempts"} == {k: v for k, v in before.items() if k != "attempts"}
     assert after["attempts"] == before["attempts"] + 1
     attempt = CommitAttempt.objects.get()
-    assert (attempt.outcome, attempt.channel) == ("refused", "admin") and attempt.detail.startswith("case_busy: ")
+    assert (attempt.outcome, attempt.channel, attempt.reason) == ("refused", "admin", "busy")
+    assert [attempt.detail] == text
     # Once the other action is done, the same click goes through.
     assert "Committed:" in " ".join(messages_of(decide(reviewer_client, proposal, "approve")))

@@ -336,7 +336,7 @@ def test_409_workflow_incompatible_when_the_pause_fails_its_binding_check(api, b
     assert full_snapshot() == {**before, "attempts": before["attempts"] + 1}  # the attempt row, nothing else
     attempt = CommitAttempt.objects.get()
     assert (attempt.outcome, attempt.channel) == ("refused", "api")
-    assert attempt.detail.startswith("workflow_incompatible: ")
+    assert attempt.reason == "checkpoint" and attempt.detail == body["message"]
     assert WorkflowCheckpoint.objects.count() == rows
 
 

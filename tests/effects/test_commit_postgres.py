@@ -339,9 +339,9 @@ def test_a_locked_case_row_answers_case_busy_then_commits(proposal, reviewer, se
     pending.refresh_from_db()
     assert pending.status == PendingReview.Status.PENDING
     attempt = CommitAttempt.objects.get()
-    assert attempt.outcome == CommitAttempt.Outcome.REFUSED and attempt.detail.startswith("busy: ")
+    assert attempt.outcome == CommitAttempt.Outcome.REFUSED and attempt.reason == "busy"
     assert attempt.case_id == proposal.case_id
-    assert "T-1042" in attempt.detail and attempt.approved is True and attempt.reviewer == reviewer
+    assert attempt.detail == busy.value.message and attempt.approved is True and attempt.reviewer == reviewer
     # The transaction rolled back, and its lock_timeout went with it.
     with connection.cursor() as cursor:
         cursor.execute("SHOW lock_timeout")

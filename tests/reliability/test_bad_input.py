@@ -529,9 +529,9 @@ def test_damaged_checkpoints_are_refused_and_nothing_is_answered(w, subtests):
     # Nothing ran for any of them: every refusal is an attempt row saying why, and no other.
     from effects.models import CommitAttempt
 
-    attempts = list(CommitAttempt.objects.filter(operation_id=w.op_a).values_list("outcome", "detail"))
+    attempts = list(CommitAttempt.objects.filter(operation_id=w.op_a).values_list("outcome", "reason", "detail"))
     assert len(attempts) == len(rows)
-    assert all(o == "refused" and d.startswith("workflow_incompatible: ") for o, d in attempts), attempts
+    assert all(o == "refused" and r == "checkpoint" and d for o, r, d in attempts), attempts
 
 
 # --- admin forms -------------------------------------------------------------------------

@@ -123,7 +123,8 @@ def test_resume_naming_an_operation_neither_pending_nor_decidable_is_not_found(m
     # Nothing was begun for it, and the refusal is in the audit log.
     assert (Proposal.objects.count(), PendingReview.objects.count(), ReviewDecision.objects.count()) == (0, 0, 0)
     attempt = CommitAttempt.objects.get()
-    assert (attempt.outcome, attempt.channel) == ("refused", "command") and attempt.detail.startswith("not_found: ")
+    assert (attempt.outcome, attempt.channel, attempt.reason) == ("refused", "command", "not_found")
+    assert attempt.detail == proc.stderr.strip().splitlines()[0]
 
 
 def test_resume_on_a_busy_case_exits_6_and_writes_nothing(manage, committed_case):
@@ -138,7 +139,7 @@ def test_resume_on_a_busy_case_exits_6_and_writes_nothing(manage, committed_case
     assert busy.returncode == 6, (busy.stdout, busy.stderr)
     assert busy.stderr.startswith("another action on case T-1042 is in progress; try again")
     assert busy.stdout == "" and (Proposal.objects.count(), ReviewDecision.objects.count()) == (0, 0)
-    assert CommitAttempt.objects.get().detail.startswith("case_busy: ")
+    assert CommitAttempt.objects.get().detail == "another action on case T-1042 is in progress; try again"
     retried = manage(*approve)
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout.splitlines()[1] == 'result={"Status":"Committed","Replay":false,"EffectCount":1}'
@@ -227,7 +228,8 @@ def test_a_pending_review_from_another_workflow_version_is_refused(manage, commi
     assert proc.stderr.startswith("incompatible workflow version:") and "review-v0" in proc.stderr
     assert proc.stdout == "" and ReviewDecision.objects.count() == 0 and EffectRecord.objects.count() == 0
     attempt = CommitAttempt.objects.get()
-    assert attempt.outcome == "refused" and attempt.detail.startswith("workflow_incompatible: ")
+    assert (attempt.outcome, attempt.reason) == ("refused", "checkpoint")
+    assert attempt.detail == proc.stderr.strip().splitlines()[0]
 
 
 def test_a_tampered_checkpoint_is_refused(manage, committed_case):
@@ -247,7 +249,8 @@ def test_a_tampered_checkpoint_is_refused(manage, committed_case):
     assert ReviewDecision.objects.count() == 0 and EffectRecord.objects.count() == 0
     # Nothing ran; the refusal is recorded as an attempt.
     attempt = CommitAttempt.objects.get()
-    assert attempt.outcome == "refused" and attempt.detail.startswith("workflow_incompatible: ")
+    assert (attempt.outcome, attempt.reason) == ("refused", "checkpoint")
+    assert attempt.detail == proc.stderr.strip().splitlines()[0]
 
 
 def test_a_checkpoint_whose_request_names_another_operation_is_refused(manage, committed_case):
@@ -265,7 +268,7 @@ def test_a_checkpoint_whose_request_names_another_operation_is_refused(manage, c
     assert proc.returncode == 5, proc.stderr
     assert "does not belong to case T-1042 and operation" in proc.stderr and proc.stdout == ""
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
-    assert CommitAttempt.objects.get().detail.startswith("workflow_incompatible: ")
+    assert CommitAttempt.objects.get().detail == proc.stderr.strip().splitlines()[0]
 
 
 class FullDisk:

@@ -391,12 +391,12 @@ def test_a_checkpoint_of_another_case_is_refused_and_nothing_runs(case, reviewer
     review_begin(case=other)
     PendingReview.objects.filter(case=case).update(checkpoint_id=PendingReview.objects.get(case=other).checkpoint_id)
     before, attempts = snapshot(), CommitAttempt.objects.count()
-    with pytest.raises(WorkflowIncompatible, match="does not belong to case T-1042"):
+    with pytest.raises(WorkflowIncompatible, match="does not belong to case T-1042") as refused:
         _decide(case, reviewer)
     assert snapshot() == before
     assert CommitAttempt.objects.count() == attempts + 1
     row = CommitAttempt.objects.latest("id")
-    assert (row.outcome, row.detail.split(":")[0]) == ("refused", "workflow_incompatible")
+    assert (row.outcome, row.reason, row.detail) == ("refused", "checkpoint", refused.value.message)
 
 
 def test_a_mid_commit_checkpoint_is_refused_even_for_its_own_case(transactional_db, reviewer, monkeypatch):

@@ -375,6 +375,21 @@ def test_support_leads_see_every_refusal_with_its_reason_in_the_history(case, be
         assert f"({label})" in page, label
 
 
+def test_a_refusal_is_worded_once_in_its_row_the_history_and_the_attempts_list(case, edited, editor, lead):
+    with pytest.raises(FourEyesRefused) as refused:
+        decide(case, edited.operation_id, editor)
+    said = refused.value.message
+    assert said.startswith("four eyes: editor made the human edit")
+    # The row keeps the error's own words; its reason column says which refusal it was.
+    assert (last_attempt().reason, last_attempt().detail) == ("four_eyes", said)
+    client = Client()
+    client.force_login(lead)
+    for url in (reverse("admin:cases_case_history", args=[case.pk]), reverse("admin:effects_commitattempt_changelist")):
+        page = client.get(url).content.decode()
+        assert page.count("four eyes: editor made the human edit") == 1, url
+        assert "four_eyes: " not in page, url
+
+
 def test_cli_exit_8_for_four_eyes_and_the_setting_turns_it_off(manage, committed_case, editor, tmp_path):
     op = review_begin(case=committed_case).operation_id
     body = tmp_path / "body.txt"

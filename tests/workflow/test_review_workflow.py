@@ -51,10 +51,12 @@ def decide(case, operation_id, reviewer, *, approved=True, channel="command", fa
     )
 
 
-def refused_attempt(code):
-    """The one attempt row a refusal before the review core ran leaves behind."""
+def refused_attempt(reason):
+    """The one attempt row a refusal before the review core ran leaves behind: its reason,
+    and the refusal's own words once, without its code in front."""
     attempt = CommitAttempt.objects.get()
-    assert attempt.outcome == "refused" and attempt.detail.startswith(f"{code}: "), (attempt.outcome, attempt.detail)
+    assert (attempt.outcome, attempt.reason) == ("refused", reason), (attempt.outcome, attempt.reason, attempt.detail)
+    assert attempt.detail and not attempt.detail.startswith(("forbidden: ", "workflow_incompatible: ", "case_busy: "))
     return attempt
 
 
@@ -289,7 +291,7 @@ def test_without_the_permission_a_decision_begins_nothing(case, lead):
     with pytest.raises(PermissionRefused):
         decide(case, decidable_operation_id(case), lead)
     assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
-    refused_attempt("forbidden")
+    refused_attempt("no_permission")
 
 
 def test_an_operation_neither_pending_nor_decidable_is_not_found(case, begun, reviewer):
@@ -302,7 +304,10 @@ def test_an_operation_neither_pending_nor_decidable_is_not_found(case, begun, re
         decide(case, "op-v1-not-an-identity", reviewer)
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count(), PendingReview.objects.count()) == (0, 0, 1)
     assert list(CommitAttempt.objects.values_list("outcome", flat=True)) == ["refused", "refused"]
-    assert all(detail.startswith("not_found: ") for detail in CommitAttempt.objects.values_list("detail", flat=True))
+    assert all(
+        reason == "not_found" and detail.startswith("no pending review for case T-1042")
+        for reason, detail in CommitAttempt.objects.values_list("reason", "detail")
+    )
 
 
 def test_the_fault_is_refused_unless_fault_injection_is_on(case, begun, reviewer, settings):
@@ -338,7 +343,7 @@ def test_an_answered_run_that_never_reaches_the_commit_step_writes_nothing(case,
     with pytest.raises(WorkflowIncompatible, match="before the commit step; nothing was written"):
         decide(case, begun.operation_id, reviewer)
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
-    refused_attempt("workflow_incompatible")
+    refused_attempt("checkpoint")
 
 
 def test_an_answered_run_that_ends_in_silence_after_the_commit_step_started_is_uncertain(
@@ -419,7 +424,7 @@ def test_a_pending_review_from_another_version_is_refused_and_begin_moves_it(cas
     with pytest.raises(WorkflowIncompatible, match="review-v0"):
         decide(case, begun.operation_id, reviewer)
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
-    refused_attempt("workflow_incompatible")
+    refused_attempt("checkpoint")
     moved = review_begin(case=case)
     assert (moved.pending_review.pk, moved.created, moved.checkpoints) == (begun.pending_review.pk, True, 1)
     assert moved.pending_review.workflow_version == WORKFLOW_VERSION
@@ -451,7 +456,7 @@ def _refused_and_nothing_ran(case, begun, reviewer, match):
     assert error.value.exit_code == 5 and error.value.http_status == 409
     assert (ReviewDecision.objects.count(), EffectRecord.objects.count()) == (0, 0)
     assert PendingReview.objects.get().status == "pending"
-    refused_attempt("workflow_incompatible")
+    refused_attempt("checkpoint")
     return error.value
 
 
@@ -664,7 +669,7 @@ def test_a_decision_that_must_begin_a_busy_case_answers_busy_within_its_timeout(
         assert time.monotonic() - started < 3
     assert (busy.value.code, busy.value.exit_code, busy.value.http_status) == ("case_busy", 6, 409)
     assert (counts(), WorkflowCheckpoint.objects.count()) == ((0, 0, 0, 0), 0)
-    refused_attempt("case_busy")
+    refused_attempt("busy")
     decided = decide(committed_case, op, reviewer)  # free again: the same request now goes through
     assert (decided.begun, decided.outcome) == (True, Outcome.COMMITTED)
 
