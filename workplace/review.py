@@ -40,7 +40,7 @@ from core.errors import (
 )
 from core.outcomes import DecisionOutcome, OperationState
 from effects.models import EffectRecord
-from effects.selectors import case_delivery_panels, delivery_panel
+from effects.selectors import case_delivery_panels, delivery_for, delivery_panel
 from effects.services import operation_reconcile
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
 from reviews.selectors import evidence_moves, policy_change, proposal_diff, proposal_text_fields
@@ -109,46 +109,58 @@ def _refused(case, exc: DecisionflowError) -> str:
     return exc.message
 
 
-def _committed(decided: DecisionResult) -> str:
-    commit, op = decided.commit, identity.short(decided.operation_id)
-    effect = EffectRecord.objects.filter(operation_id=decided.operation_id).values_list("pk", flat=True).first()
-    link = format_html(
-        '<a href="{}">effect record {}</a>',
-        reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
-        op,
+def _receipt_html(decided: DecisionResult):
+    """The operation and the commit's receipt as the CLI and the API give it, one click
+    away: a <details> the reader opens, after the sentence that says what happened."""
+    return format_html(
+        ' <details class="df-receipt"><summary>Receipt</summary>op <code title="{}">{}</code> '
+        "receipt=<code>{}</code></details>",
+        decided.operation_id,
+        identity.short(decided.operation_id),
+        json.dumps(decided.commit.receipt(), separators=(",", ":")),
     )
-    return format_html("{}: {} receipt={} ({})", DecisionOutcome.COMMITTED.label, op, _receipt(commit), link)
+
+
+def _committed(decided: DecisionResult) -> str:
+    operation_id = decided.operation_id
+    effect = EffectRecord.objects.filter(operation_id=operation_id).values_list("pk", flat=True).first()
+    record = format_html(
+        '<a href="{}" class="df-effect-link">support review record</a>',
+        reverse("admin:effects_effectrecord_change", args=[effect]) if effect else "#",
+    )
+    # The commit writes the delivery with the effect when a helpdesk is configured.
+    sent = (
+        "the reply is queued for the helpdesk"
+        if delivery_for(operation_id) is not None
+        else "no helpdesk is configured, so nothing is sent"
+    )
+    return format_html("Approved: the {} was written; {}.{}", record, sent, _receipt_html(decided))
 
 
 def _declined(decided: DecisionResult) -> str:
-    commit, op = decided.commit, identity.short(decided.operation_id)
-    why = commit.decision.get_decline_reason_display() if commit.decision and commit.decision.decline_reason else None
+    decision = decided.commit.decision
+    why = decision.get_decline_reason_display() if decision and decision.decline_reason else None
     return format_html(
-        "{}: {} receipt={}{}. A decline writes no effect record.",
-        DecisionOutcome.DECLINED.label,
-        op,
-        _receipt(commit),
-        format_html(" reason={}", why) if why else "",
+        "Declined: the decision was recorded{}; a decline writes no support review record and sends nothing.{}",
+        format_html(" (reason: {})", why) if why else "",
+        _receipt_html(decided),
     )
 
 
 def _replayed(decided: DecisionResult) -> str:
     decision = decided.commit.decision
     assert decision is not None  # a replay is a decision that was already recorded
+    verb = "approved" if decision.approved else "declined"
     text = format_html(
-        "already {} by {} at {}, no new record ({})",
-        "approved" if decision.approved else "declined",
+        "Already {}: nothing new was written ({} by {} at {}",
+        verb,
+        verb,
         decision.reviewer.get_username(),
         when(decision.decided_at),
-        identity.short(decided.operation_id),
     )
     if decision.decline_reason:
         text = format_html("{}; the reason that stands: {}", text, decision.get_decline_reason_display())
-    return text
-
-
-def _receipt(commit) -> str:
-    return json.dumps(commit.receipt(), separators=(",", ":"))
+    return format_html("{}).{}", text, _receipt_html(decided))
 
 
 # What the admin says for each outcome the decision service returns, and at which level.

@@ -304,7 +304,7 @@ def test_approve_selected_confirms_then_acts_row_by_row(reviewer_client, reviewe
     )
     done = reviewer_client.post(url, data, follow=True)
     text = " ".join(messages_of(done))
-    assert "T-1042: Committed:" in text
+    assert "T-1042: Approved: the " in text
     assert "T-1150: stale:" in text
     assert "T-1077: skipped" in text
     assert "1 done, 2 skipped or refused" in text
@@ -321,9 +321,9 @@ def test_decline_selected_declines_and_replays(reviewer_client, begun, case):
         f"operation_id_{case.pk}": case.current_proposal.operation_id,
     }
     first = " ".join(messages_of(reviewer_client.post(url, data, follow=True)))
-    assert "T-1042: Declined:" in first
+    assert "T-1042: Declined: the decision was recorded; a decline writes no support review record" in first
     second = " ".join(messages_of(reviewer_client.post(url, data, follow=True)))
-    assert "T-1042: already declined by reviewer" in second and "no new record" in second
+    assert "T-1042: Already declined: nothing new was written (declined by reviewer at " in second
     assert ReviewDecision.objects.count() == 1 and EffectRecord.objects.count() == 0
 
 

@@ -169,5 +169,5 @@ def test_edit_whose_review_cannot_be_begun_is_saved_and_says_so(reviewer_client,
         {"operation_id": new.operation_id, "decision": "approve"},
         follow=True,
     )
-    assert "Committed:" in " ".join(messages_of(decided))
+    assert "Approved:" in " ".join(messages_of(decided))
     assert PendingReview.objects.get(operation_id=new.operation_id).status == PendingReview.Status.COMPLETED

@@ -92,9 +92,15 @@ def test_approve_shows_receipt_then_replay_with_one_effect(reviewer_client, revi
     first = decide(reviewer_client, proposal, "approve")
     assert first.status_code == 200
     text = " ".join(messages_of(first))
-    assert "Committed" in text and 'receipt={"Status":"Committed","Replay":false,"EffectCount":1}' in text
+    # Words first, the receipt one click away (the CLI and the API print it as it is).
+    said, receipt = text.split(' <details class="df-receipt"><summary>Receipt</summary>', 1)
+    assert re.sub(r"<[^>]+>", "", said) == (
+        "Approved: the support review record was written; no helpdesk is configured, so nothing is sent."
+    )
+    assert 'receipt=<code>{"Status":"Committed","Replay":false,"EffectCount":1}</code>' in receipt
+    assert short(proposal.operation_id) in receipt and "receipt=" not in said
     effect = EffectRecord.objects.get(operation_id=proposal.operation_id)
-    assert reverse("admin:effects_effectrecord_change", args=[effect.pk]) in text
+    assert f'href="{reverse("admin:effects_effectrecord_change", args=[effect.pk])}"' in said
     assert ReviewDecision.objects.get().reviewer == reviewer
     # It went through the workflow: the attempt is recorded with the admin channel and the
     # pending review is completed.
@@ -106,9 +112,35 @@ def test_approve_shows_receipt_then_replay_with_one_effect(reviewer_client, revi
     decision = ReviewDecision.objects.get()
     from workplace.display import when
 
-    assert f"already approved by reviewer at {when(decision.decided_at)}, no new record" in text
+    assert text.startswith(
+        f"Already approved: nothing new was written (approved by reviewer at {when(decision.decided_at)})."
+    )
+    assert '{"Status":"Committed","Replay":true,"EffectCount":1}' in text.split("<details", 1)[1]
     assert EffectRecord.objects.count() == 1
     assert list(CommitAttempt.objects.order_by("id").values_list("outcome", flat=True)) == ["committed", "replay"]
+
+
+def test_with_a_helpdesk_the_approval_says_the_reply_is_queued(reviewer_client, begun, case, settings):
+    settings.DECISIONFLOW_DELIVERY_URL = "http://127.0.0.1:9/"
+    settings.DECISIONFLOW_DELIVERY_TOKEN = "t"
+    text = " ".join(messages_of(decide(reviewer_client, case.current_proposal, "approve")))
+    said = re.sub(r"<[^>]+>", "", text.split("<details", 1)[0])
+    assert said == "Approved: the support review record was written; the reply is queued for the helpdesk. "
+
+
+def test_a_decline_says_what_it_wrote_with_its_reason_and_its_receipt_one_click_away(reviewer_client, begun, case):
+    proposal = case.current_proposal
+    data = {"operation_id": proposal.operation_id, "decision": "decline", "reason": "tone"}
+    url = reverse("admin:reviews_proposal_decide", args=[proposal.pk])
+    text = " ".join(messages_of(reviewer_client.post(url, data, follow=True)))
+    said, receipt = text.split(' <details class="df-receipt">', 1)
+    assert said == (
+        "Declined: the decision was recorded (reason: Tone); a decline writes no support review record and sends nothing."
+    )
+    assert '{"Status":"Declined","Replay":false,"EffectCount":0}' in receipt
+    again = " ".join(messages_of(reviewer_client.post(url, data, follow=True)))
+    assert again.startswith("Already declined: nothing new was written (declined by reviewer at ")
+    assert "; the reason that stands: Tone)." in again.split("<details", 1)[0]
 
 
 def test_decline_then_approve_is_a_conflict_and_writes_nothing(reviewer_client, begun, case, raised):
@@ -227,12 +259,12 @@ def test_lost_receipt_is_reported_uncertain_then_reconciled(reviewer_client, beg
     assert text[0].startswith("outcome uncertain: the commit step failed after it may have written (LostReceipt)")
     assert "manage.py reconcile" in text[0]
     assert text[1] == f"reconciled from the effect store: op {short(proposal.operation_id)} state=Committed effects=1"
-    assert "Committed:" not in " ".join(text)
+    assert "Approved:" not in " ".join(text)
     assert EffectRecord.objects.count() == 1
     # Clicking Approve again is safe: a replay, never a second effect.
     monkeypatch.undo()
     again = " ".join(messages_of(decide(reviewer_client, proposal, "approve")))
-    assert "already approved by reviewer" in again and "no new record" in again
+    assert again.startswith("Already approved: nothing new was written (approved by reviewer at ")
     assert EffectRecord.objects.count() == 1 and ReviewDecision.objects.count() == 1
 
 
@@ -377,4 +409,4 @@ def test_a_busy_case_answers_at_once_and_writes_nothing(reviewer_client, proposa
     assert (attempt.outcome, attempt.channel, attempt.reason) == ("refused", "admin", "busy")
     assert [attempt.detail] == text
     # Once the other action is done, the same click goes through.
-    assert "Committed:" in " ".join(messages_of(decide(reviewer_client, proposal, "approve")))
+    assert "Approved:" in " ".join(messages_of(decide(reviewer_client, proposal, "approve")))

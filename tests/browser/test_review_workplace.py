@@ -45,10 +45,16 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     page.click("#df-approve")
     page.wait_for_selector("ul.messagelist")
     text = messages(page)
-    assert "Committed" in text and '{"Status":"Committed","Replay":false,"EffectCount":1}' in text
+    assert text.startswith("Approved: the support review record was written; ")
+    # The receipt is one click away, not in the sentence.
+    receipt = page.locator("ul.messagelist details.df-receipt")
+    assert '"Status"' not in text and not receipt.locator("code").last.is_visible()
+    receipt.locator("summary").click()
+    expect(receipt).to_contain_text('receipt={"Status":"Committed","Replay":false,"EffectCount":1}')
+    page.locator("ul.messagelist").screenshot(path=str(screenshot_dir / "approved-message.png"))
     expect(page.locator("#df-decision")).to_contain_text("Approved by reviewer")
-    # The receipt links to the effect record.
-    page.locator("ul.messagelist a", has_text="effect record").click()
+    # The sentence links to the effect record.
+    page.locator("ul.messagelist a", has_text="support review record").click()
     expect(page.locator("body")).to_contain_text(short(op))
 
     # Decided means decided: the review page now offers no decision buttons, only the
@@ -70,7 +76,8 @@ def test_approve_shows_receipt_then_replay_and_one_effect(demo, login, live_serv
     old_tab.wait_for_selector("ul.messagelist")
     decision = ReviewDecision.objects.get(operation_id=op)
     assert re.search(
-        r"already approved by reviewer at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, no new record", messages(old_tab)
+        r"Already approved: nothing new was written \(approved by reviewer at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\)",
+        messages(old_tab),
     )
     expect(old_tab.locator("#df-approve")).to_have_count(0)
     assert decision.reviewer.username == "reviewer"

@@ -79,9 +79,9 @@ def via_admin(user, case: Case, op: str, approved: bool, fault: str | None = Non
         return "forbidden"
     said = " ".join(html.unescape(str(m)) for m in response.context["messages"])
     for pattern, outcome in (
-        (r"^Committed:", "committed"),
+        (r"^Approved:", "committed"),
         (r"^Declined:", "declined"),
-        (r"^already (approved|declined) by .* no new record", "replay"),
+        (r"^Already (approved|declined): nothing new was written", "replay"),
         # A refusal in its error's own words.
         (r"^conflicting decision:", "conflict"),
         (r"^stale:", "stale"),

@@ -235,7 +235,7 @@ def test_admin_bulk_approve_says_which_rows_four_eyes_refuses_and_skips_them(cas
     }
     text = " ".join(str(m) for m in client.post(url, data, follow=True).context["messages"])
     assert "T-1042: four eyes: editor made the human edit" in text
-    assert "T-1077: Committed:" in text and "1 done, 1 skipped or refused" in text
+    assert "T-1077: Approved: the " in text and "1 done, 1 skipped or refused" in text
     assert list(EffectRecord.objects.values_list("case__case_id", flat=True)) == ["T-1077"]
     refused = CommitAttempt.objects.get(reason="four_eyes")
     assert refused.case == Case.objects.get(case_id="T-1042") and refused.channel == "admin"
