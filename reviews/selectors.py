@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 
 from core import identity
 from reviews.models import Proposal
+
+# How a finding is flagged while its policy changed under it (``policy_change``'s
+# ``recheck``): the review page's flag on each finding, the bulk confirmation's warning.
+RECHECK_FLAG = "Re-check (policy changed)"
 
 
 def proposal_diff(proposal: Proposal) -> list[str]:
@@ -65,16 +70,26 @@ def proposal_text_fields(proposal: Proposal) -> list[tuple[str, str]]:
     return [(name, value) for name, value in fields if isinstance(value, str)]
 
 
-def policy_change(proposal: Proposal, depends_on: list[str] | None) -> dict | None:
+def policy_change(
+    proposal: Proposal, depends_on: list[str] | None, *, chain: Mapping[int, Proposal] | None = None
+) -> dict | None:
     """What changed in the policy since the nearest ancestor under another policy, or None.
 
     ``changes`` lists each parameter whose value changed (``before``/``after``; None when
     absent). ``recheck`` is False only when the case declares ``depends_on`` and none of
-    those parameters changed: nothing is carried over silently.
+    those parameters changed: nothing is carried over silently. ``chain``: the case's
+    proposals by primary key, when the caller has read them (the ancestors are found there,
+    with no query); otherwise each parent is read in turn.
     """
-    ancestor = proposal.parent
+
+    def parent(of: Proposal) -> Proposal | None:
+        if chain is None:
+            return of.parent
+        return chain.get(of.parent_id) if of.parent_id is not None else None
+
+    ancestor = parent(proposal)
     while ancestor is not None and ancestor.policy_id == proposal.policy_id:
-        ancestor = ancestor.parent
+        ancestor = parent(ancestor)
     if ancestor is None:
         return None
     before = ancestor.policy_snapshot.get("parameters", {})

@@ -20,7 +20,7 @@ from core.text import when
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, evidence_refusal, operations_reconcile
 from reviews.models import Notification, Origin, PendingReview, Proposal, ReviewClaimEvent, ReviewDecision
-from reviews.selectors import evidence_moves, proposal_diff
+from reviews.selectors import RECHECK_FLAG, evidence_moves, policy_change, proposal_diff
 from reviews.services import prepared_content
 
 if TYPE_CHECKING:
@@ -194,13 +194,18 @@ def bulk_decision_plan(cases: list, *, approved: bool) -> list[BulkRow]:
     ``cases`` come from ``cases_with_status``. A case acts only when its current proposal
     exists and is undecided; every other row says why it is skipped. The decision service
     checks each row again when the reviewer confirms, so the plan can only be too hopeful
-    (a row decided meanwhile becomes a replay or a conflict), never write more.
+    (a row decided meanwhile becomes a replay or a conflict), never write more. An undecided
+    proposal whose findings the review page flags for re-checking after a policy change
+    (``policy_change``'s own rule) carries that flag among its warnings.
     """
-    origins = dict(
-        Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
-            "pk", "origin"
+    # The cases' proposals, for the current one's origin and its chain back to the policy
+    # it replaced (one query).
+    chain = {
+        p.pk: p
+        for p in Proposal.objects.filter(case_id__in=[c.pk for c in cases if c.current_proposal_id]).only(
+            "pk", "case_id", "parent_id", "origin", "policy_id", "policy_snapshot", "findings"
         )
-    )
+    }
     # The marks of held operations, read only when some case has one.
     held = {case.evidence_hold for case in cases if approved and case.evidence_hold}
     marks = dict(
@@ -209,7 +214,8 @@ def bulk_decision_plan(cases: list, *, approved: bool) -> list[BulkRow]:
     rows = []
     for case in cases:
         operation_id = case.current_operation_id
-        human_edit = origins.get(case.current_proposal_id) == Origin.HUMAN_EDIT
+        current = chain.get(case.current_proposal_id) if case.current_proposal_id else None
+        human_edit = current is not None and current.origin == Origin.HUMAN_EDIT
         refusal = (
             evidence_refusal(
                 hold=case.evidence_hold, operation_id=operation_id, reason=marks.get(operation_id), case_id=case.case_id
@@ -228,5 +234,21 @@ def bulk_decision_plan(cases: list, *, approved: bool) -> list[BulkRow]:
                 reason += "; " + ("an approval" if approved else "a decline") + " now would be refused as a conflict"
         else:
             reason = ""
-        rows.append(BulkRow(case, operation_id, human_edit, not reason, reason, STATUS_LABELS[case.review_status]))
+        warnings = []
+        if current is not None and case.decision_approved is None:
+            warnings += _recheck_warnings(current, case.depends_on, chain)
+        rows.append(
+            BulkRow(case, operation_id, human_edit, not reason, reason, STATUS_LABELS[case.review_status], warnings)
+        )
     return rows
+
+
+def _recheck_warnings(proposal: Proposal, depends_on: list[str] | None, chain: dict[int, Proposal]) -> list[str]:
+    """The review page's flag on the findings of a proposal whose policy changed under them."""
+    change = policy_change(proposal, depends_on, chain=chain)
+    if change is None or not change["recheck"] or not proposal.findings:
+        return []
+    count = len(proposal.findings)
+    return [
+        f"{RECHECK_FLAG}: {count} finding{'s' if count != 1 else ''}, policy {change['from_label']} → {change['to_label']}"
+    ]

@@ -43,7 +43,7 @@ from effects.models import EffectRecord
 from effects.selectors import case_delivery_panels, delivery_for, delivery_panel
 from effects.services import operation_reconcile
 from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
-from reviews.selectors import evidence_moves, policy_change, proposal_diff, proposal_text_fields
+from reviews.selectors import RECHECK_FLAG, evidence_moves, policy_change, proposal_diff, proposal_text_fields
 from workflow import selectors
 from workflow.begin import review_begin
 from workflow.decide import DecisionResult, decision_record, refusal_record
@@ -377,6 +377,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             diff=proposal_diff(proposal),
             moves=evidence_moves(proposal),
             policy_change=policy_change(proposal, case.depends_on),
+            recheck_flag=RECHECK_FLAG,
             body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
             if proposal.unchecked_sentences
             else marked_html(proposal.body),

@@ -59,6 +59,16 @@ def test_publish_page_confirms_then_the_review_page_shows_the_policy_diff(demo, 
     expect(tab.locator("#df-findings .df-recheck-flag")).to_have_count(len(new.findings))
     banner.screenshot(path=str(screenshot_dir / "review-policy-changed.png"))
     tab.screenshot(path=str(screenshot_dir / "review-policy-changed-page.png"), full_page=True)
+    # The bulk confirmation flags the same findings in its Warnings column.
+    tab.goto(f"{live_server.url}/admin/cases/case/")
+    tab.locator("#result_list tr", has_text="T-1042").locator("input.action-select").check()
+    tab.select_option("select[name=action]", "approve_selected")
+    tab.click("button[name=index]")
+    warnings = tab.locator("tr[data-case=T-1042] .df-warnings")
+    expect(warnings).to_contain_text(f"Re-check (policy changed): {len(new.findings)} finding")
+    expect(warnings).to_contain_text("policy v3 → v4")
+    expect(warnings).not_to_contain_text("none")  # the text markers' "none" is not said beside a warning
+    tab.locator("#df-confirm-rows").screenshot(path=str(screenshot_dir / "bulk-policy-changed.png"))
     # The reviewer does not get the publish button.
     tab.goto(f"{live_server.url}/admin/cases/policy/")
     expect(tab.locator("#df-publish-link")).to_have_count(0)

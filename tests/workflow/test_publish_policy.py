@@ -204,6 +204,32 @@ def test_review_page_shows_the_policy_diff_and_flags_findings(db, reviewer, publ
     assert ('id="df-recheck-all"' in page) is flagged and ('id="df-recheck-none"' in page) is not flagged
 
 
+@pytest.mark.parametrize(
+    ("depends_on", "flagged"),
+    [(None, True), (["allowance_units"], True), (["rollback_advice"], False), ([], False)],
+)
+def test_the_bulk_confirmation_flags_what_the_review_page_flags(db, reviewer, publisher, depends_on, flagged):
+    """The same rule as the review page (``policy_change``'s ``recheck``), in the Warnings column."""
+    import re
+
+    extra = {} if depends_on is None else {"depends_on": depends_on}
+    case = begun("P-BULK", **extra)
+    policy_publish(data=V4, publisher=publisher, apply=True)
+    client = Client()
+    client.force_login(reviewer)
+    review = client.get(reverse("admin:reviews_proposal_review", args=[current(case).pk])).content.decode()
+    page = client.post(
+        reverse("admin:cases_case_changelist"),
+        {"action": "approve_selected", "_selected_action": [case.pk]},
+    ).content.decode()
+    cell = re.search(r'<tr class="df-row-act" data-case="P-BULK">.*?<td class="df-warnings">(.*?)</td>', page, re.S)
+    assert cell, page
+    findings = len(current(case).findings)
+    said = f"Re-check (policy changed): {findings} finding{'s' if findings != 1 else ''}, policy v3 → v4"
+    assert (said in cell.group(1)) is flagged
+    assert ("Re-check (policy changed):" in review) is flagged  # what the review page says of the same proposal
+
+
 def test_bad_policy_files_are_refused_and_nothing_is_written(world, publisher):
     before = snapshot()
     for raw in (
