@@ -150,3 +150,30 @@ def marked_html(text: str | None, *, wrap: Iterable[tuple[int, int, str, str]] =
     spans.sort(key=lambda s: (s[0], -s[1], s[2]))
     html = _nested(text, [(start, end, opening, closing, piece) for start, end, _r, opening, closing, piece in spans])
     return mark_safe(html)  # noqa: S308 - every piece of text above is escaped
+
+
+def mark_sentences(body: str, sentences: list[str]):
+    """The body, escaped, with each unchecked sentence wrapped in <mark>; text unchanged.
+
+    The text policy's markers (invisible characters, mixed-script words) are drawn where
+    they stand, inside or outside the marked sentences (docs/TEXT.md).
+    """
+    spans = []
+    # Each sentence once: finding a repeated one again would list its places again.
+    for sentence in dict.fromkeys(sentences):
+        start = body.find(sentence)
+        while start != -1:
+            spans.append((start, start + len(sentence)))
+            start = body.find(sentence, start + len(sentence))
+    opening = '<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
+    # Overlapping matches are skipped by marked_html: already inside a mark.
+    return marked_html(body, wrap=[(start, end, opening, "</mark>") for start, end in spans])
+
+
+def proposal_body_html(proposal) -> SafeString:
+    """A proposal's body as every page shows it: exactly the text that was hashed, escaped,
+    the sentences a person wrote marked, the text policy's markers drawn (the review page
+    and the history's timeline alike)."""
+    if proposal.unchecked_sentences:
+        return mark_sentences(proposal.body, proposal.unchecked_sentences)
+    return marked_html(proposal.body)

@@ -51,7 +51,7 @@ from workflow.edit import review_edit
 from workflow.four_eyes import four_eyes_refusal
 from workflow.selectors import decidable_operation_id
 from workplace import picture as workflow_picture
-from workplace.display import ViewOnlyAdmin, marked_html, op_html, pre_html, when, when_html
+from workplace.display import ViewOnlyAdmin, op_html, pre_html, proposal_body_html, when, when_html
 from workplace.forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm
 from workplace.links import can_review, review_url
 from workplace.listing import CaseListAdminMixin, reviewers_with_decisions
@@ -232,24 +232,6 @@ def _four_eyes_message(case, user):
     return _four_eyes_sentence(four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user, case_pk=case.pk))
 
 
-def mark_sentences(body: str, sentences: list[str]):
-    """The body, escaped, with each unchecked sentence wrapped in <mark>; text unchanged.
-
-    The text policy's markers (invisible characters, mixed-script words) are drawn where
-    they stand, inside or outside the marked sentences (docs/TEXT.md).
-    """
-    spans = []
-    # Each sentence once: finding a repeated one again would list its places again.
-    for sentence in dict.fromkeys(sentences):
-        start = body.find(sentence)
-        while start != -1:
-            spans.append((start, start + len(sentence)))
-            start = body.find(sentence, start + len(sentence))
-    opening = '<mark class="df-unchecked" title="written by a person: not covered by licensed-clause checks">'
-    # Overlapping matches are skipped by marked_html: already inside a mark.
-    return marked_html(body, wrap=[(start, end, opening, "</mark>") for start, end in spans])
-
-
 class ProposalAdmin(ViewOnlyAdmin):
     list_display = ("operation", "case_link", "origin", "author", "created_at", "review_link")
     list_display_links = None
@@ -378,9 +360,7 @@ class ProposalAdmin(ViewOnlyAdmin):
             moves=evidence_moves(proposal),
             policy_change=policy_change(proposal, case.depends_on),
             recheck_flag=RECHECK_FLAG,
-            body_html=mark_sentences(proposal.body, proposal.unchecked_sentences)
-            if proposal.unchecked_sentences
-            else marked_html(proposal.body),
+            body_html=proposal_body_html(proposal),
             text_warnings=text_policy.warnings(case_text_fields(case) + proposal_text_fields(proposal)),
             can_review=reviewer_ok,
             # Decided means decided: a decided proposal offers no Approve or Decline.

@@ -242,6 +242,30 @@ def test_every_changelist_costs_the_same_at_100_rows(admin_client, reviewer, dja
             assert admin_client.get(url).status_code == 200
 
 
+def test_the_history_shows_a_prepared_proposals_text_as_the_review_page_does(lead_client, reviewer, begun, case):
+    """Shown text is hashed text: the prepared proposal, which has no parent to diff against,
+    is shown whole in the timeline with the review page's own rendering; an edit keeps its diff."""
+    import re
+
+    from workflow.edit import review_edit
+
+    prepared = case.current_proposal
+    body = prepared.body.replace("Kind regards,", "We will call you on Monday.\n\nKind regards,")
+    edited = review_edit(case=case, expected_operation_id=prepared.operation_id, body=body, editor=reviewer)
+    new = edited.revision.proposal
+
+    def body_on_review_page(proposal):
+        page = lead_client.get(reverse("admin:reviews_proposal_review", args=[proposal.pk])).content.decode()
+        return re.search(r'<pre class="df-body" id="df-body">(.*?)</pre>', page, re.S).group(1)
+
+    history = lead_client.get(reverse("admin:cases_case_history", args=[case.pk])).content.decode()
+    shown = re.findall(r'<pre class="df-body df-history-body" data-operation="([^"]+)">(.*?)</pre>', history, re.S)
+    assert shown == [(prepared.operation_id, body_on_review_page(prepared))]
+    assert "To confirm that your units are affected" in shown[0][1]
+    # The edit is shown as its diff, not whole.
+    assert f"+++ {new.short_operation_id}" in html.unescape(history) and new.operation_id not in dict(shown)
+
+
 def test_history_costs_the_same_whatever_its_length(lead_client, reviewer_client, reviewer, begun, case):
     from workflow.edit import review_edit
 

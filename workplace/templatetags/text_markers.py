@@ -9,7 +9,7 @@ from __future__ import annotations
 from django import template
 
 from core import text
-from workplace.display import marked_html
+from workplace.display import marked_html, proposal_body_html
 
 register = template.Library()
 
@@ -18,6 +18,12 @@ register = template.Library()
 def marked(value):
     """The text, HTML-escaped, with every marker drawn where it stands (text unchanged)."""
     return marked_html("" if value is None else str(value))
+
+
+@register.filter
+def proposal_body(proposal):
+    """A proposal's body exactly as the review page shows it (``proposal_body_html``)."""
+    return proposal_body_html(proposal)
 
 
 @register.inclusion_tag("admin/decisionflow/text_banner.html")
@@ -45,6 +51,8 @@ def history_warnings(history):
         if event.kind != "proposal":
             continue
         op = event.obj.short_operation_id
+        if event.obj.parent_id is None:  # shown whole: it has no parent to diff against
+            fields.append((f"{op} text", event.obj.body))
         fields += [(f"{op} diff line {i + 1}", line) for i, line in enumerate(event.diff)]
         fields += [(f"{op} sentence {i + 1}", s) for i, s in enumerate(event.obj.unchecked_sentences or [])]
     return text.warnings(fields)
