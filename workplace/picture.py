@@ -51,6 +51,20 @@ DOT_TIMEOUT_SECONDS = 10
 INSTALL_HINT = "install Graphviz (Debian: `apt-get install graphviz`, or `make graphviz` as root)"
 
 
+_VERSIONED_STEP = re.compile(r"(?P<role>.+)-v(?P<version>\d+)")
+
+
+def step_label(executor_id: str) -> str:
+    """An engine step by its role, as the picture names it: ``human-review-v1`` is "human
+    review (step v1)". The version in an executor's id is that step's own, which changes
+    only with the step; the workflow's (``WORKFLOW_VERSION``, "review-v3") is another
+    number, so the two never read as one version inside another."""
+    found = _VERSIONED_STEP.fullmatch(executor_id)
+    if found is None:
+        return executor_id.replace("-", " ")
+    return f"{found['role'].replace('-', ' ')} (step v{found['version']})"
+
+
 class Standing(models.TextChoices):
     """Where one proposal stands in the review workflow.
 
@@ -60,7 +74,7 @@ class Standing(models.TextChoices):
 
     NOT_STARTED = "not_started", "Not started"
     PREPARED = "prepared", "Prepared"
-    WAITING = "waiting", f"Waiting at {HUMAN_REVIEW_ID}"
+    WAITING = "waiting", "Waiting for a reviewer"
     COMMITTED = DecisionOutcome.COMMITTED.value, DecisionOutcome.COMMITTED.label
     DECLINED = DecisionOutcome.DECLINED.value, DecisionOutcome.DECLINED.label
     SUPERSEDED = "superseded", "Superseded by a newer proposal"
@@ -79,6 +93,12 @@ ENGINE_LABELS = {
     HUMAN_REVIEW_ID: "wait for a reviewer",
     COMMIT_ID: "record the decision",
 }
+# The legend's words: the workflow's version, and what a step's own version means.
+LEGEND = (
+    f"Workflow {WORKFLOW_VERSION}. Solid boxes are its engine steps, each named by its role; a step's "
+    "own version, such as (step v1), changes only when that step does. Dashed boxes are where a "
+    "proposal ends. The thick outline and the coloured arrows show where this proposal is and how it got there."
+)
 
 # Where each standing is drawn, and the edges a proposal went along to get there.
 _PLACES: dict[str, tuple[str | None, tuple[tuple[str, str], ...]]] = {
@@ -131,7 +151,7 @@ def workflow_dot() -> str:
     ]
     for executor_id in workflow.executors:
         hint = ENGINE_LABELS.get(executor_id, "")
-        label = f"{executor_id}\\n{hint}" if hint else executor_id
+        label = f"{step_label(executor_id)}\\n{hint}" if hint else step_label(executor_id)
         lines.append(
             f'  "{executor_id}" [id="{node_dom_id(executor_id)}", class="df-engine", '
             f'fontname="Helvetica", fontsize=12, label="{label}"];'
@@ -385,6 +405,7 @@ class Picture:
     step: Step | None
     path: list[Step]
     sentence: str
+    legend: str = LEGEND
 
     @property
     def standing(self) -> str:

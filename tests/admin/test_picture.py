@@ -32,6 +32,20 @@ def test_dot_is_the_engines_graph_plus_the_hosts_outcomes():
     assert "internal:" not in dot
 
 
+def test_steps_are_named_by_their_role_and_the_legend_tells_the_two_versions_apart():
+    """A step's id carries its own version (human-review-v1) inside a workflow of another
+    (review-v3): the picture names the step by its role, so the two never read as one."""
+    assert picture.step_label(HUMAN_REVIEW_ID) == "human review (step v1)"
+    assert (picture.step_label(PREPARE_ID), picture.step_label(COMMIT_ID)) == ("prepare", "commit")
+    labels = dict(
+        re.findall(r'"([^"]+)" \[id="df-node-[^"]+", class="df-engine".*?label="([^"]+)"\]', picture.workflow_dot())
+    )
+    assert labels[HUMAN_REVIEW_ID] == "human review (step v1)\\nwait for a reviewer"
+    assert not any(HUMAN_REVIEW_ID in label for label in labels.values())
+    assert picture.Standing.WAITING.label == "Waiting for a reviewer"
+    assert picture.LEGEND.startswith(f"Workflow {WORKFLOW_VERSION}. ") and "(step v1)" in picture.LEGEND
+
+
 @needs_dot
 def test_drawn_once_per_workflow_version_then_only_marked(fresh_cache, monkeypatch):
     runs = []
@@ -73,7 +87,8 @@ def test_without_graphviz_the_page_says_so_and_shows_the_state(begun, case, revi
     assert response.status_code == 200
     assert 'id="df-no-picture"' in html and "Graphviz is not installed" in html and "apt-get install graphviz" in html
     assert '<svg class="df-workflow-svg' not in html and 'id="df-workflow"' not in html
-    assert 'data-standing="waiting"' in html and "Waiting at human-review-v1" in html
+    assert 'data-standing="waiting"' in html and "Waiting for a reviewer" in html
+    assert f"waiting for a reviewer (workflow {WORKFLOW_VERSION})." in html
     assert begun.pending_review.checkpoint_id in html
 
 

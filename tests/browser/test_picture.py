@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from core.identity import short
+from engine.names import WORKFLOW_VERSION
 from reviews.models import PendingReview
 from tests.browser.conftest import LEAD, REVIEWER, in_thread
 
@@ -51,12 +52,16 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
     pending = PendingReview.objects.get(operation_id=first.operation_id)
     context, page = login(*REVIEWER)
 
-    # Paused: at human-review-v1, with the pause checkpoint and since when.
+    # Paused: at the human step, with the pause checkpoint and since when.
     review_page(page, live_server, first.pk)
     assert here(page) == ["df-node-human-review-v1"]
     assert walked(page) == ["df-edge-prepare--human-review-v1"]
     expect(page.locator("#df-where")).to_have_attribute("data-standing", "waiting")
-    expect(page.locator("#df-standing")).to_have_text("Waiting at human-review-v1")
+    expect(page.locator("#df-standing")).to_have_text("Waiting for a reviewer")
+    # The step is named by its role, and the legend tells its version from the workflow's.
+    shown = page.eval_on_selector_all("#df-workflow svg text", "els => els.map(e => e.textContent)")
+    assert "human review (step v1)" in shown and not any("human-review-v1" in text for text in shown), shown
+    expect(page.locator("#df-workflow-legend")).to_contain_text(f"Workflow {WORKFLOW_VERSION}.")
     expect(page.locator("#df-checkpoint")).to_have_text(pending.checkpoint_id)
     expect(page.locator("#df-where-text")).to_contain_text("Since ")
     assert page.locator("#df-path").count() == 0  # one proposal: no path to show yet
@@ -84,7 +89,7 @@ def test_paused_superseded_committed_and_declined(demo, login, live_server, scre
     expect(path).to_have_count(2)
     expect(path.nth(0)).to_contain_text("Superseded")
     expect(path.nth(1)).to_contain_text("Human edit")
-    expect(path.nth(1)).to_contain_text("Waiting at human-review-v1")
+    expect(path.nth(1)).to_contain_text("Waiting for a reviewer")
     review_page(page, live_server, second.pk)
     assert here(page) == ["df-node-human-review-v1"]
 
