@@ -18,6 +18,23 @@ pytestmark = pytest.mark.django_db(transaction=True)
 REVIEWER2 = ("reviewer2", "review2-T1042")
 
 
+LOOK = "el => { const s = getComputedStyle(el); return [s.backgroundColor, s.color, s.borderRadius, s.borderStyle]; }"
+
+
+def button_look(page, selector: str) -> list[str]:
+    return page.eval_on_selector(selector, LOOK)
+
+
+def admin_button_look(page, *, default: bool) -> list[str]:
+    """What the admin's own stylesheet gives a button of its class (the same page, the same theme)."""
+    return page.evaluate(
+        """(cls) => { const b = document.createElement('button'); b.className = cls; document.body.appendChild(b);
+           const s = getComputedStyle(b); const look = [s.backgroundColor, s.color, s.borderRadius, s.borderStyle];
+           b.remove(); return look; }""",
+        "button default" if default else "button",
+    )
+
+
 @pytest.fixture
 def queue_demo(demo, settings):
     """Every demo case begun (as load_demo leaves them), aged so the queue shows each SLA state."""
@@ -41,8 +58,18 @@ def test_queue_claim_renewal_warning_and_lapse(queue_demo, login, live_server, s
     expect(page.locator("#result_list tbody tr").nth(1).locator(".df-sla-at_risk")).to_have_text("At risk")
 
     first_row.locator("a.df-queue-case").click()
+    # The claim buttons are the admin's own (its colours and corners), not the browser's.
+    assert button_look(page, "#df-claim-button") == admin_button_look(page, default=True)
+    assert button_look(page, "#df-claim-button")[3] == "none"  # no bevelled browser border
+    # On the banner's line, after its sentence, not on a line of its own.
+    said, button = page.locator("#df-claim-none").bounding_box(), page.locator("#df-claim-button").bounding_box()
+    assert said and button and button["x"] > said["x"] + said["width"]
+    assert abs((button["y"] + button["height"] / 2) - (said["y"] + said["height"] / 2)) < 12, (said, button)
+    page.locator("#df-claim").screenshot(path=str(screenshot_dir / "claim-button.png"))
     page.click("#df-claim-button")
     expect(page.locator("#df-claim-mine")).to_contain_text("You are reviewing this since")
+    assert button_look(page, "#df-release") == admin_button_look(page, default=False)
+    page.locator("#df-claim").screenshot(path=str(screenshot_dir / "release-button.png"))
     pending = PendingReview.objects.get(case__case_id="T-1042")
     granted = pending.claim_expires_at
     # The open page renews the claim: the lease moves on without a click.
