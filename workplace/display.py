@@ -7,11 +7,14 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import FieldDoesNotExist
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from cases.models import Case
 from core.identity import short
 from core.text import Marker, MarkerKind, markers, when
+from workplace.links import case_history_url
 
 
 class ViewOnlyAdmin(admin.ModelAdmin):
@@ -32,6 +35,34 @@ class ViewOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # Nothing here is changed through the admin, so Django's History (its LogEntry log)
+        # would always say "This object doesn't have a change history". The detail page
+        # links the case's own timeline instead, or no history at all
+        # (admin/change_form_object_tools.html).
+        case_pk = case_of(obj)
+        context.update(no_change_history=True, case_history_url=case_history_url(case_pk) if case_pk else None)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def case_of(obj) -> int | None:
+    """The primary key of the case a row belongs to: the case itself, its ``case``, or its
+    proposal's case; None for rows of no one case (sources, policies, checkpoints)."""
+    if obj is None:
+        return None
+    if isinstance(obj, Case):
+        return obj.pk
+    for name in ("case", "proposal"):
+        try:
+            field = obj._meta.get_field(name)
+        except FieldDoesNotExist:
+            continue
+        if name == "case":
+            return getattr(obj, field.attname)
+        proposal = getattr(obj, name)
+        return proposal.case_id if proposal is not None else None
+    return None
 
 
 def op_html(operation_id: str | None):

@@ -17,3 +17,7 @@ def can_review(user) -> bool:
 
 def review_url(proposal_pk) -> str:
     return reverse("admin:reviews_proposal_review", args=[proposal_pk])
+
+
+def case_history_url(case_pk) -> str:
+    return reverse("admin:cases_case_history", args=[case_pk])

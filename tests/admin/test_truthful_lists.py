@@ -128,6 +128,44 @@ def test_the_effect_record_page_shows_times_and_wraps_long_lines(admin_client, c
     assert SECONDS_AND_ZONE.search(text_of(html))
 
 
+def object_tools(html: str) -> str:
+    found = re.search(r'<ul class="object-tools">(.*?)</ul>', html, re.S)
+    return found.group(1) if found else ""
+
+
+def test_detail_pages_link_the_case_history_not_an_empty_change_history(admin_client, case, reviewer):
+    """These rows are never changed through the admin: Django's History would always say
+    "This object doesn't have a change history". Their tools link the case's timeline."""
+    from cases.models import SourceVersion
+    from reviews.models import ReviewDecision
+
+    op = review_begin(case=case).operation_id
+    decision_record(case=case, operation_id=op, approved=True, reviewer=reviewer, channel="test")
+    effect, decision = EffectRecord.objects.get(), ReviewDecision.objects.get()
+    timeline = reverse("admin:cases_case_history", args=[case.pk])
+    for name, obj in (
+        ("effects_effectrecord", effect),
+        ("reviews_reviewdecision", decision),
+        ("reviews_pendingreview", PendingReview.objects.get()),
+        ("effects_commitattempt", CommitAttempt.objects.get()),
+        ("cases_case", case),
+    ):
+        tools = object_tools(admin_client.get(reverse(f"admin:{name}_change", args=[obj.pk])).content.decode())
+        assert tools.count(f'href="{timeline}"') == 1, (name, tools)
+        assert "Case history" in tools, name
+        if name != "cases_case":  # the case's own History is its timeline
+            assert reverse(f"admin:{name}_history", args=[obj.pk]) not in tools, name
+    # A row of no one case has no history button at all.
+    version = SourceVersion.objects.first()
+    tools = object_tools(
+        admin_client.get(reverse("admin:cases_sourceversion_change", args=[version.pk])).content.decode()
+    )
+    assert "historylink" not in tools
+    # Django's own models keep Django's History: it is real there.
+    user_page = admin_client.get(reverse("admin:auth_user_change", args=[reviewer.pk])).content.decode()
+    assert reverse("admin:auth_user_history", args=[reviewer.pk]) in object_tools(user_page)
+
+
 def test_pending_reviews_are_filtered_to_pending_by_default_with_a_way_to_see_all(
     admin_client, stale_approval_then_commit
 ):
