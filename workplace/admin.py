@@ -22,6 +22,9 @@ from .review import CaseAdmin, ProposalAdmin
 admin.site.site_header = "decisionflow review"
 admin.site.site_title = "decisionflow"
 admin.site.index_title = "Reviews, cases and the effect store"
+# The admin is the whole site: Django's "View site" would lead back to /admin/. The top bar
+# links the review queue instead (admin/base_site.html).
+admin.site.site_url = None
 
 for model, page in (
     (Case, CaseAdmin),

@@ -166,6 +166,15 @@ def test_detail_pages_link_the_case_history_not_an_empty_change_history(admin_cl
     assert reverse("admin:auth_user_history", args=[reviewer.pk]) in object_tools(user_page)
 
 
+def test_no_view_site_link_back_to_the_admin_and_the_top_bar_links_the_queue(admin_client, lead_client):
+    queue = reverse("admin:reviews_reviewqueueitem_changelist")
+    for who in (admin_client, lead_client):
+        html = who.get(reverse("admin:index")).content.decode()
+        userlinks = html.split('id="user-tools"', 1)[1].split("</div>", 1)[0]
+        assert "View site" not in userlinks
+        assert f'<a href="{queue}" id="df-queue-top-link">Review queue</a>' in userlinks
+
+
 def test_pending_reviews_are_filtered_to_pending_by_default_with_a_way_to_see_all(
     admin_client, stale_approval_then_commit
 ):
