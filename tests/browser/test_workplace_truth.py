@@ -36,6 +36,12 @@ def test_a_reviewer_creates_a_token_uses_it_and_revokes_it(demo, login, live_ser
     secret = page.locator("#df-token-secret").input_value()
     assert re.fullmatch(r"dft_[A-Za-z0-9_-]{43}", secret), secret
     expect(page.locator("#df-token-example")).to_contain_text(f"Bearer {secret}")
+    # The whole curl line is on screen at 1280 px: wrapped inside its box, nothing cut off.
+    example = page.locator("#df-token-example")
+    assert example.inner_text().endswith("/api/cases/T-1042")
+    assert page.evaluate("(el) => el.scrollWidth <= el.clientWidth", example.element_handle())
+    box = example.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1280 and box["height"] > 30  # two lines
     page.screenshot(path=str(screenshot_dir / "api-token-created.png"), full_page=True)
 
     # The token works against the API, with no session: a fresh request context.
