@@ -11,7 +11,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from reviews.models import PendingReview
-from tests.browser.conftest import REVIEWER
+from tests.browser.conftest import REVIEWER, in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,3 +102,29 @@ def test_queue_claim_renewal_warning_and_lapse(queue_demo, login, live_server, s
     expect(other.locator("#df-claim-none")).to_contain_text("reviewer's claim lapsed")
     other.click("#df-claim-button")
     expect(other.locator("#df-claim-mine")).to_be_visible()
+
+
+def test_an_empty_queue_says_why_and_leads_to_the_cases(demo, login, live_server, screenshot_dir):
+    from django.contrib.auth import get_user_model
+
+    from workflow.decide import decision_record
+
+    reviewer = get_user_model().objects.get(username="reviewer")
+    for pending in PendingReview.objects.filter(status=PendingReview.Status.PENDING).select_related("case"):
+        in_thread(
+            decision_record,
+            case=pending.case,
+            operation_id=pending.operation_id,
+            approved=False,
+            reviewer=reviewer,
+            channel="test",
+        )
+    _, page = login(*REVIEWER)
+    page.click("#df-queue-top-link")
+    empty = page.locator("#df-queue-empty")
+    expect(empty).to_have_text(
+        "No pending reviews. A case's review starts when the pipeline sends it, or with Start review on its page in Cases."
+    )
+    page.screenshot(path=str(screenshot_dir / "review-queue-empty.png"))
+    empty.get_by_role("link", name="Cases").click()
+    expect(page.locator("h1")).to_contain_text("case")
