@@ -37,8 +37,8 @@ UNSETTLED = (DeliveryState.UNKNOWN.label, DeliveryState.SENDING.label)
 class Command(WorkflowCommand):
     help = (
         "Run from cron, e.g. every 5 minutes: "
-        "`*/5 * * * * cd /srv/decisionflow && .venv/bin/python manage.py reconcile --all --json >> "
-        "var/log/reconcile.jsonl`. A non-zero exit means someone should look (cron mails it). "
+        "`*/5 * * * * cd /srv/decisionflow && .venv/bin/python manage.py reconcile --all --repair --json >> "
+        "var/log/reconcile.jsonl` (deploy/decisionflow.cron). A non-zero exit means someone should look (cron mails it). "
         "Reads the decision and effect tables and reruns nothing. For each operation it prints "
         f"`reconcile: case=<id> op=<op> state=<{'|'.join(OperationState.values)}> effects=<n>` "
         "(with --json, one JSON object per line with the keys case, operation_id, state, effects, decline_reason). "
