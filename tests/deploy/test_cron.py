@@ -194,3 +194,24 @@ def test_deploy_md_shows_the_cron_file_as_it_is():
     shown = [text for kind, text in blocks(DEPLOY.read_text()) if kind == "code" and "manage.py reconcile" in text]
     assert len(shown) == 1, "DEPLOY.md shows the cron lines in one block"
     assert shown[0].splitlines() == [line for line, _ in cron_jobs()]
+
+
+def test_deploy_md_documents_every_exit_bit_of_reconcile():
+    """Each exit code reconcile's code can set has its row in DEPLOY.md's cron table."""
+    from core.commandline import EXIT_BUSY
+    from effects.management.commands import reconcile
+
+    bits = {value for name, value in vars(reconcile).items() if name.startswith("EXIT_")} | {EXIT_BUSY}
+    assert {1, 16, 32, 64, 128} <= bits
+    rows = [text for kind, text in blocks(DEPLOY.read_text()) if kind == "text" and text.startswith("|")]
+    # The exit table's first row for reconcile: its second cell is a code.
+    start = next(
+        i for i, row in enumerate(rows) if row.startswith("| `reconcile --all") and row.split("|")[2].strip() == "0"
+    )
+    documented = set()
+    for row in rows[start:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if cells[0] and not cells[0].startswith("`reconcile"):
+            break  # the next command's rows
+        documented |= {int(code) for code in re.findall(r"\d+", cells[1])}
+    assert bits <= documented, f"DEPLOY.md's cron table lacks reconcile's exit code(s) {sorted(bits - documented)}"
