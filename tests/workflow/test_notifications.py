@@ -27,7 +27,7 @@ from django_tasks_db.models import DBTaskResult
 
 from reviews import notifications
 from reviews.models import Notification, NotificationKind, NotificationState, PendingReview
-from tests.conftest import http_server
+from tests.conftest import ROOT, http_server
 from workflow.begin import review_begin
 
 IMMEDIATE = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
@@ -165,6 +165,41 @@ def test_sla_report_notifies_at_risk_then_breached_once_each(
     # At risk and breached thread under the review's first message.
     assert mails[2]["References"] == mails[0]["Message-ID"]
     assert "has waited past its review target" in hooks[2]["text"] and len(hooks) == 3
+
+
+def documented_texts() -> dict[str, str]:
+    """docs/QUEUE.md's table of notification kinds: kind -> the text, with its placeholders."""
+    lines = (ROOT / "docs" / "QUEUE.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("| kind | written when | text |")
+    texts = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        texts[cells[0].strip("`")] = cells[2].strip("`")
+    return texts
+
+
+@pytest.mark.django_db
+def test_the_texts_sent_are_the_ones_docs_queue_md_shows(
+    case, reviewer, notify_on, settings, django_capture_on_commit_callbacks
+):
+    """Each kind's webhook text and mail, as sent, is the text of QUEUE.md's table."""
+    mails, hooks, _ = notify_on
+    settings.TASKS = IMMEDIATE
+    texts = documented_texts()
+    assert sorted(texts) == sorted(NotificationKind.values)
+    with django_capture_on_commit_callbacks(execute=True):
+        pending = review_begin(case=case, actor=reviewer).pending_review
+    for hours in (3.5, 5):  # at risk, then breached
+        age(pending, hours)
+        with django_capture_on_commit_callbacks(execute=True):
+            sla_report()
+    kinds = ["review_begun", "at_risk", "breached"]
+    expected = [texts[kind].format(case=case.case_id, operation=pending.operation_id) for kind in kinds]
+    assert [hook["text"] for hook in hooks] == expected
+    assert [mail.get_payload().strip() for mail in mails] == expected
+    assert [mail["Subject"] for mail in mails] == [text.split(" (operation", 1)[0] for text in expected]
 
 
 @pytest.mark.django_db
