@@ -74,6 +74,50 @@ class PermissionRefused(DecisionflowError):
     reason = RefusalReason.NO_PERMISSION
 
 
+class MetricsRefused(PermissionRefused):
+    """A ``/metrics`` request that fails a guard that is configured (docs/DEPLOY.md, "Metrics").
+
+    The message names each check that failed, so an operator wiring a scraper knows which
+    setting to look at; it never quotes the configured token nor the one sent.
+    ``details["failed"]`` lists the checks by these names.
+    """
+
+    ALLOW_LIST = "allow_list"
+    TOKEN = "token"
+    NOT_CONFIGURED = "not_configured"
+
+    @classmethod
+    def not_configured(cls) -> MetricsRefused:
+        return cls(
+            "metrics are served to nobody: set DECISIONFLOW_METRICS_ALLOW (addresses or networks) "
+            "or DECISIONFLOW_METRICS_TOKEN (a bearer token), or both",
+            failed=[cls.NOT_CONFIGURED],
+        )
+
+    @classmethod
+    def checks_failed(cls, *, address: str | None, token_sent: bool | None, both_set: bool) -> MetricsRefused:
+        """``address``: the peer address that is not in the allow-list (None: it is, or there is
+        no allow-list). ``token_sent``: whether an Authorization header came with a token that
+        is not ours (None: the token matched, or there is no token)."""
+        failed, reasons = [], []
+        if address is not None:
+            failed.append(cls.ALLOW_LIST)
+            reasons.append(f"the address {address} is not in DECISIONFLOW_METRICS_ALLOW")
+        if token_sent is not None:
+            failed.append(cls.TOKEN)
+            reasons.append(
+                "the bearer token sent is not the one in DECISIONFLOW_METRICS_TOKEN"
+                if token_sent
+                else "no bearer token was sent (Authorization: Bearer <DECISIONFLOW_METRICS_TOKEN>)"
+            )
+        message = "metrics refused: " + "; and ".join(reasons)
+        if both_set:
+            message += (
+                " (DECISIONFLOW_METRICS_ALLOW and DECISIONFLOW_METRICS_TOKEN are both set: a scrape must pass both)"
+            )
+        return cls(message, failed=failed)
+
+
 class FourEyesRefused(DecisionflowError):
     """The reviewer made a human change in this proposal (an edit of its body or evidence).
 

@@ -4,8 +4,9 @@
 - ``GET /readyz``: the database answers, every migration this code knows is applied, and a
   transaction stays on one server session (a pooler in statement mode fails this); 503
   otherwise. No authentication. The JSON body says which check failed.
-- ``GET /metrics``: Prometheus text. Only for an address in ``DECISIONFLOW_METRICS_ALLOW``
-  and/or a request carrying ``Authorization: Bearer $DECISIONFLOW_METRICS_TOKEN``.
+- ``GET /metrics``: Prometheus text. Only for a request that passes each guard configured: its
+  address in ``DECISIONFLOW_METRICS_ALLOW``, and ``Authorization: Bearer
+  $DECISIONFLOW_METRICS_TOKEN``. A 403 names the check that failed.
 
 All three are never cached (``Cache-Control: no-store``).
 
@@ -34,6 +35,8 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
+
+from core.errors import MetricsRefused
 
 log = logging.getLogger(__name__)
 
@@ -171,24 +174,33 @@ def readyz(request) -> JsonResponse:
     return JsonResponse(body, status=200 if ready else 503)
 
 
-def _client_allowed(request) -> bool:
-    """Whether the request passes every guard that is configured (and at least one is)."""
+def metrics_client_check(request) -> None:
+    """Raise ``MetricsRefused`` unless the request passes every guard that is configured
+    (and at least one is); it names each check that failed."""
     allow = getattr(settings, "DECISIONFLOW_METRICS_ALLOW", [])
     token = getattr(settings, "DECISIONFLOW_METRICS_TOKEN", "")
     if not allow and not token:
-        return False
+        raise MetricsRefused.not_configured()
+    refused_address = None
     if allow:
         try:
             address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
         except ValueError:
-            return False
-        if not any(address in ipaddress.ip_network(net, strict=False) for net in allow):
-            return False
+            refused_address = "(not an IP address)"
+        else:
+            if not any(address in ipaddress.ip_network(net, strict=False) for net in allow):
+                refused_address = str(address)
+    token_sent = None
     if token:
         sent = request.META.get("HTTP_AUTHORIZATION", "")
+        # Compared in constant time whatever was sent, so the answer's timing says nothing
+        # about how much of the token a guess got right.
         if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-            return False
-    return True
+            token_sent = bool(sent)
+    if refused_address is not None or token_sent is not None:
+        raise MetricsRefused.checks_failed(
+            address=refused_address, token_sent=token_sent, both_set=bool(allow) and bool(token)
+        )
 
 
 def _registry():
@@ -215,14 +227,11 @@ def metrics(request) -> HttpResponse:
             },
             status=404,
         )
-    if not _client_allowed(request):
+    try:
+        metrics_client_check(request)
+    except MetricsRefused as exc:
         return JsonResponse(
-            {
-                "code": "forbidden",
-                "message": "metrics are served only to the addresses in DECISIONFLOW_METRICS_ALLOW and/or "
-                "with the bearer token in DECISIONFLOW_METRICS_TOKEN",
-            },
-            status=403,
+            {"code": exc.code, "message": exc.message, "failed": exc.details["failed"]}, status=exc.http_status
         )
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 

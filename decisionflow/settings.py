@@ -127,8 +127,8 @@ DECISIONFLOW_IDEMPOTENCY_LEASE = env.str("DECISIONFLOW_IDEMPOTENCY_LEASE", defau
 DECISIONFLOW_METRICS = env.bool("DECISIONFLOW_METRICS", default=bool(env.str("PROMETHEUS_MULTIPROC_DIR", default="")))
 
 # /metrics (docs/DEPLOY.md): served only to these addresses or networks (comma-separated, e.g.
-# "10.0.0.0/8,127.0.0.1") and/or to requests carrying this bearer token; with neither, to nobody
-# (loopback only with DEBUG). REMOTE_ADDR is the peer: behind a proxy on the same host, that is
+# "10.0.0.0/8,127.0.0.1") and to requests carrying this bearer token: each one that is set must
+# pass; with neither, to nobody (loopback only with DEBUG). REMOTE_ADDR is the peer: behind a proxy on the same host, that is
 # the proxy, so protect it with the token or keep /metrics off the proxy.
 DECISIONFLOW_METRICS_ALLOW = env.list("DECISIONFLOW_METRICS_ALLOW", default=["127.0.0.1", "::1"] if DEBUG else [])
 DECISIONFLOW_METRICS_TOKEN = env.str("DECISIONFLOW_METRICS_TOKEN", default="")

@@ -114,28 +114,57 @@ def test_health_endpoints_skip_the_https_redirect_and_refuse_writes(db, client, 
 # --- /metrics: who may read it -----------------------------------------------------------------
 
 
+TOKEN = "s3cret-token"
+BOTH = "(DECISIONFLOW_METRICS_ALLOW and DECISIONFLOW_METRICS_TOKEN are both set: a scrape must pass both)"
+NOT_LISTED = "the address 127.0.0.1 is not in DECISIONFLOW_METRICS_ALLOW"
+NO_TOKEN = "no bearer token was sent (Authorization: Bearer <DECISIONFLOW_METRICS_TOKEN>)"
+WRONG_TOKEN = "the bearer token sent is not the one in DECISIONFLOW_METRICS_TOKEN"
+OK = None
+
+
 @pytest.mark.parametrize(
-    "allow, token, headers, status",
+    "allow, token, headers, failed, message",
     [
-        ([], "", {}, 403),  # nothing configured: nobody
-        (["10.0.0.0/8"], "", {}, 403),  # the test client is 127.0.0.1
-        (["127.0.0.0/8"], "", {}, 200),
-        ([], "s3cret-token", {}, 403),
-        ([], "s3cret-token", {"Authorization": "Bearer wrong"}, 403),
-        ([], "s3cret-token", {"Authorization": "Bearer s3cret-token"}, 200),
-        (["127.0.0.1"], "s3cret-token", {}, 403),  # both configured: both needed
-        (["127.0.0.1"], "s3cret-token", {"Authorization": "Bearer s3cret-token"}, 200),
+        # Nothing configured: nobody.
+        ([], "", {}, ["not_configured"], "metrics are served to nobody: set DECISIONFLOW_METRICS_ALLOW"),
+        (["10.0.0.0/8"], "", {}, ["allow_list"], f"metrics refused: {NOT_LISTED}"),  # the test client is 127.0.0.1
+        (["127.0.0.0/8"], "", {}, OK, None),
+        ([], TOKEN, {}, ["token"], f"metrics refused: {NO_TOKEN}"),
+        ([], TOKEN, {"Authorization": "Bearer wrong"}, ["token"], f"metrics refused: {WRONG_TOKEN}"),
+        ([], TOKEN, {"Authorization": f"Bearer {TOKEN}"}, OK, None),
+        # Both configured: both needed, and the answer says which one failed.
+        (["127.0.0.1"], TOKEN, {}, ["token"], f"metrics refused: {NO_TOKEN} {BOTH}"),
+        (["127.0.0.1"], TOKEN, {"Authorization": "Bearer s3cret"}, ["token"], f"metrics refused: {WRONG_TOKEN} {BOTH}"),
+        (
+            ["10.0.0.0/8"],
+            TOKEN,
+            {"Authorization": f"Bearer {TOKEN}"},
+            ["allow_list"],
+            f"metrics refused: {NOT_LISTED} {BOTH}",
+        ),
+        (
+            ["10.0.0.0/8"],
+            TOKEN,
+            {"Authorization": "Bearer nope"},
+            ["allow_list", "token"],
+            f"metrics refused: {NOT_LISTED}; and {WRONG_TOKEN} {BOTH}",
+        ),
+        (["127.0.0.1"], TOKEN, {"Authorization": f"Bearer {TOKEN}"}, OK, None),
     ],
 )
-def test_metrics_are_served_only_to_allowed_clients(db, client, settings, allow, token, headers, status):
+def test_metrics_are_served_only_to_allowed_clients(db, client, settings, allow, token, headers, failed, message):
     settings.DECISIONFLOW_METRICS_ALLOW = allow
     settings.DECISIONFLOW_METRICS_TOKEN = token
     response = client.get("/metrics", headers=headers)
-    assert response.status_code == status
+    assert response.status_code == (200 if failed is OK else 403)
     assert_no_store(response)
-    if status == 200:
+    if failed is OK:
         assert response["Content-Type"].startswith("text/plain")
         assert b"django_http_requests_before_middlewares_total" in response.content
     else:
-        assert response.json()["code"] == "forbidden"
+        body = response.json()
+        assert body["code"] == "forbidden" and body["failed"] == failed
+        assert body["message"].startswith(message), body["message"]
         assert b"decisionflow_" not in response.content
+        # Neither the configured token nor (any part of) the one sent is ever echoed.
+        assert b"s3cret" not in response.content and b"nope" not in response.content
