@@ -40,7 +40,7 @@ from django.db import DatabaseError, OperationalError, connection, transaction
 from filelock import FileLock, Timeout
 
 from core.errors import CaseBusy, DecisionflowError, LockBusy
-from core.observability import lock_waited
+from core.observability import LockName, lock_waited
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def lock_dir() -> Path:
 
 @contextmanager
 def _file_lock(name: str, *, timeout: float | None, busy: DecisionflowError):
-    kind = name.split(":", 1)[0]  # the metric's label: "case", "reconcile"
+    kind = name.split(":", 1)[0]  # the metric's label, a LockName
     started = time.monotonic()
     path = lock_dir() / f"{_key(name).hex()[:32]}.lock"
     # A fresh FileLock object per use: each one opens its own file description, so two
@@ -213,19 +213,22 @@ def case_lock(case_id: str, *, timeout: float | None = None, reads: Sequence[Sta
     """
     seconds = decision_lock_timeout() if timeout is None else timeout
     if connection.vendor != "postgresql":
-        with _file_lock(f"case:{case_id}", timeout=seconds, busy=CaseBusy.held(case_id)), transaction.atomic():
+        with (
+            _file_lock(f"{LockName.CASE}:{case_id}", timeout=seconds, busy=CaseBusy.held(case_id)),
+            transaction.atomic(),
+        ):
             yield [_rows(statement) for statement in reads]
         return
     started = time.monotonic()
     try:
         with transaction.atomic():
-            rows = _locked_reads(_advisory_key(f"case:{case_id}"), lock_timeout_ms(seconds), reads)
-            lock_waited("case", time.monotonic() - started, had=True)
+            rows = _locked_reads(_advisory_key(f"{LockName.CASE}:{case_id}"), lock_timeout_ms(seconds), reads)
+            lock_waited(LockName.CASE, time.monotonic() - started, had=True)
             yield rows
     except OperationalError as exc:
         if not lock_not_available(exc):
             raise
-        lock_waited("case", time.monotonic() - started, had=False)
+        lock_waited(LockName.CASE, time.monotonic() - started, had=False)
         raise CaseBusy.held(case_id) from exc
 
 
@@ -254,14 +257,14 @@ def policy_lock(name: str, *, shared: bool, timeout: float = DEFAULT_TIMEOUT):
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"SET LOCAL lock_timeout = '{lock_timeout_ms(timeout)}ms'; SELECT {take}(%s)",
-                    [_advisory_key(f"policy:{name}")],
+                    [_advisory_key(f"{LockName.POLICY}:{name}")],
                 )
-            lock_waited("policy", time.monotonic() - started, had=True)
+            lock_waited(LockName.POLICY, time.monotonic() - started, had=True)
             yield
     except OperationalError as exc:
         if not lock_not_available(exc):
             raise
-        lock_waited("policy", time.monotonic() - started, had=False)
+        lock_waited(LockName.POLICY, time.monotonic() - started, had=False)
         raise LockBusy(
             f"policy {name}: another action held its lock, or a lock on one of its cases, for more than "
             f"{timeout:g} s (a publish, or an import into it); nothing was written; try again"
@@ -297,7 +300,7 @@ def case_session_lock(case_id: str, *, timeout: float = DEFAULT_TIMEOUT):
     every earlier one repaired). A session-level lock on ``case_lock``'s key, so each
     excludes the other; cron connects to PostgreSQL directly (see ``named_lock``)."""
     return named_lock(
-        f"case:{case_id}",
+        f"{LockName.CASE}:{case_id}",
         what=f"case {case_id}",
         timeout=timeout,
         busy=CaseBusy,
@@ -307,13 +310,13 @@ def case_session_lock(case_id: str, *, timeout: float = DEFAULT_TIMEOUT):
 
 def reconcile_lock():
     """One reconcile run at a time. It does not wait: a second cron run exits at once."""
-    return named_lock("reconcile", what="reconcile", timeout=0)
+    return named_lock(LockName.RECONCILE, what="reconcile", timeout=0)
 
 
 def cron_lock(command: str):
     """One run of a cron command (e.g. prune_checkpoints) at a time. It does not wait: a
     second run exits at once (``LockBusy``), and the next cron tick tries again."""
-    return named_lock(f"cron:{command}", what=command, timeout=0)
+    return named_lock(f"{LockName.CRON}:{command}", what=command, timeout=0)
 
 
 @contextmanager
@@ -337,7 +340,7 @@ def sqlite_bounded_wait():
     except OperationalError as exc:
         if "locked" not in str(exc):
             raise
-        lock_waited("database", decision_lock_timeout(), had=False)
+        lock_waited(LockName.DATABASE, decision_lock_timeout(), had=False)
         raise CaseBusy("another action on this case is in progress (the database is locked); try again") from exc
     finally:
         with connection.cursor() as cursor:

@@ -19,19 +19,22 @@ a decorator (``counts_refusals``).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
 
-from core.errors import CaseBusy, LockBusy
+from core.errors import REFUSALS as REFUSAL_CLASSES
+from core.errors import CaseBusy, DecisionflowError, LockBusy
 from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
 
 events = logging.getLogger("decisionflow.events")
@@ -66,6 +69,9 @@ _OFF = _Off()
 class _Lazy:
     """A Prometheus metric made on first use (prometheus_client costs ~50 ms to import)."""
 
+    kind: str
+    labelnames: tuple[str, ...]
+
     def __init__(self, kind: str, name: str, documentation: str, labelnames=(), **kwargs):
         self.kind, self.name, self.documentation, self.labelnames, self.kwargs = (
             kind,
@@ -75,6 +81,7 @@ class _Lazy:
             kwargs,
         )
         self._metric: Any = None
+        _ALL.append(self)
 
     def _get(self) -> Any:
         if self._metric is None:
@@ -94,6 +101,10 @@ class _Lazy:
 
     def set(self, value: float) -> None:
         self._get().set(value)
+
+
+# Every metric of ours, in the order made: ``metrics_initialise`` walks them.
+_ALL: list[_Lazy] = []
 
 
 def Counter(name, documentation, labelnames=(), **kwargs) -> Any:
@@ -121,6 +132,43 @@ OUTCOMES: tuple[str, ...] = (
     *Failure.values,
 )
 RECONCILE_STATES: tuple[str, ...] = tuple(OperationState.values)
+# The refusal codes a decision or an edit can answer (the ``code`` label): every refusal's
+# but the base class's, which is a failure of ours and counted as ``error``.
+REFUSAL_CODES: tuple[str, ...] = tuple(dict.fromkeys(c.code for c in REFUSAL_CLASSES if c is not DecisionflowError))
+
+
+class LockName(StrEnum):
+    """Which lock a wait or a busy refusal was for (the ``lock`` label; core/locks.py)."""
+
+    CASE = "case"  # begin, edit, a decision that begins its review; reconcile --repair per case
+    CASE_ROW = "case_row"  # the commit's row lock on the case
+    DATABASE = "database"  # SQLite's write lock
+    POLICY = "policy"  # an import into a policy, or its publish
+    RECONCILE = "reconcile"  # one reconcile run at a time
+    CRON = "cron"  # one run of another cron command at a time (sla_report, prune_checkpoints)
+
+
+class ReconcileResult(StrEnum):
+    """How a reconcile run ended (the ``result`` label)."""
+
+    OK = "ok"
+    UNREPAIRED = "unrepaired"  # NoLocalEffectRecorded found without --repair (exit 1)
+    REPAIRED = "repaired"
+    LOCKED = "locked"  # another run held the lock
+    ERROR = "error"
+
+
+class SlaAction(StrEnum):
+    """What ``sla_report`` did with a breached review (the ``action`` label and its lines)."""
+
+    REPORTED = "reported"  # the policy says stay pending
+    WOULD_EXPIRE = "would_expire"  # fail closed, without --expire: a dry run
+    EXPIRED = "expired"  # declined with reason expired by the system actor
+    REPLAY = "replay"  # another run expired it first
+    NOT_EXPIRED = "not_expired"  # a person's decision (or an edit) got there first
+    UNCERTAIN = "uncertain"  # the expiry's COMMIT failed and may have been applied
+
+
 # The outcomes that count a refusal by its error code as well.
 _REFUSED = frozenset({DecisionOutcome.CONFLICT, DecisionOutcome.STALE, DecisionOutcome.REFUSED, Failure.UNCERTAIN})
 
@@ -207,6 +255,35 @@ SLA_ACTIONS = Counter(
     "Breached reviews listed by `sla_report`, by what was done: reported, would_expire, expired, replay, not_expired.",
     ["action"],
 )
+
+
+def metrics_initialise(*, channels: Iterable[str]) -> None:
+    """Make every counter and histogram now, each labelled series at zero for every known
+    label value, so that a fresh process's /metrics shows them (a dashboard then has a line
+    at 0, not a gap, before the first event). ``channels``: the channel label's values (the
+    vocabulary lives above this floor). Called by /metrics; repeated calls cost nothing.
+
+    Gauges are left alone: each is set by the run it describes, and a zero before any run
+    would claim a run that did not happen (in multiprocess mode the folder ignores an unset
+    most-recent gauge anyway)."""
+    if not metrics_enabled():
+        return
+    known: dict[str, tuple[str, ...]] = {
+        "channel": tuple(channels),
+        "outcome": OUTCOMES,
+        "code": REFUSAL_CODES,
+        "lock": tuple(LockName),
+        "result": tuple(ReconcileResult),
+        "state": RECONCILE_STATES,
+        "action": tuple(SlaAction),
+    }
+    for metric in _ALL:
+        if metric.kind == "Gauge":
+            continue
+        made = metric._get()
+        for values in itertools.product(*(known[name] for name in metric.labelnames)):
+            if values:
+                made.labels(**dict(zip(metric.labelnames, values, strict=True)))
 
 
 def sla_observed(*, breached: int, actions: dict[str, int]) -> None:
@@ -300,7 +377,7 @@ def commit_observed(*, approved):
     except BaseException as exc:
         outcome = outcome_of(exc=exc)
         if isinstance(exc, CaseBusy):
-            BUSY_REFUSALS.labels(lock="case_row").inc()
+            BUSY_REFUSALS.labels(lock=LockName.CASE_ROW).inc()
         raise
     finally:
         COMMIT_SECONDS.labels(outcome=outcome).observe(time.perf_counter() - started)
@@ -350,15 +427,15 @@ def reconcile_observed(*, scope: str, exit_error: type[BaseException]):
     ``NO_LOCAL_EFFECT`` operations it did not repair.
     """
     run = ReconcileRun(scope)
-    result = "error"
+    result = ReconcileResult.ERROR
     try:
         yield run
-        result = "repaired" if run.repaired else "ok"
+        result = ReconcileResult.REPAIRED if run.repaired else ReconcileResult.OK
     except LockBusy:
-        result = "locked"
+        result = ReconcileResult.LOCKED
         raise
     except exit_error:
-        result = "unrepaired" if run.listed else "error"
+        result = ReconcileResult.UNREPAIRED if run.listed else ReconcileResult.ERROR
         raise
     finally:
         RECONCILE_RUNS.labels(result=result).inc()

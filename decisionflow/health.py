@@ -37,6 +37,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
 from core.errors import MetricsRefused
+from core.observability import metrics_initialise
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,11 @@ def metrics(request) -> HttpResponse:
         )
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    # Imported here: wsgi.py imports this module before the apps (and their models) load.
+    from reviews.models import Channel
+
+    # Every series of ours at zero until its first event: a fresh server's dashboards show 0.
+    metrics_initialise(channels=Channel.values)
     return HttpResponse(generate_latest(_registry()), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -168,3 +168,69 @@ def test_metrics_are_served_only_to_allowed_clients(db, client, settings, allow,
         assert b"decisionflow_" not in response.content
         # Neither the configured token nor (any part of) the one sent is ever echoed.
         assert b"s3cret" not in response.content and b"nope" not in response.content
+
+
+METRICS_IN_A_FRESH_CHILD = """
+import django, json
+django.setup()
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+response = Client().get("/metrics")
+assert response.status_code == 200, response.content
+samples = [
+    [s.name, s.labels, s.value]
+    for family in text_string_to_metric_families(response.content.decode())
+    for s in family.samples
+    if s.name.startswith("decisionflow_")
+]
+print(json.dumps(samples))
+"""
+
+
+def test_a_fresh_server_shows_every_series_of_ours_at_zero(tmp_path):
+    """Before any event, /metrics already has each counter and histogram series of ours at 0,
+    for every known label value: a fresh server's dashboards show 0, not a gap. In a new
+    process with its own multiprocess folder, as a gunicorn worker starts."""
+    from core import observability
+    from reviews.models import Channel
+
+    (tmp_path / "metrics").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env.update(
+        DEBUG="1",
+        DJANGO_SETTINGS_MODULE="decisionflow.settings",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", METRICS_IN_A_FRESH_CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    samples = {(name, frozenset(labels.items())): value for name, labels, value in json.loads(proc.stdout)}
+    assert samples and set(samples.values()) == {0.0}
+
+    def has(name, **labels):
+        return (name, frozenset(labels.items())) in samples
+
+    outcomes, locks = observability.OUTCOMES, list(observability.LockName)
+    assert all(has("decisionflow_decisions_total", channel=c, outcome=o) for c in Channel.values for o in outcomes)
+    for outcome in outcomes:
+        assert has("decisionflow_decision_seconds_count", outcome=outcome)
+        assert has("decisionflow_commit_seconds_count", outcome=outcome)
+        assert has("decisionflow_commit_seconds_bucket", outcome=outcome, le="0.001")
+    for code in observability.REFUSAL_CODES:
+        assert has("decisionflow_decision_refusals_total", code=code)
+        assert has("decisionflow_refusal_unrecorded_total", code=code)
+    assert {"case_busy", "stale_proposal", "conflicting_decision", "forbidden"} <= set(observability.REFUSAL_CODES)
+    assert all(has("decisionflow_lock_wait_seconds_count", lock=lock) for lock in locks)
+    assert all(has("decisionflow_busy_refusals_total", lock=lock) for lock in locks)
+    assert all(has("decisionflow_reconcile_runs_total", result=r) for r in observability.ReconcileResult)
+    assert all(has("decisionflow_reconcile_operations_total", state=s) for s in observability.RECONCILE_STATES)
+    assert all(has("decisionflow_sla_reviews_total", action=a) for a in observability.SlaAction)
+    assert has("decisionflow_checkpoint_loads_refused_total")
+    # Every counter and histogram of ours is there; no gauge claims a run that never happened.
+    names = {name for name, _ in samples}
+    for metric in observability._ALL:
+        family = {"Counter": f"{metric.name}_total", "Histogram": f"{metric.name}_count"}.get(metric.kind)
+        assert family is None or family in names, metric.name
+    assert not any(name.startswith(("decisionflow_reconcile_last", "decisionflow_sla_last")) for name in names)

@@ -174,6 +174,21 @@ def test_the_reconcile_command_and_the_docs_list_the_states():
     assert _listed(_doc("DELIVERY.md"), "beside each operation's local state\n ") == OperationState.values
 
 
+def test_the_docs_list_the_label_values_the_metrics_start_at_zero_with():
+    """DEPLOY.md's metric table lists each label's values: the ones /metrics shows at 0."""
+    for metric in ("decisionflow_lock_wait_seconds", "decisionflow_busy_refusals_total"):
+        assert _listed(_line("DEPLOY.md", f"| `{metric}` |"), "`lock`") == list(observability.LockName)
+    runs = _line("DEPLOY.md", "| `decisionflow_reconcile_runs_total` |")
+    assert _listed(runs, "`result`") == list(observability.ReconcileResult)
+    assert _listed(_line("DEPLOY.md", "| `decisionflow_sla_reviews_total` |"), "`action`") == list(
+        observability.SlaAction
+    )
+    codes = _line("DEPLOY.md", "| `decisionflow_decision_refusals_total` |")
+    assert _ticked(codes)[2:] == list(observability.REFUSAL_CODES)
+    channels = re.search(r"and for `channel`: ((?:`\w+`(?:, )?)+)\)", _doc("DEPLOY.md"))
+    assert channels and _ticked(channels.group(1)) == Channel.values
+
+
 # --- the receipt's status ----------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ import json
 from core.commandline import WorkflowCommand
 from core.errors import DecisionflowError, OutcomeUncertain
 from core.locks import cron_lock
-from core.observability import sla_observed
+from core.observability import SlaAction, sla_observed
 from core.text import shown
 from effects.services import CONFLICTING
 from reviews import notifications
@@ -41,9 +41,9 @@ class Command(WorkflowCommand):
         with cron_lock("sla_report"):
             for pending, row in queue.breached_reviews():
                 found += 1
-                action = "reported"
+                action: str = SlaAction.REPORTED
                 if row.on_breach == queue.OnBreach.DECLINE:
-                    action = self._expire(pending) if expire else "would_expire"
+                    action = self._expire(pending) if expire else SlaAction.WOULD_EXPIRE
                 kind = action.split(" ", 1)[0]
                 actions[kind] = actions.get(kind, 0) + 1
                 if as_json:
@@ -60,7 +60,9 @@ class Command(WorkflowCommand):
             queue.sla_notifications()
             notifications.notify_sweep()
         # For /metrics (docs/DEPLOY.md): still breached after this run, i.e. not expired now.
-        sla_observed(breached=found - actions.get("expired", 0) - actions.get("replay", 0), actions=actions)
+        sla_observed(
+            breached=found - actions.get(SlaAction.EXPIRED, 0) - actions.get(SlaAction.REPLAY, 0), actions=actions
+        )
         if found:
             self.fail(EXIT_BREACHED, f"sla_report: {found} review(s) past their SLA target")
 
@@ -69,10 +71,10 @@ class Command(WorkflowCommand):
             result = queue.review_expire(pending=pending)
         except OutcomeUncertain:
             # Its COMMIT failed and may have been applied: neither "expired" nor "not".
-            return "uncertain (outcome_uncertain: run `manage.py reconcile`)"
+            return f"{SlaAction.UNCERTAIN} (outcome_uncertain: run `manage.py reconcile`)"
         except DecisionflowError as exc:
             # A person's decision (or an edit) got there first: it stands; say so and go on.
-            return f"not_expired ({exc.code})"
+            return f"{SlaAction.NOT_EXPIRED} ({exc.code})"
         if result.status == CONFLICTING:
-            return "not_expired (already approved)"
-        return "replay" if result.replay else "expired"
+            return f"{SlaAction.NOT_EXPIRED} (already approved)"
+        return SlaAction.REPLAY if result.replay else SlaAction.EXPIRED
