@@ -27,7 +27,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models, transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from core import identity
@@ -166,6 +166,17 @@ def live_claim(pending: PendingReview, now: datetime | None = None) -> Claim | N
         return None
     assert pending.claimed_at is not None
     return Claim(holder.pk, holder.get_username(), pending.claimed_at, pending.claim_expires_at)
+
+
+def sla_counts(now: datetime) -> dict[str, int]:
+    """How many pending reviews are in each SLA state at ``now``, by ``SlaState`` value, in
+    one query (the states' ranges are the queue filter's own, ``sla_q``)."""
+    counted = (
+        review_queue()
+        .order_by()
+        .aggregate(**{state: Count("pk", filter=sla_q(state, now)) for state in SlaState.values})
+    )
+    return {state: counted[state] for state in SlaState.values}
 
 
 # --- claims -----------------------------------------------------------------------------

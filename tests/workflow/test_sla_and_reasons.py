@@ -13,9 +13,10 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from cases.services import case_import
 from effects.models import CommitAttempt, EffectRecord
 from reviews.models import PendingReview, ReviewDecision
-from tests.conftest import commit_lost
+from tests.conftest import commit_lost, load_fixture
 from workflow import queue
 from workflow.begin import review_begin
 
@@ -42,14 +43,15 @@ def age(pending: PendingReview, hours: float) -> None:
 
 def test_no_breach_exits_0_and_a_breach_exits_10(begun, settings):
     settings.DECISIONFLOW_REVIEW_SLA = "4h"
-    assert run("sla_report") == (0, "", "")
+    assert run("sla_report") == (0, "sla_report: summary: 1 pending review(s): within 1, at_risk 0, breached 0\n", "")
     age(begun, 5)
     code, out, err = run("sla_report")
     assert code == 10, err
     assert out.startswith("breached: case=T-1042 op=op-v1-") and "action=reported" in out
     assert err.strip() == "sla_report: 1 review(s) past their SLA target"
     code, out, _ = run("sla_report", "--json")
-    row = json.loads(out)
+    row, summary = map(json.loads, out.splitlines())
+    assert summary["summary"] == "sla_report"
     assert (code, row["case"], row["target_seconds"], row["on_breach"], row["action"]) == (
         10,
         "T-1042",
@@ -84,8 +86,12 @@ def test_fail_closed_declines_as_expired_by_the_system_actor(begun, settings, cl
     assert begun.status == "completed"
     attempt = CommitAttempt.objects.get()
     assert (attempt.outcome, attempt.channel, attempt.decline_reason) == ("declined", "system", "expired")
-    # Nothing is left past its target: the next cron run is quiet.
-    assert run("sla_report", "--expire") == (0, "", "")
+    # Nothing is left past its target: the next cron run exits 0, with its summary only.
+    assert run("sla_report", "--expire") == (
+        0,
+        "sla_report: summary: 0 pending review(s): within 0, at_risk 0, breached 0\n",
+        "",
+    )
     # The history says the system declined it, not a person.
     client.force_login(reviewer)
     history = client.get(f"/admin/cases/case/{begun.case_id}/history/").content.decode()
@@ -197,6 +203,43 @@ def test_resume_decline_takes_a_reason_and_reconcile_json_returns_it(begun, revi
     code, _, err = run(*decline, "--reason", "expired")
     assert code == 1 and "invalid choice" in err
     assert ReviewDecision.objects.count() == 1 and CommitAttempt.objects.count() == 2
+
+
+def test_sla_report_prints_one_summary_line_on_every_run(case, reviewer, settings):
+    """Within, at risk and breached counted on each run, nothing breached included; with
+    --json the summary is one more JSON object, told apart by its "summary" key."""
+    settings.DECISIONFLOW_REVIEW_SLA = "4h"
+    assert run("sla_report") == (0, "sla_report: summary: 0 pending review(s): within 0, at_risk 0, breached 0\n", "")
+    code, out, err = run("sla_report", "--json")
+    assert (code, err) == (0, "")
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"summary": "sla_report", "pending": 0, "states": {"within": 0, "at_risk": 0, "breached": 0}, "actions": {}}
+    ]
+    others = [case_import(data=load_fixture(name)).case for name in ("t1077.json", "t1103.json")]
+    pendings = [review_begin(case=c, actor=reviewer).pending_review for c in (case, *others)]
+    for pending, hours in zip(pendings, (1, 3.5, 5), strict=True):  # within, at risk, breached
+        age(pending, hours)
+    code, out, _ = run("sla_report")
+    assert code == 10
+    assert (
+        out.splitlines()[-1] == "sla_report: summary: 3 pending review(s): within 1, at_risk 1, breached 1; reported 1"
+    )
+    code, out, _ = run("sla_report", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line.get("summary") for line in lines] == [None, "sla_report"]
+    assert lines[-1] == {
+        "summary": "sla_report",
+        "pending": 3,
+        "states": {"within": 1, "at_risk": 1, "breached": 1},
+        "actions": {"reported": 1},
+    }
+    # Fail closed, with --expire: the counts are those the run found; the action says what it did.
+    settings.DECISIONFLOW_REVIEW_ON_BREACH = "decline"
+    code, out, _ = run("sla_report", "--expire")
+    assert (
+        out.splitlines()[-1] == "sla_report: summary: 3 pending review(s): within 1, at_risk 1, breached 1; expired 1"
+    )
+    assert run("sla_report")[1] == "sla_report: summary: 2 pending review(s): within 1, at_risk 1, breached 0\n"
 
 
 def test_sla_report_help():

@@ -1,5 +1,7 @@
 import json
 
+from django.utils import timezone
+
 from core.commandline import WorkflowCommand
 from core.errors import DecisionflowError, OutcomeUncertain
 from core.locks import cron_lock
@@ -22,7 +24,10 @@ class Command(WorkflowCommand):
         "age_seconds, target_seconds, claimed_by, on_breach, action). What happens on breach is the setting "
         "DECISIONFLOW_REVIEW_ON_BREACH (per policy ..._BY_POLICY): stay_pending (listed only) or decline (fail "
         "closed: with --expire each such review is declined with reason expired by the system actor sla-expiry; "
-        "without --expire it is listed as would_expire). Nothing is ever approved automatically. Exit codes: "
+        "without --expire it is listed as would_expire). Nothing is ever approved automatically. Every run ends "
+        "with one summary line, nothing breached included: `sla_report: summary: <n> pending review(s): within <a>, "
+        'at_risk <b>, breached <c>[; <action> <count>, ...]` (with --json: {"summary": "sla_report", '
+        '"pending": n, "states": {...}, "actions": {...}}). Exit codes: '
         "0 no breached review; 10 breached reviews were listed (or expired); 1 usage error, or another run holds "
         "the lock."
     )
@@ -38,8 +43,11 @@ class Command(WorkflowCommand):
     def handle(self, *args, as_json, expire, **options):
         found = 0
         actions: dict[str, int] = {}
+        # One clock for the run: the summary's counts and the listing agree.
+        now = timezone.now()
         with cron_lock("sla_report"):
-            for pending, row in queue.breached_reviews():
+            states = queue.sla_counts(now)
+            for pending, row in queue.breached_reviews(now):
                 found += 1
                 action: str = SlaAction.REPORTED
                 if row.on_breach == queue.OnBreach.DECLINE:
@@ -57,14 +65,27 @@ class Command(WorkflowCommand):
                     )
             # Notifications (docs/QUEUE.md): at risk and breached, once per review and kind;
             # and the sweep: a dead worker's Sending row becomes Unknown and is sent again.
-            queue.sla_notifications()
+            queue.sla_notifications(now)
             notifications.notify_sweep()
+            self.summary(states, actions, as_json=as_json)
         # For /metrics (docs/DEPLOY.md): still breached after this run, i.e. not expired now.
         sla_observed(
             breached=found - actions.get(SlaAction.EXPIRED, 0) - actions.get(SlaAction.REPLAY, 0), actions=actions
         )
         if found:
             self.fail(EXIT_BREACHED, f"sla_report: {found} review(s) past their SLA target")
+
+    def summary(self, states: dict[str, int], actions: dict[str, int], *, as_json: bool) -> None:
+        """One line on every run, nothing breached included: how many pending reviews are in
+        each SLA state (before this run's expiries), and what was done to the breached ones."""
+        done = {str(action): actions[action] for action in SlaAction if action in actions}
+        if as_json:
+            line = {"summary": "sla_report", "pending": sum(states.values()), "states": states, "actions": done}
+            self.stdout.write(json.dumps(line, separators=(",", ":")))
+            return
+        counts = ", ".join(f"{state} {count}" for state, count in states.items())
+        did = "; " + ", ".join(f"{action} {count}" for action, count in done.items()) if done else ""
+        self.stdout.write(f"sla_report: summary: {sum(states.values())} pending review(s): {counts}{did}")
 
     def _expire(self, pending) -> str:
         try:
