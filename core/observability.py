@@ -478,6 +478,25 @@ def events_off_stderr():
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
 
+def _request_shown(request: Any, record: logging.LogRecord) -> str | None:
+    """The ``request`` extra as ``METHOD /path``, or None when there is nothing to show.
+
+    Django's request logger passes the HttpRequest; the development server's (django.server)
+    passes its socket, whose text names only addresses, so its request line (the record's
+    first argument, "GET /path HTTP/1.1") says it instead. Never the query string: it may
+    carry a token.
+    """
+    method, path = getattr(request, "method", None), getattr(request, "path", None)
+    if isinstance(method, str) and isinstance(path, str):
+        return f"{method} {path}"
+    first = record.args[0] if isinstance(record.args, tuple) and record.args else None
+    if isinstance(first, str):
+        words = first.split()
+        if len(words) >= 2 and words[0].isalpha() and words[0].isupper():
+            return f"{words[0]} {words[1].split('?', 1)[0]}"
+    return None
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, message, then the ``extra`` fields.
 
@@ -495,6 +514,12 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 line[key] = value
+        if "request" in line:
+            shown = _request_shown(line["request"], record)
+            if shown is None:
+                del line["request"]
+            else:
+                line["request"] = shown
         if record.exc_info:
             line["exc_type"] = record.exc_info[0].__name__ if record.exc_info[0] else None
             line["traceback"] = self.formatException(record.exc_info)
