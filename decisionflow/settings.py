@@ -252,6 +252,9 @@ USE_TZ = True
 FORMAT_MODULE_PATH = ["decisionflow.formats"]
 
 STATIC_URL = "static/"
+# Files served at the site's root by WhiteNoise, as they are (no collectstatic): the favicon,
+# which every browser asks for at /favicon.ico on each page, so no page logs a 404 for it.
+WHITENOISE_ROOT = BASE_DIR / "decisionflow" / "root"
 # `manage.py collectstatic` writes here; WhiteNoise serves it (docs/DEPLOY.md).
 STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "var" / "static")
 STORAGES = {
