@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -12,6 +15,7 @@ from django.db import connection
 
 from effects.models import CommitAttempt
 from reviews.models import PendingReview, Proposal, ReviewDecision
+from tests.conftest import http_server
 from tests.workflow.conftest import manage_argv
 
 COMMANDS = {
@@ -146,20 +150,69 @@ def test_usage_errors_exit_1_and_write_nothing(case, reviewer, settings, capsys)
     _refused("reconcile", "T-1042", "--all", match="not both")
     _refused("reconcile", "T-9999", match="no case")
     _refused("begin", "T-9999", match="no case")
+    _refused("demo", "--helpdesk-port", "70000", match="is not a port")
+    _refused("demo", "--helpdesk-port", "http", match="is not a port")
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_the_demo_tells_the_whole_story():
-    """SQLite only: the demo makes its own scratch SQLite database (about 15 child processes)."""
+def test_the_demo_tells_the_whole_story(tmp_path):
+    """SQLite only: the demo makes its own scratch SQLite database (about 30 child processes).
+
+    Run as from the shell of a configured host (a webhook, an event log, a metrics folder)
+    and on a chosen helpdesk port: it prints each line as it goes, and none of the story
+    reaches those settings."""
     if connection.vendor != "sqlite":
         pytest.skip("the demo runs on its own scratch SQLite file; once is enough")
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    proc = subprocess.run(manage_argv("demo"), env={**env, "DEBUG": "1"}, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout
-    # load_demo began every demo case, so the story's begin finds T-1042 pending and writes nothing.
-    assert "begin: status=PendingRequests op=op-v1-e3976ac9e004… checkpoints=0" in out
-    assert "nothing new was created" in out.split("approve: resumed", 1)[0]
+    hooks: list[str] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's hook name)
+            hooks.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    metrics, events = tmp_path / "metrics", tmp_path / "events.jsonl"
+    metrics.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PYTHONUNBUFFERED")}
+    with http_server(Hook) as hook_url:
+        env.update(
+            DEBUG="1",
+            PROMETHEUS_MULTIPROC_DIR=str(metrics),
+            DECISIONFLOW_EVENT_LOG_FILE=str(events),
+            DECISIONFLOW_NOTIFY_WEBHOOK_URL=f"{hook_url}/hook",
+        )
+        proc = subprocess.Popen(
+            manage_argv("demo", "--helpdesk-port", str(port)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        first = proc.stdout.readline()
+        # Printed as it goes, into a pipe: the scratch folder this line names still exists
+        # (the demo deletes it as it ends, so a line held back until then would find none).
+        scratch = re.match(r"demo: scratch database (\S+) ", first)
+        assert scratch and Path(scratch.group(1)).parent.is_dir(), first
+        rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, first + rest + err
+    out = first + rest
+    assert out.splitlines()[1] == "demo: migrating the scratch database and loading the demo cases (two processes)"
+    assert re.search(r"^demo: \d+ processes in \d+\.\d s$", out, re.M), out
+    assert f"demo: starting the reference helpdesk on 127.0.0.1, port {port}" in out
+    assert f"helpdesk: http://127.0.0.1:{port} " in out
+    # Nothing of the story left the scratch folder: no notification went to the shell's
+    # webhook, no decision event to its log, no count to its metrics folder (the demo's own
+    # process aside, which decides nothing).
+    assert hooks == []
+    assert not events.exists() or events.read_text() == ""
+    assert all(name.endswith(f"_{proc.pid}.db") for name in os.listdir(metrics)), os.listdir(metrics)
+    assert "begin: status=PendingRequests op=op-v1-e3976ac9e004… checkpoints=1" in out
     assert "approve: resumed status=PendingRequests requestBound=True" in out
     uncertain = "outcome uncertain: the commit step failed after it may have written (LostReceipt)"
     lost = [line for line in out.splitlines() if line.startswith(uncertain)]

@@ -15,6 +15,7 @@ Delivered, with one reply on the helpdesk. Its control runs the same worker code
 change, the Idempotency-Key: a fresh random one per try. The helpdesk then holds two replies.
 """
 
+import argparse
 import json
 import os
 import re
@@ -41,8 +42,6 @@ from core.outcomes import ReceiptStatus
 from effects import delivery
 from effects.models import Delivery
 from effects.services import CommitResult
-from engine import graph as engine
-from workflow.decide import decision_record
 
 FIRST_CASE = "T-1042"
 SECOND_CASE = "T-1077"
@@ -53,8 +52,22 @@ REMOTE_CONTROL_CASE = "T-1151"
 # How long the demo waits for the reference helpdesk to listen before it gives up.
 HELPDESK_START_S = 15.0
 
+# Settings the story's child processes never take from the demo's own environment.
+_NOT_INHERITED = ("DECISIONFLOW_", "PROMETHEUS_", "LOG_", "HELPDESK_")
+
 NAIVE_TABLE = "demo_naive_effect"
 _OP = re.compile(r"op-v1-[0-9a-f]{64}")
+
+
+def _port(text: str) -> int:
+    """--helpdesk-port: 0 (a free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0 (a free port) to 65535")
+    return port
 
 
 def _short_ops(text: str) -> str:
@@ -114,28 +127,37 @@ class Command(WorkflowCommand):
         "reconcile, approve again (a replay), approve again, a decline on a second case, an approval of that "
         "case (ConflictingDecision), a decline after the approval, and finally the control experiment with "
         "the effect keyed by a fresh random ID per attempt (EffectCount 2). Then the remote chapter "
-        "(docs/DELIVERY.md): the reference helpdesk, started as its own process on a free port, stores an "
+        "(docs/DELIVERY.md): the reference helpdesk, started as its own process on a free port (or on "
+        "--helpdesk-port), stores an "
         "approved reply and drops the answer; the delivery is Unknown; `reconcile --repair` looks it up and "
         "finds it Delivered, one reply on the helpdesk; and its control, a fresh Idempotency-Key per try, "
-        "leaves two. Exits 0 only if every step behaved as expected. Touches no other database."
+        "leaves two. Each line is printed as its step ends. Exits 0 only if every step behaved as expected. "
+        "Touches no other database."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--keep", action="store_true", help="Keep the scratch database and print its path.")
+        parser.add_argument(
+            "--helpdesk-port",
+            type=_port,
+            default=0,
+            metavar="PORT",
+            help="The port the reference helpdesk listens on, on 127.0.0.1 (default 0: a free port it picks).",
+        )
         # Internal: one step of the control experiment, run by the demo in a child process.
-        parser.add_argument("--naive-step", choices=["approve", "count"], help=__import__("argparse").SUPPRESS)
-        parser.add_argument("--case", help=__import__("argparse").SUPPRESS)
-        parser.add_argument("--operation-id", help=__import__("argparse").SUPPRESS)
-        parser.add_argument("--fault", help=__import__("argparse").SUPPRESS)
+        parser.add_argument("--naive-step", choices=["approve", "count"], help=argparse.SUPPRESS)
+        parser.add_argument("--case", help=argparse.SUPPRESS)
+        parser.add_argument("--operation-id", help=argparse.SUPPRESS)
+        parser.add_argument("--fault", help=argparse.SUPPRESS)
         # Internal: a step of the remote chapter (show a delivery; the naive control's try).
-        parser.add_argument("--delivery-step", choices=["show", "naive"], help=__import__("argparse").SUPPRESS)
+        parser.add_argument("--delivery-step", choices=["show", "naive"], help=argparse.SUPPRESS)
 
-    def handle(self, *args, keep, naive_step, delivery_step, **options):
+    def handle(self, *args, keep, helpdesk_port, naive_step, delivery_step, **options):
         if naive_step:
             return self.naive_step(naive_step, options["case"], options["operation_id"], options["fault"])
         if delivery_step:
             return self.delivery_step(delivery_step, options["operation_id"])
-        return self.story(keep=keep)
+        return self.story(keep=keep, helpdesk_port=helpdesk_port)
 
     def delivery_step(self, step, operation_id):
         if connection.vendor != "sqlite" or not str(connection.settings_dict["NAME"]).endswith("demo.sqlite3"):
@@ -160,6 +182,12 @@ class Command(WorkflowCommand):
         if step == "count":
             self.stdout.write(f"reconcile: case={case_id} op={operation_id} effects={_naive_count(operation_id)}")
             return
+        # Imported here, by the one step that runs the workflow: the demo's other child
+        # processes (the delivery steps) and its parent start without the engine (~0.15 s of
+        # CPU each, and the demo starts some thirty processes).
+        from engine import graph as engine
+        from workflow.decide import decision_record
+
         # The very same decision path, with one change made here and not in production code:
         # the commit step's effect writer, swapped for this demo process only.
         with mock.patch.object(engine, "effect_commit", _naive_commit):
@@ -176,12 +204,23 @@ class Command(WorkflowCommand):
 
     # --- the parent: the story ----------------------------------------------------------
 
-    def story(self, *, keep: bool):
+    def say(self, line: str) -> None:
+        """One line of the story, shown as soon as it is known, even when stdout is a pipe or a
+        file (where Python would hold it back until the end)."""
+        self.stdout.write(line)
+        self.stdout.flush()
+
+    def story(self, *, keep: bool, helpdesk_port: int):
+        started = time.monotonic()
+        self.processes = 0
+        self.helpdesk_port = helpdesk_port
         scratch = Path(tempfile.mkdtemp(prefix="decisionflow-demo-"))
         self.db_path = scratch / "demo.sqlite3"
-        self.env = {
-            k: v for k, v in os.environ.items() if k not in ("DECISIONFLOW_CRASH_AT", "DECISIONFLOW_SQLITE_TEST_NAME")
-        }
+        # The children get this project's defaults, not the settings of the shell it runs in:
+        # on a configured host those would send the story's notifications to the real
+        # webhook, write its decision events to the real log, and count it in the host's
+        # /metrics (a metrics folder also costs each child the Prometheus imports).
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
         self.env.update(
             DATABASE_URL=f"sqlite:///{self.db_path}",
             DEBUG="1",
@@ -193,7 +232,7 @@ class Command(WorkflowCommand):
         self.failures = 0
         self.scratch = scratch
         self.helpdesk: subprocess.Popen | None = None
-        self.stdout.write(f"demo: scratch database {self.db_path} (each line below is a separate process)")
+        self.say(f"demo: scratch database {self.db_path} (each line below is a separate process)")
         try:
             self.run_story()
             if not self.failures:
@@ -201,14 +240,16 @@ class Command(WorkflowCommand):
         finally:
             self.helpdesk_stop()
             if keep:
-                self.stdout.write(f"demo: kept {self.db_path}")
+                self.say(f"demo: kept {self.db_path}")
             else:
                 shutil.rmtree(scratch, ignore_errors=True)
+        self.say(f"demo: {self.processes} processes in {time.monotonic() - started:.1f} s")
         if self.failures:
             self.fail(1, f"demo: {self.failures} step(s) did not behave as expected")
-        self.stdout.write("demo: every step behaved as expected")
+        self.say("demo: every step behaved as expected")
 
     def manage(self, *argv: str):
+        self.processes += 1
         return subprocess.run(
             [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *argv],
             env=self.env,
@@ -228,12 +269,12 @@ class Command(WorkflowCommand):
             lines = lines + [f"{proc.stderr.strip().splitlines()[0]} (exit {proc.returncode})"]
         for index, line in enumerate(lines):
             text = _short_ops(f"{label}: {line}" if label and line.startswith("result=") else line)
-            self.stdout.write(f"{text:<55} <- {note}" if note and index == len(lines) - 1 else text)
+            self.say(f"{text:<55} <- {note}" if note and index == len(lines) - 1 else text)
         if not ok:
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: exit {proc.returncode} (expected {rc}); missing {missing}")
+            self.say(f"  UNEXPECTED: exit {proc.returncode} (expected {rc}); missing {missing}")
             for line in (proc.stdout + proc.stderr).strip().splitlines()[-10:]:
-                self.stdout.write(f"  | {line}")
+                self.say(f"  | {line}")
         return proc
 
     def op_of(self, proc) -> str:
@@ -241,20 +282,25 @@ class Command(WorkflowCommand):
         return match.group(0) if match else "op-v1-" + "0" * 64
 
     def run_story(self):
-        for argv in (["migrate", "--noinput", "-v", "0"], ["load_demo"]):
+        self.say("demo: migrating the scratch database and loading the demo cases (two processes)")
+        # --skip-checks: the system checks import every admin module, and through them the
+        # engine, for nothing the story needs (~0.45 s of CPU per process; `manage.py check`
+        # runs them).
+        for argv in (
+            ["migrate", "--noinput", "-v", "0", "--skip-checks"],
+            ["load_demo", "--no-begin", "--skip-checks"],
+        ):
             proc = self.manage(*argv)
             if proc.returncode != 0:
                 self.failures += 1
-                self.stdout.write(
-                    f"  UNEXPECTED: {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}"
-                )
+                self.say(f"  UNEXPECTED: {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
                 return
 
         begin = self.step("", ["begin", FIRST_CASE], rc=0)
         op = self.op_of(begin)
         if not re.search(r"^begin: status=PendingRequests op=\S+ checkpoints=\d+$", begin.stdout, re.M):
             self.failures += 1
-            self.stdout.write("  UNEXPECTED: begin did not pause at PendingRequests")
+            self.say("  UNEXPECTED: begin did not pause at PendingRequests")
         approve = ["resume", FIRST_CASE, "--operation-id", op, "--approve"]
         self.step(
             "",
@@ -286,7 +332,7 @@ class Command(WorkflowCommand):
         op2 = self.op_of(second)
         if second.returncode != 0:
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: begin {SECOND_CASE} exited {second.returncode}")
+            self.say(f"  UNEXPECTED: begin {SECOND_CASE} exited {second.returncode}")
         self.step(
             "decline (another case)",
             ["resume", SECOND_CASE, "--operation-id", op2, "--decline"],
@@ -319,7 +365,7 @@ class Command(WorkflowCommand):
         )
 
         # The control: the same sequence, the same workflow, a fresh random key per attempt.
-        self.stdout.write("control: the same steps, the effect keyed by a fresh random ID per attempt")
+        self.say("control: the same steps, the effect keyed by a fresh random ID per attempt")
         control = self.step("", ["begin", CONTROL_CASE], rc=0)
         op3 = self.op_of(control)
         naive = ["demo", "--naive-step", "approve", "--case", CONTROL_CASE, "--operation-id", op3]
@@ -347,13 +393,14 @@ class Command(WorkflowCommand):
         folder; wait at most HELPDESK_START_S for /healthz. False (and said why) if it fails."""
         self.helpdesk_token = secrets.token_hex(16)
         port_file = self.scratch / "helpdesk.port"
+        where = f"port {self.helpdesk_port}" if self.helpdesk_port else "a free port"
+        self.say(f"demo: starting the reference helpdesk on 127.0.0.1, {where}")
         log = (self.scratch / "helpdesk.log").open("ab")
-        env = {k: v for k, v in self.env.items() if not k.startswith("HELPDESK_")}
         self.helpdesk = subprocess.Popen(
-            [sys.executable, "-m", "helpdesk", "--port", "0", "--port-file", str(port_file)]
+            [sys.executable, "-m", "helpdesk", "--port", str(self.helpdesk_port), "--port-file", str(port_file)]
             + ["--db", str(self.scratch / "helpdesk.sqlite3"), "--faults"],
             cwd=settings.BASE_DIR,
-            env={**env, "HELPDESK_TOKEN": self.helpdesk_token},
+            env={**self.env, "HELPDESK_TOKEN": self.helpdesk_token},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -371,9 +418,9 @@ class Command(WorkflowCommand):
         self.failures += 1
         why = f"exited {self.helpdesk.returncode}" if self.helpdesk.poll() is not None else "did not answer"
         tail = (self.scratch / "helpdesk.log").read_text(errors="replace").strip().splitlines()[-5:]
-        self.stdout.write(f"  UNEXPECTED: the reference helpdesk {why} within {HELPDESK_START_S:.0f} s")
+        self.say(f"  UNEXPECTED: the reference helpdesk {why} within {HELPDESK_START_S:.0f} s")
         for line in tail:
-            self.stdout.write(f"  | {line}")
+            self.say(f"  | {line}")
         return False
 
     def helpdesk_stop(self) -> None:
@@ -400,33 +447,33 @@ class Command(WorkflowCommand):
         stats = self.helpdesk_call("GET", "/_stats")
         count = stats.get("replies_by_case", {}).get(case_id, 0)
         text = f"helpdesk: case={case_id} replies={count}"
-        self.stdout.write(f"{text:<55} <- {note}")
+        self.say(f"{text:<55} <- {note}")
         if count != expect:
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: the helpdesk holds {count} replies for {case_id} (expected {expect})")
+            self.say(f"  UNEXPECTED: the helpdesk holds {count} replies for {case_id} (expected {expect})")
 
     def delivery_shown(self, operation_id: str, pattern: str, *, note: str = "") -> None:
         """Print the delivery's line (a child process reads it) and check it against pattern."""
         proc = self.manage("demo", "--delivery-step", "show", "--operation-id", operation_id)
         line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-300:]
         text = _short_ops(line)
-        self.stdout.write(f"{text:<55} <- {note}" if note else text)
+        self.say(f"{text:<55} <- {note}" if note else text)
         if proc.returncode != 0 or not re.fullmatch(pattern, line):
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: exit {proc.returncode}; the line does not match {pattern!r}")
+            self.say(f"  UNEXPECTED: exit {proc.returncode}; the line does not match {pattern!r}")
 
     def quiet_step(self, said: str, argv, *, note: str) -> None:
         """A child process whose own output is not the point (a worker): one line about it."""
         proc = self.manage(*argv)
-        self.stdout.write(f"{said:<55} <- {note}")
+        self.say(f"{said:<55} <- {note}")
         if proc.returncode != 0:
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: exit {proc.returncode}")
+            self.say(f"  UNEXPECTED: exit {proc.returncode}")
             for line in (proc.stdout + proc.stderr).strip().splitlines()[-10:]:
-                self.stdout.write(f"  | {line}")
+                self.say(f"  | {line}")
 
     def remote_chapter(self) -> None:
-        self.stdout.write("remote: the approved reply is also delivered to the customer's helpdesk (docs/DELIVERY.md)")
+        self.say("remote: the approved reply is also delivered to the customer's helpdesk (docs/DELIVERY.md)")
         if not self.helpdesk_start():
             return
         self.env.update(
@@ -437,13 +484,11 @@ class Command(WorkflowCommand):
             DECISIONFLOW_DELIVERY_BACKOFF="600",
             DECISIONFLOW_DELIVERY_READ_TIMEOUT="5",
         )
-        self.stdout.write(f"helpdesk: {self.helpdesk_url} (python -m helpdesk: its own process and SQLite file)")
+        self.say(f"helpdesk: {self.helpdesk_url} (python -m helpdesk: its own process and SQLite file)")
         begin = self.step("", ["begin", REMOTE_CASE], rc=0)
         op = self.op_of(begin)
         self.helpdesk_call("POST", "/_faults", {"reset": True, "drop_after_commit": 1})
-        self.stdout.write(
-            f"{'helpdesk: fault drop_after_commit=1':<55} <- the next reply is stored, then the answer is dropped"
-        )
+        self.say(f"{'helpdesk: fault drop_after_commit=1':<55} <- the next reply is stored, then the answer is dropped")
         committed = 'result={"Status":"Committed","Replay":false,"EffectCount":1}'
         self.step(
             "approve",
@@ -454,7 +499,7 @@ class Command(WorkflowCommand):
             note="the commit also writes the delivery",
         )
         self.delivery_shown(op, rf"delivery: case={REMOTE_CASE} op={op} state=Queued tries=0", note="queued")
-        worker = ["db_worker", "--batch", "--no-startup-delay", "--no-reload"]
+        worker = ["db_worker", "--batch", "--no-startup-delay", "--no-reload", "--skip-checks"]
         self.quiet_step("worker: manage.py db_worker --batch", worker, note="a task worker sends it")
         self.delivery_shown(
             op,
@@ -490,14 +535,14 @@ class Command(WorkflowCommand):
         self.helpdesk_replies(REMOTE_CASE, expect=1, note="still one")
 
         # The control: the same worker code, a fresh random key per try.
-        self.stdout.write("control: the same delivery, a fresh random Idempotency-Key per try")
+        self.say("control: the same delivery, a fresh random Idempotency-Key per try")
         copy = self.scratch / "t1151.json"
         data = json.loads((Path(settings.BASE_DIR) / "cases" / "demo" / "t1150.json").read_text())
         copy.write_text(json.dumps({**data, "case_id": REMOTE_CONTROL_CASE}))
-        loaded = self.manage("load_case", str(copy))
+        loaded = self.manage("load_case", str(copy), "--skip-checks")
         if loaded.returncode != 0:
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: load_case exited {loaded.returncode}: {loaded.stderr.strip()[-300:]}")
+            self.say(f"  UNEXPECTED: load_case exited {loaded.returncode}: {loaded.stderr.strip()[-300:]}")
             return
         control = self.step("", ["begin", REMOTE_CONTROL_CASE], rc=0)
         op4 = self.op_of(control)
@@ -528,10 +573,10 @@ class Command(WorkflowCommand):
     def check_line(self, proc, pattern: str, *, note: str) -> None:
         line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-300:]
         text = _short_ops(line)
-        self.stdout.write(f"{text:<55} <- {note}")
+        self.say(f"{text:<55} <- {note}")
         if proc.returncode != 0 or not re.fullmatch(pattern, line):
             self.failures += 1
-            self.stdout.write(f"  UNEXPECTED: exit {proc.returncode}; the line does not match {pattern!r}")
+            self.say(f"  UNEXPECTED: exit {proc.returncode}; the line does not match {pattern!r}")
 
     def repair(self, operation_id: str, pattern: str, *, note: str) -> None:
         """``reconcile --repair CASE``: it looks an Unknown delivery up by its key, and resends

@@ -30,10 +30,18 @@ class Command(ProjectCommand):
     help = (
         "Load the demo cases (T-1042 and three more), two demo reviewers and a support lead, and begin "
         "each case's review as `manage.py begin` does, so the review queue shows them pending: "
-        "`python manage.py load_demo`. Running it again changes nothing."
+        "`python manage.py load_demo`. Running it again changes nothing. --no-begin loads them without "
+        "beginning (`manage.py demo` does, to show begin's first run)."
     )
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--no-begin",
+            action="store_true",
+            help="Load the cases and logins only; each case's first decision, or `manage.py begin`, begins it.",
+        )
+
+    def handle(self, *args, no_begin=False, **options):
         try:
             with transaction.atomic():
                 cases = []
@@ -52,7 +60,7 @@ class Command(ProjectCommand):
                     user.groups.add(Group.objects.get(name=group))
             # After the import commits: begin has transactions of its own, and a review begun
             # or found is reported the way `begin` reports it (a decided case stays decided).
-            for case in cases:
+            for case in [] if no_begin else cases:
                 begun = review_begin(case=case, channel=Channel.COMMAND)
                 verb = "begun" if begun.created else "unchanged"
                 self.stdout.write(
