@@ -123,6 +123,15 @@ def browser():
             browser.close()
 
 
+def sign_in(page, live_server, username: str, password: str) -> None:
+    """Sign ``page`` in to the admin as a demo user, and wait for the front page."""
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+
+
 @pytest.fixture
 def login(browser, live_server):
     """A logged-in browser context for a demo user: ``login(*REVIEWER)``."""
@@ -132,11 +141,7 @@ def login(browser, live_server):
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         contexts.append(context)
         page = context.new_page()
-        page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-        page.fill("#id_username", username)
-        page.fill("#id_password", password)
-        page.click("input[type=submit]")
-        page.wait_for_url(f"{live_server.url}/admin/")
+        sign_in(page, live_server, username, password)
         return context, page
 
     yield make

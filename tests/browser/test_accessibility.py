@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import LEAD, REVIEWER, in_thread
+from tests.browser.conftest import LEAD, REVIEWER, in_thread, sign_in
 from tests.browser.test_publish_policy import V4
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,11 +100,7 @@ def new_page(browser, live_server, scheme: str, user: tuple[str, str] | None):
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
     page = context.new_page()
     if user is not None:
-        page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-        page.fill("#id_username", user[0])
-        page.fill("#id_password", user[1])
-        page.click("input[type=submit]")
-        page.wait_for_url(f"{live_server.url}/admin/")
+        sign_in(page, live_server, *user)
     return context, page
 
 

@@ -14,7 +14,7 @@ import json
 import pytest
 from playwright.sync_api import expect
 
-from tests.browser.conftest import LEAD, REVIEWER, in_thread
+from tests.browser.conftest import LEAD, REVIEWER, in_thread, sign_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,11 +45,7 @@ def csp_browser(browser, live_server):
             lambda msg: violations.append(f"console: {msg.text}") if "Content Security Policy" in msg.text else None,
         )
         if user is not None:
-            page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-            page.fill("#id_username", user[0])
-            page.fill("#id_password", user[1])
-            page.click("input[type=submit]")
-            page.wait_for_url(f"{live_server.url}/admin/")
+            sign_in(page, live_server, *user)
         return page
 
     open_page.violations = violations  # type: ignore[attr-defined]
