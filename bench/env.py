@@ -6,13 +6,18 @@ Shared by the runner (bench/run.py) and the parts that start processes of their 
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 EVENT_LOG = ROOT / "var" / "bench" / "events.jsonl"
+# The benchmark's own collectstatic: with DEBUG off every admin page needs the manifest
+# (ManifestStaticFilesStorage), and a fresh clone has none.
+STATIC_ROOT = ROOT / "var" / "bench" / "static"
 
 
 def env_for(database_url: str) -> dict:
@@ -30,7 +35,17 @@ def env_for(database_url: str) -> dict:
         # Every decision still logs its JSON event line (part of what is measured), into a
         # file instead of the report's stderr, where hundreds of them hid the progress lines.
         DECISIONFLOW_EVENT_LOG_FILE=str(EVENT_LOG),
+        STATIC_ROOT=str(STATIC_ROOT),
     )
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return env
+
+
+@functools.cache
+def static_collected() -> Path:
+    """``collectstatic`` into the benchmark's STATIC_ROOT, once per process: the pages a
+    benchmark renders with DEBUG off then find their manifest. Fails loudly, never skipped."""
+    env = env_for("sqlite:///:memory:")  # collectstatic reads no table
+    subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
+    return STATIC_ROOT

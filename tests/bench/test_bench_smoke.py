@@ -108,6 +108,51 @@ def test_pages_report_and_partial_write(tmp_path):
     assert after.split("## 9.")[0].replace("**no**", "**yes**").count("| 9.") == 1
 
 
+def test_a_page_that_fails_to_render_fails_the_goal_and_says_so():
+    from bench import run
+
+    page = {"key": "first", "label": "first page", "goal": True, "url": "/x/", "queries": 5}
+    good = {
+        "kind": "pages",
+        "cases": 10,
+        "pages": [{**page, "times_ms": [10], "bytes": 1}, {**page, "key": "b", "times_ms": [10], "bytes": 1}],
+    }
+    broken = {
+        "kind": "pages",
+        "cases": 1000,
+        "pages": [
+            {**page, "times_ms": [11], "bytes": 1},
+            {**page, "key": "b", "error": "ValueError: Missing staticfiles manifest entry"},
+        ],
+    }
+    combined = run.pages_combine({10: [good], 1000: [broken]}, requests=1)
+    assert [p["met"] for p in combined["pages"]] == [True, False]
+    row = report.pages_summary_row(combined)
+    assert "**1 not measured**" in row and row.rstrip(" |").endswith("**no**")
+    nothing = run.pages_combine({10: [broken], 1000: [broken]}, requests=1)
+    nothing["pages"] = [p for p in nothing["pages"] if "ratio" not in p]
+    assert "**not measured**" in report.pages_summary_row(nothing)
+    section = report.pages_section(combined, {"command": "make bench", "date": "today"})
+    assert "Missing staticfiles manifest entry" in section and "context" not in section
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_pages_render_with_debug_off_in_the_benchmarks_own_process():
+    """As ``make bench`` runs them: a process of its own with DEBUG off (the static files'
+    manifest, which a fresh clone lacks, is collected by the benchmark itself)."""
+    from bench import run
+    from bench.bigdata import load_operations
+    from bench.data import raw_connect
+    from tests.conftest import database_url
+
+    with raw_connect() as conn:
+        load_operations(conn, 30)
+    (pages,) = run.inproc(database_url(), "smoke", only="pages", requests=1)
+    assert pages["kind"] == "pages", pages
+    assert [p.get("error") for p in pages["pages"]] == [None] * len(pages["pages"]), pages["pages"]
+
+
 def test_a_partial_run_replaces_the_goal_rows_context_rows_and_findings_it_measured(tmp_path):
     """``--only postgres`` rewrites the commit goal, the ORM floor's "(context)" row and the
     commit's finding with the new figures, and leaves the measures it did not make alone."""
