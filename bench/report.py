@@ -775,7 +775,8 @@ def pages_section(pg: dict | None, info: dict) -> str | None:
         "JIT-compile the query); there is no COUNT over the whole table (the unfiltered list shows the "
         "planner's estimate, a filtered or searched one counts at most a few pages ahead); and the search "
         "by part of a case ID (or subject) uses trigram indexes (`pg_trgm`); the reviewer filter's choices "
-        "are found with one index probe per reviewer, not by reading every decision. A deep page still walks the "
+        "are found with one index probe per reviewer, not by reading every decision. The proposal list pages "
+        "the same way on its own order's index (`proposal_list_order`, reviews migration 0012). A deep page still walks the "
         "index up to its offset, so page 1,000 costs more than page 100 (the last page at "
         f"{_size(small)} cases is page {max(1, pg['cases'][str(small)] // 100)}); the search with "
         "more matches shows more rows where there are more cases.",

@@ -104,6 +104,8 @@ class Proposal(AppendOnlyModel):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The admin's list order, so that a page is read on the index (workplace/listing.py).
+        indexes = [models.Index(fields=["-created_at", "-id"], name="proposal_list_order")]
         permissions = [("review_proposal", "Can approve, decline and edit proposals")]
         constraints = [
             models.UniqueConstraint(fields=["operation_id"], name="proposal_unique_operation"),

@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from effects.models import Delivery, DeliveryState, DeliveryTry
 from effects.selectors import NEEDS_CHECK_ADVICE, STATE_SENTENCES
 from workplace.display import ViewOnlyAdmin, op_html, when, when_html
-from workplace.listing import CaseListAdminMixin
+from workplace.listing import LargeListAdminMixin
 
 
 def state_badge(delivery: Delivery):
@@ -57,7 +57,7 @@ class DeliveryTryInline(admin.TabularInline):
         return "-" if obj.latency_ms is None else f"{obj.latency_ms} ms"
 
 
-class DeliveryAdmin(CaseListAdminMixin, ViewOnlyAdmin):
+class DeliveryAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     list_display = ("operation", "case_link", "state_badge", "outcome", "tries", "created", "settled")
     list_display_links = ("operation",)
     list_select_related = ("case",)

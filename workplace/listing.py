@@ -67,7 +67,7 @@ def _estimated_count(queryset: QuerySet) -> tuple[int, bool]:
     return int(count), bool(estimated)
 
 
-class CaseListPaginator(Paginator):
+class LargeListPaginator(Paginator):
     """A paginator for a large, index-ordered list: a bounded count, and pages whose rows
     are chosen by primary key first (see the module's docstring)."""
 
@@ -134,14 +134,14 @@ class CaseListPaginator(Paginator):
         yield self.ELLIPSIS
 
 
-class CaseListAdminMixin:
+class LargeListAdminMixin:
     """The case changelist's paging (CaseAdmin): the paginator above, told which page the
     request asks for, and no second COUNT for the "N total" of a filtered list."""
 
     show_full_result_count = False
 
     def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
-        return CaseListPaginator(queryset, per_page, orphans, allow_empty_first_page, page_hint=page_hint(request))
+        return LargeListPaginator(queryset, per_page, orphans, allow_empty_first_page, page_hint=page_hint(request))
 
 
 # The reviewers who decided anything, for the list's "reviewer" filter: one index probe per

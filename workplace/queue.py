@@ -29,7 +29,7 @@ from reviews.selectors import proposal_text_fields
 from workflow import queue
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when, when_html
 from workplace.links import can_review, review_url
-from workplace.listing import CaseListAdminMixin
+from workplace.listing import LargeListAdminMixin
 
 VIEW_PENDING = "reviews.view_pendingreview"
 
@@ -116,7 +116,7 @@ class PolicyFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ReviewQueueAdmin(CaseListAdminMixin, ViewOnlyAdmin):
+class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     """Pending reviews, oldest first, with their age, SLA state, claim, and what to watch for."""
 
     list_display = ("case_link", "subject", "age", "sla", "policy", "claim", "human_edit", "text_warnings")

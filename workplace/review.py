@@ -54,7 +54,7 @@ from workplace import picture as workflow_picture
 from workplace.display import ViewOnlyAdmin, op_html, pre_html, proposal_body_html, when, when_html
 from workplace.forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm
 from workplace.links import can_review, review_url
-from workplace.listing import CaseListAdminMixin, reviewers_with_decisions
+from workplace.listing import LargeListAdminMixin, reviewers_with_decisions
 from workplace.records import PROPOSAL_BIG_FIELDS
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,10 @@ def _four_eyes_message(case, user):
     return _four_eyes_sentence(four_eyes_refusal(proposal_pk=case.current_proposal_id, reviewer=user, case_pk=case.pk))
 
 
-class ProposalAdmin(ViewOnlyAdmin):
+class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
+    # Paged in the order of its index (reviews migration 0012, ``proposal_list_order``), with
+    # no COUNT over the whole table: at a million proposals the stock list sorted them all
+    # and counted them twice on every page (docs/PERFORMANCE.md, 9).
     list_display = ("operation", "case_link", "origin", "author", "created_at", "review_link")
     list_display_links = None
     list_select_related = ("case", "author")
@@ -558,14 +561,14 @@ class ReviewerFilter(admin.SimpleListFilter):
         return queryset
 
 
-class CaseAdmin(CaseListAdminMixin, ViewOnlyAdmin):
+class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     # "created" carries the list's first sort key (newest first), so the sort indicator shows
     # the order the rows are really in, not only the tie-breaker "case".
     list_display = ("case_link", "subject", "status", "current_operation", "reviewer", "decided", "created")
     list_display_links = None
     list_filter = (StatusFilter, ReviewerFilter, ("created_at", admin.DateFieldListFilter))
     # Part of a case ID ("1042" finds T-1042) or of the subject; trigram indexes serve both
-    # on PostgreSQL (cases migration 0003). Paging and counting: listing.CaseListAdminMixin.
+    # on PostgreSQL (cases migration 0003). Paging and counting: listing.LargeListAdminMixin.
     search_fields = ("case_id", "subject")
     list_per_page = 100
     actions = ["approve_selected", "decline_selected"]
