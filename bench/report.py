@@ -778,8 +778,9 @@ def pages_section(pg: dict | None, info: dict) -> str | None:
         "are found with one index probe per reviewer, not by reading every decision. The proposal list pages "
         "the same way on its own order's index (`proposal_list_order`, reviews migration 0012). A deep page still walks the "
         "index up to its offset, so page 1,000 costs more than page 100 (the last page at "
-        f"{_size(small)} cases is page {max(1, pg['cases'][str(small)] // 100)}); the search with "
-        "more matches shows more rows where there are more cases.",
+        f"{_size(small)} cases is page {max(1, pg['cases'][str(small)] // 100)}); the "
+        "broad search matches more than 100 cases at both sizes, so both pages are full, and it counts ten pages "
+        "ahead, never every match.",
         end,
     ]
     return "\n".join(lines)
