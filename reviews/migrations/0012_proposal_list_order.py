@@ -10,16 +10,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cases', '0007_source_versions'),
-        ('reviews', '0011_proposal_origin_pipeline_redraft'),
+        ("cases", "0007_source_versions"),
+        ("reviews", "0011_proposal_origin_pipeline_redraft"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='proposal',
-            index=models.Index(fields=['-created_at', '-id'], name='proposal_list_order'),
+            model_name="proposal",
+            index=models.Index(fields=["-created_at", "-id"], name="proposal_list_order"),
         ),
     ]
