@@ -215,7 +215,7 @@ def pages_combine(runs: dict[int, list[dict]], *, requests: int, max_ratio: floa
     rows = []
     for i, first in enumerate(runs[small][0]["pages"]):
         # Not met until measured at both sizes: a page that fails to render fails the goal.
-        row = {"key": first["key"], "label": first["label"], "goal": first["goal"], "by_size": {}, "met": False}
+        row = {"key": first["key"], "label": first["label"], "by_size": {}, "met": False}
         for n, results in runs.items():
             pages = [res["pages"][i] for res in results]
             errors = [p["error"] for p in pages if "error" in p]

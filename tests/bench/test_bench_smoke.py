@@ -88,7 +88,7 @@ def test_pages_report_and_partial_write(tmp_path):
     from bench import run
 
     def res(n, ms, queries=5):
-        page = {"key": "first", "label": "first page", "goal": True, "url": "/x/", "queries": queries}
+        page = {"key": "first", "label": "first page", "url": "/x/", "queries": queries}
         return {"kind": "pages", "cases": n, "pages": [{**page, "times_ms": ms, "bytes": 1}]}
 
     ok = run.pages_combine({10: [res(10, [10, 12])], 1000: [res(1000, [14, 15])]}, requests=2)
@@ -111,7 +111,7 @@ def test_pages_report_and_partial_write(tmp_path):
 def test_a_page_that_fails_to_render_fails_the_goal_and_says_so():
     from bench import run
 
-    page = {"key": "first", "label": "first page", "goal": True, "url": "/x/", "queries": 5}
+    page = {"key": "first", "label": "first page", "url": "/x/", "queries": 5}
     good = {
         "kind": "pages",
         "cases": 10,
