@@ -375,6 +375,55 @@ class RequestInProgress(DecisionflowError):
     retry_after = 1  # seconds: the API's Retry-After
 
 
+class SigningKeyMissing(DecisionflowError):
+    """No usable Ed25519 key to sign an audit export or a seal with (docs/AUDIT.md, "Keys").
+
+    A configuration error, like a missing SECRET_KEY: a command exits 78, the admin answers 503
+    with the message, and nothing is written or sent unsigned.
+    """
+
+    code = "signing_key_missing"
+    exit_code = 78
+    http_status = 503
+
+    @classmethod
+    def not_configured(cls) -> SigningKeyMissing:
+        return cls(
+            "no audit signing key: set DECISIONFLOW_AUDIT_SIGNING_KEY (the PEM text of an Ed25519 private key) "
+            "or DECISIONFLOW_AUDIT_SIGNING_KEY_FILE (a PEM file); `manage.py audit_keygen DIR` makes a key pair"
+        )
+
+    @classmethod
+    def unreadable(cls, source: str, why: str) -> SigningKeyMissing:
+        """``source`` names where the key came from (the variable or the file), never the key."""
+        return cls(f"the audit signing key in {source} cannot be used: {why}")
+
+
+class AuditMismatch(DecisionflowError):
+    """What ``audit_verify`` checked does not match what was signed (docs/AUDIT.md): an export
+    edited after it was written, or signed by another key. The message names the first thing
+    found, so the auditor knows where to look."""
+
+    code = "audit_mismatch"
+    exit_code = 11
+    http_status = 409
+
+    @classmethod
+    def export_edited(cls, path, why: str) -> AuditMismatch:
+        return cls(f"audit_verify: {path} was changed after it was signed: {why}")
+
+    @classmethod
+    def export_signature(cls, sig) -> AuditMismatch:
+        return cls(f"audit_verify: the signature in {sig} does not verify with this public key (the .sig was edited)")
+
+    @classmethod
+    def export_key(cls, sig, *, signed_by: str, given: str) -> AuditMismatch:
+        return cls(
+            f"audit_verify: {sig} was signed by key {signed_by}, the public key given is {given}: "
+            "verify with the public key of the key that signed it"
+        )
+
+
 # The refusals of the pipeline's intake (docs/INTAKE.md), for the API's error table.
 INTAKE_REFUSALS: tuple[type[DecisionflowError], ...] = (OperationIdMismatch, IdempotencyMismatch, RequestInProgress)
 

@@ -133,6 +133,14 @@ DECISIONFLOW_METRICS = env.bool("DECISIONFLOW_METRICS", default=bool(env.str("PR
 DECISIONFLOW_METRICS_ALLOW = env.list("DECISIONFLOW_METRICS_ALLOW", default=["127.0.0.1", "::1"] if DEBUG else [])
 DECISIONFLOW_METRICS_TOKEN = env.str("DECISIONFLOW_METRICS_TOKEN", default="")
 
+# The Ed25519 key that signs audit exports and the chain's seals (core/signing.py,
+# docs/AUDIT.md): the PEM text, or a PEM file (the text wins when both are set). Neither
+# set: with DEBUG a development key is made once in var/; without DEBUG, signing refuses
+# (exit 78, HTTP 503). `manage.py audit_keygen DIR` makes a pair; rotation: docs/DEPLOY.md.
+DECISIONFLOW_AUDIT_SIGNING_KEY = env.str("DECISIONFLOW_AUDIT_SIGNING_KEY", default="")
+DECISIONFLOW_AUDIT_SIGNING_KEY_FILE = env.str("DECISIONFLOW_AUDIT_SIGNING_KEY_FILE", default="")
+DECISIONFLOW_AUDIT_DEV_KEY_FILE = BASE_DIR / "var" / "audit-signing-key.dev.pem" if DEBUG else None
+
 INSTALLED_APPS = [
     # Admin modules are imported by decisionflow/urls.py, not at start-up: the admin pages
     # import the workflow and through it agent-framework (~0.3 s), which no cron command needs.
@@ -146,6 +154,7 @@ INSTALLED_APPS = [
     "reviews",
     "effects",
     "workflow",
+    "audit",
     "workplace",
     "api",
     # Django's task framework (the django.tasks backport) and its database backend: the

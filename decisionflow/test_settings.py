@@ -18,6 +18,18 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="decisionflow-metrics-")
     atexit.register(shutil.rmtree, os.environ["PROMETHEUS_MULTIPROC_DIR"], True)
 
+# A signing key of this test run only (core/signing.py), in the environment so that the
+# manage.py children a test starts sign with it too; never the development key in var/.
+if not os.environ.get("DECISIONFLOW_AUDIT_SIGNING_KEY") and not os.environ.get("DECISIONFLOW_AUDIT_SIGNING_KEY_FILE"):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    os.environ["DECISIONFLOW_AUDIT_SIGNING_KEY"] = (
+        Ed25519PrivateKey.generate()
+        .private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        .decode()
+    )
+
 from decisionflow.settings import *  # noqa: E402, F403
 from decisionflow.settings import DATABASES, env  # noqa: E402
 

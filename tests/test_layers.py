@@ -14,7 +14,7 @@ import textwrap
 import grimp
 import pytest
 
-PACKAGES = ("core", "cases", "reviews", "effects", "engine", "workflow", "workplace", "api", "decisionflow")
+PACKAGES = ("core", "cases", "reviews", "effects", "engine", "workflow", "audit", "workplace", "api", "decisionflow")
 
 
 def module_imports(graph) -> dict[str, set[str]]:
