@@ -48,6 +48,7 @@ lock: $(VENV)/.test
 	$(PIP_COMPILE) -o test.txt test.in
 	$(PIP_COMPILE) -o bench.txt bench.in
 	$(PIP_COMPILE) -o peer.txt peer.in
+	$(PIP_COMPILE) -o dbos.txt dbos.in
 
 # Browser tests drive Debian's Chromium; install it when missing and we are allowed to.
 browser:
@@ -128,15 +129,21 @@ test-postgres: $(VENV)/.test pgbouncer
 # docs/PERFORMANCE.md. Uses its own databases (decisionflow_bench* on BENCH_POSTGRES_URL,
 # default the local server, and a temporary SQLite file); ~15 minutes on 2 cores.
 # The side-by-side benchmark runs the LangGraph peer (bench/peer/) in its own venv, .venv-peer,
-# from requirements/peer.txt; LangGraph is never installed in the project's venv.
+# from requirements/peer.txt, and the DBOS peer (bench/peer/dbos/) in .venv-dbos, from
+# requirements/dbos.txt; neither is ever installed in the project's venv.
 BENCH_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432
 BENCH_ARGS ?=
-bench: $(VENV)/.bench .venv-peer/.installed
+bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 	BENCH_POSTGRES_URL="$(BENCH_POSTGRES_URL)" $(PY) -m bench.run $(BENCH_ARGS)
 
 .venv-peer/.installed: requirements/peer.txt
 	$(PYTHON) -m venv .venv-peer
 	.venv-peer/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/peer.txt
+	touch $@
+
+.venv-dbos/.installed: requirements/dbos.txt
+	$(PYTHON) -m venv .venv-dbos
+	.venv-dbos/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/dbos.txt
 	touch $@
 
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
@@ -147,4 +154,4 @@ reliability: $(VENV)/.bench pgbouncer
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:
-	rm -rf $(VENV) .venv-peer db.sqlite3 .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-peer .venv-dbos db.sqlite3 .pytest_cache .mypy_cache .ruff_cache
