@@ -21,6 +21,8 @@ ORDER = [
     "begin_postgresql",
     "side_resume",
     "side_begin",
+    "side_dbos_resume",
+    "side_dbos_begin",
     "process_start",
     "reconcile_command",
     "reconcile_service",
@@ -156,6 +158,16 @@ FINDINGS = {
 }
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def wall_time_line(total_s: float, parts: dict[str, float]) -> str:
+    """A run's own wall time and each part's, longest first (bench.run prints it last)."""
+    each = ", ".join(f"{part} {_minutes(s)}" for part, s in sorted(parts.items(), key=lambda kv: -kv[1]))
+    return f"wall time {_minutes(total_s)} in all" + (f"; by part: {each}" if each else "")
+
+
 def _fmt(value, unit: str) -> str:
     if value is None:
         return "—"
@@ -259,6 +271,20 @@ def goals_table(by_key: dict) -> list[str]:
             "side_peer",
         ),
         _ratio_goal_row(by_key, "begin, ours ÷ LangGraph (median ms per call)", ("≤", 1.0), "side_begin", "side_peer"),
+        _ratio_goal_row(
+            by_key,
+            "resume + approve + commit, ours ÷ DBOS (median ms per call; DBOS on its defaults, ours on ours)",
+            ("≤", 0.5),
+            "side_dbos_resume",
+            "side_dbos",
+        ),
+        _ratio_goal_row(
+            by_key,
+            "begin, ours ÷ DBOS (median ms per call; DBOS on its defaults, ours on ours)",
+            ("≤", 0.5),
+            "side_dbos_begin",
+            "side_dbos",
+        ),
         _ratio_goal_row(by_key, "commit, 1 connection, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_postgresql"),
         _ratio_goal_row(by_key, "commit, 8 connections, ÷ raw psycopg (approvals/s)", ("≥", 0.5), "commit_concurrent"),
         _ratio_goal_row(by_key, "replay ÷ raw conflicting inserts (replays/s)", ("≥", 0.5), "replay_postgresql"),
@@ -287,81 +313,137 @@ def _intake_goal_row(r: dict | None) -> str:
     )
 
 
-# --- 11 and 12: side by side with LangGraph --------------------------------------------------
+# --- 11, 12, 18 and 19: side by side with LangGraph and DBOS ----------------------------------
+
+# The peers as the side-by-side results name them: (name, timing key prefix, own record's key).
+SIDE_PEERS = (("LangGraph", "side", "side_peer"), ("DBOS", "side_dbos", "side_dbos"))
 
 
 def _ms(values: list[float]) -> str:
     return f"{summary(values)['median']:.2f} ms" if values else "—"
 
 
+def _side_text(by_key: dict) -> str | None:
+    lines = side_by_side_section(by_key)
+    if not lines:
+        return None
+    begin, end = section_markers("side")
+    return "\n".join([begin, *lines, end])
+
+
 def side_by_side_section(by_key: dict) -> list[str]:
     resume, begin = by_key.get("side_resume"), by_key.get("side_begin")
-    peer, counts = by_key.get("side_peer"), by_key.get("side_counts")
+    counts = by_key.get("side_counts")
     if not resume or resume.get("kind") != "cost":
         return []
     service = (counts or {}).get("service") or "the decision service"
     lines = [
-        "## 11–12. Side by side with LangGraph (PostgreSQL)",
+        "## 11–12, 18–19. Side by side with LangGraph and with DBOS (PostgreSQL)",
         "",
-        "The LangGraph peer (bench/peer/langgraph_hitl.py: `prepare` → `review` with `interrupt()` → `commit`, "
-        "an `INSERT ... ON CONFLICT (operation_id) DO NOTHING`, on LangGraph's PostgreSQL checkpointer) runs in "
-        "its own virtual environment (`.venv-peer`, from requirements/peer.txt) as one process per round, on its "
-        "own database on the same server, with `--durability sync` so that both sides commit durably before a "
-        "call returns. Rounds alternate, peer then ours, "
-        f"{resume['n']} fresh cases per round: begin for every case, then resume + approve + commit for every "
-        "case, each call timed in-process with `perf_counter`, one after another (no process start on either "
-        f"side). Ours: `review_begin(case=case, actor=None)`, then `{service}(case=..., operation_id=..., "
-        'approved=True, reviewer=..., channel="bench")` with a reviewer of the Reviewers group whose permission '
-        "was checked once before (as the admin and the API do). A round's figure is the median (and the p90, "
-        "nearest rank) of its calls; a ratio is ours ÷ the peer's in the same pair of rounds; the table shows "
-        "the median over rounds.",
+        "Two peers do the same job as we do, each the way its own documentation shows, each in its own virtual "
+        "environment as one process per round, on its own database on the same server:",
+        "",
+        "- **LangGraph** (bench/peer/langgraph_hitl.py, `.venv-peer` from requirements/peer.txt): `prepare` → "
+        "`review` with `interrupt()` → `commit`, on LangGraph's PostgreSQL checkpointer, with `--durability sync` "
+        "so that it commits durably before a call returns. Begin is `graph.invoke({case_id})` until it stops at "
+        "`interrupt()`; resume is `graph.invoke(Command(resume=...))`.",
+        "- **DBOS Transact** (bench/peer/dbos/dbos_hitl.py, `.venv-dbos` from requirements/dbos.txt): one durable "
+        "workflow per case, `prepare` step → `set_event` → `recv` (a durable wait) → `commit` step, in DBOS's "
+        "system database. Begin is `DBOS.start_workflow(review, case_id)` until the workflow waits durably in "
+        "`recv`; resume is `DBOS.send(case_id, approval)` until `handle.get_result()` returns. **DBOS runs on its "
+        "defaults** (its own connection pool; it commits every checkpoint before going on, and the run checks "
+        "that `synchronous_commit` is `on` for its engine), **and we run on ours**.",
+        "",
+        "Both commit the effect as we do: an `INSERT ... ON CONFLICT (operation_id) DO NOTHING`. "
+        "Rounds are interleaved, and who goes first rotates each round (LangGraph, DBOS, ours; then DBOS, "
+        f"ours, LangGraph; then ours, LangGraph, DBOS), {resume['n']} fresh cases per round and side: begin for "
+        "every case, then resume + approve + commit for every case, each call timed in-process with "
+        "`perf_counter`, one after another (no process start on any side). Ours: `review_begin(case=case, "
+        f'actor=None)`, then `{service}(case=..., operation_id=..., approved=True, reviewer=..., channel="bench")` '
+        "with a reviewer of the Reviewers group whose permission was checked once before (as the admin and the "
+        "API do). A round's figure is the median (and the p90, nearest rank) of its calls; a ratio is ours ÷ a "
+        "peer's in the same round; the table shows the median over rounds and the range of the rounds' ratios. "
+        "Lower is better for us. The machine is shared: read the ratios, not the times.",
         "",
     ]
-    if peer and peer.get("kind") in ("missing", "error"):
-        lines += [f"**The LangGraph peer was not measured in this run**: {peer['error'].strip()[-300:]}", ""]
+    for name, _prefix, info_key in SIDE_PEERS:
+        info = by_key.get(info_key)
+        if info and info.get("kind") in ("missing", "error"):
+            lines += [f"**The {name} peer was not measured in this run**: {info['error'].strip()[-300:]}", ""]
     lines += [
-        "| call | ours: median | ours: p90 | LangGraph: median | LangGraph: p90 | ours ÷ LangGraph (median; rounds min–max) | goal |",
-        "|---|---|---|---|---|---|---|",
+        "| call | ours: median | ours: p90 | peer | peer: median | peer: p90 | ours ÷ peer (median; rounds min–max) | goal |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for label, r in (("resume + approve + commit", resume), ("begin", begin)):
-        if not r or r.get("kind") != "cost":
-            continue
-        if r["ratios"]:
-            s = summary(r["ratios"])
-            ratio = f"**{s['median']:.2f}×** ({s['min']:.2f}–{s['max']:.2f})"
-        else:
-            ratio = "—"
-        lines.append(
-            f"| {label} | {_ms(r['ours_only']['median_ms'])} | {_ms(r['ours_only']['p90_ms'])} | "
-            f"{_ms(r['baseline_values'])} | {_ms(r['baseline_p90'])} | {ratio} | ≤ 1.0× |"
-        )
-    lines.append("")
-    if peer and peer.get("kind") == "peer" and peer["rounds"]:
-        lines += [
-            "Per round, median / p90 in ms (begin; resume + approve + commit):",
-            "",
-            "| round | LangGraph begin | ours begin | LangGraph resume | ours resume |",
-            "|---|---|---|---|---|",
-        ]
-        for i, pr in enumerate(peer["rounds"]):
-            ob = f"{begin['subject_values'][i]:.2f} / {begin['subject_p90'][i]:.2f}" if begin else "—"
-            orr = f"{resume['subject_values'][i]:.2f} / {resume['subject_p90'][i]:.2f}"
+    for label, phase in (("resume + approve + commit", "resume"), ("begin", "begin")):
+        for name, prefix, _info_key in SIDE_PEERS:
+            r = by_key.get(f"{prefix}_{phase}")
+            if not r or r.get("kind") != "cost":
+                continue
+            if r["ratios"]:
+                s = summary(r["ratios"])
+                ratio = f"**{s['median']:.2f}×** ({s['min']:.2f}–{s['max']:.2f})"
+            else:
+                ratio = "—"
+            goal = r.get("goal") or ("≤", 1.0)
             lines.append(
-                f"| {i + 1} | {pr['begin']['median_ms']:.2f} / {pr['begin']['p90_ms']:.2f} | {ob} | "
-                f"{pr['resume']['median_ms']:.2f} / {pr['resume']['p90_ms']:.2f} | {orr} |"
+                f"| {label} | {_ms(r['ours_only']['median_ms'])} | {_ms(r['ours_only']['p90_ms'])} | {name} | "
+                f"{_ms(r['baseline_values'])} | {_ms(r['baseline_p90'])} | {ratio} | {goal[0]} {goal[1]:g}× |"
             )
-        v = peer.get("versions", {})
+    lines.append("")
+    orders = resume.get("orders") or []
+    if orders:
+        peers = {name: by_key.get(info_key) for name, _p, info_key in SIDE_PEERS}
+        by_round = {
+            name: {pr.get("round", i + 1): pr for i, pr in enumerate(info["rounds"])}
+            for name, info in peers.items()
+            if info and info.get("kind") == "peer"
+        }
+        names = {"ours": "ours", "langgraph": "LangGraph", "dbos": "DBOS"}
+
+        def cell(name: str, i: int, phase: str) -> str:
+            pr = by_round.get(name, {}).get(i + 1)
+            return f"{pr[phase]['median_ms']:.2f} / {pr[phase]['p90_ms']:.2f}" if pr else "—"
+
+        ours_m, ours_p = resume["ours_only"]["median_ms"], resume["ours_only"]["p90_ms"]
+        begin_m = begin["ours_only"]["median_ms"] if begin else []
+        begin_p = begin["ours_only"]["p90_ms"] if begin else []
         lines += [
+            "Per round, median / p90 in ms:",
             "",
-            f"Peer: LangGraph {v.get('langgraph')}, langgraph-checkpoint-postgres "
-            f"{v.get('langgraph-checkpoint-postgres')}, psycopg {v.get('psycopg')}, Python {v.get('python')}; "
-            f"`{peer['command']}` per round (5 warm-up cases each, not timed).",
-            "",
+            "| round | order | ours begin | LangGraph begin | DBOS begin | ours resume | LangGraph resume | DBOS resume |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+        for i, order in enumerate(orders):
+            ob = f"{begin_m[i]:.2f} / {begin_p[i]:.2f}" if i < len(begin_m) else "—"
+            orr = f"{ours_m[i]:.2f} / {ours_p[i]:.2f}" if i < len(ours_m) else "—"
+            lines.append(
+                f"| {i + 1} | {', '.join(names.get(s, s) for s in order)} | {ob} | {cell('LangGraph', i, 'begin')} | "
+                f"{cell('DBOS', i, 'begin')} | {orr} | {cell('LangGraph', i, 'resume')} | {cell('DBOS', i, 'resume')} |"
+            )
+        lines.append("")
+    for name, _prefix, info_key in SIDE_PEERS:
+        info = by_key.get(info_key)
+        if not info or info.get("kind") != "peer" or not info["rounds"]:
+            continue
+        v = info.get("versions", {})
+        if name == "LangGraph":
+            what = (
+                f"LangGraph {v.get('langgraph')}, langgraph-checkpoint-postgres "
+                f"{v.get('langgraph-checkpoint-postgres')}, psycopg {v.get('psycopg')}, Python {v.get('python')}"
+            )
+        else:
+            st = info.get("settings", {})
+            what = (
+                f"DBOS {v.get('dbos')}, SQLAlchemy {v.get('sqlalchemy')}, psycopg {v.get('psycopg')}, Python "
+                f"{v.get('python')}; `synchronous_commit` {st.get('synchronous_commit')} (server), "
+                f"{st.get('dbos_engine_synchronous_commit')} (DBOS's engine)"
+            )
+        lines.append(f"- {name}: {what}; `{info['command']}` per round (5 warm-up cases each, not timed).")
+    lines.append("")
     if counts and counts.get("kind") == "counts":
         g = counts["goals"]
 
-        def cell(phase: str, key: str) -> str:
+        def count_cell(phase: str, key: str) -> str:
             m = counts[phase][key]
             return f"{m['median']:g}" if m["median"] == m["max"] else f"{m['median']:g} (most {m['max']:g})"
 
@@ -374,23 +456,33 @@ def side_by_side_section(by_key: dict) -> list[str]:
         ]
         for label, phase in ((f"resume (`{service}`)", "resume"), ("begin (`review_begin`), context", "begin")):
             lines.append(
-                f"| {label} | {cell(phase, 'statements')} | {cell(phase, 'commits')} | "
-                f"{cell(phase, 'durable_commits')} | {cell(phase, 'autocommit_statements')} | "
-                f"{cell(phase, 'checkpoint_rows')} |"
+                f"| {label} | {count_cell(phase, 'statements')} | {count_cell(phase, 'commits')} | "
+                f"{count_cell(phase, 'durable_commits')} | {count_cell(phase, 'autocommit_statements')} | "
+                f"{count_cell(phase, 'checkpoint_rows')} |"
             )
         lines.append(
             f"| goal for a resume | ≤ {g['statements']} | | ≤ {g['durable_commits']} | | ≤ {g['checkpoint_rows']} |"
         )
         per_case = counts["begin"]["checkpoint_rows"]["median"] + counts["resume"]["checkpoint_rows"]["median"]
-        peer_rows = counts.get("peer_checkpoint_rows_per_case")
+        theirs = []
+        for name, key, tables in (
+            (
+                "LangGraph",
+                "peer_checkpoint_rows_per_case",
+                "its three tables: checkpoints, checkpoint_blobs, checkpoint_writes",
+            ),
+            (
+                "DBOS",
+                "dbos_checkpoint_rows_per_case",
+                "its five tables: workflow_status, operation_outputs, notifications, workflow_events, "
+                "workflow_events_history",
+            ),
+        ):
+            rows = counts.get(key)
+            theirs.append(f"{name} {rows:g} ({tables})" if rows is not None else f"{name} not measured in this run")
         lines += [
             "",
-            f"Checkpoint rows per case, begin and resume together: ours {per_case:g}"
-            + (
-                f", LangGraph {peer_rows:g} (its three tables: checkpoints, checkpoint_blobs, checkpoint_writes)."
-                if peer_rows is not None
-                else " (the peer's figure was not measured in this run)."
-            ),
+            f"Checkpoint rows per case, begin and resume together: ours {per_case:g}, {'; '.join(theirs)}.",
             "",
             "How these are counted: *statements* are every statement Django sends on the connection, as "
             "`connection.execute_wrapper` sees them (queries, writes, SAVEPOINT/RELEASE, the advisory lock and "
@@ -544,6 +636,8 @@ def render(info: dict, results: list[dict]) -> str:
         "benchmark once at a tiny size to prove it still works).",
         "",
         f"- Command: `{info.get('command')}` (took {info.get('duration_s', 0) / 60:.1f} min; scale `{info.get('scale')}`)",
+        f"- Wall time: {wall_time_line(info.get('duration_s', 0), info.get('part_s') or {})} "
+        "(the budget: 30 min on 2 cores)",
         f"- Date: {info.get('date')}",
         f"- Machine: {info.get('cpu')}, {info.get('cores')} cores, {info.get('memory')}; {info.get('os')}",
         f"- Load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in info.get('load_before', []))}; "
@@ -606,7 +700,9 @@ def render(info: dict, results: list[dict]) -> str:
             "",
         ]
 
-    lines += side_by_side_section(by_key)
+    side = _side_text(by_key)
+    if side:
+        lines += [side, ""]
 
     st = by_key.get("storage_postgresql")
     if st and st.get("kind") == "storage":
@@ -659,7 +755,8 @@ def render(info: dict, results: list[dict]) -> str:
         "million-operation database is kept from an earlier run (it is, while intact: `--fresh` reloads "
         "it), and up to ~15 minutes on a busy machine when it has to be loaded (~75-100 s for the load).",
         "- It uses its own databases: `decisionflow_bench`, `decisionflow_bench_side` (with the LangGraph "
-        "peer's own `decisionflow_bench_peer`, created and dropped by the peer) and "
+        "peer's own `decisionflow_bench_peer` and the DBOS peer's own `decisionflow_bench_dbos`, each created and "
+        "dropped by its peer) and "
         "`decisionflow_bench_reconcile` on the "
         "PostgreSQL server at `BENCH_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432`), and a "
         "temporary SQLite file, and for the admin's pages `decisionflow_bench_pages_10k` and "
@@ -667,9 +764,11 @@ def render(info: dict, results: list[dict]) -> str:
         "`--skip postgres,side,sqlite,process,reconcile,pages` leaves parts out; `--only pages` runs one part and "
         "replaces only its section of this document (`--pages-rounds`, `--pages-requests` size it); "
         "`--side-n` and `--side-rounds` size the side-by-side run; `--json FILE` keeps the raw numbers.",
-        "- The side-by-side run needs the peer's virtual environment, `.venv-peer`, which `make bench` builds "
-        "(`make .venv-peer/.installed`: requirements/peer.txt, with hashes). Without it the peer is reported "
-        "as not measured and the rest still runs.",
+        '- The side-by-side run (`make bench BENCH_ARGS="--only side"` runs it alone and replaces only its '
+        "section, its goal rows and its summary rows) needs each peer's virtual environment, which `make bench` "
+        "builds: `.venv-peer` for LangGraph (`make .venv-peer/.installed`: requirements/peer.txt, with hashes) "
+        "and `.venv-dbos` for DBOS (`make .venv-dbos/.installed`: requirements/dbos.txt, with hashes). Without "
+        "one, that peer is reported as not measured and the rest still runs.",
         "- Every decision a benchmark makes logs its JSON event line, as in production (the cost is in the "
         "figures), into `var/bench/events.jsonl` (this run's only) rather than onto the terminal.",
         "- Speed ratios are the measure's rate divided by the baseline's; cost ratios are the measure's "
@@ -793,6 +892,9 @@ def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
     text = pages_section(by_key.get("pages"), info)
     if text:
         out["pages"] = text
+    side = _side_text(by_key)
+    if side:
+        out["side"] = side
     row = pages_summary_row(by_key.get("pages"))
     if row:
         out["row:9"] = row

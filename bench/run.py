@@ -5,8 +5,9 @@
 It uses its own databases only: on PostgreSQL (BENCH_POSTGRES_URL, default
 postgres://postgres@127.0.0.1:5432) it drops and recreates ``decisionflow_bench`` (the
 review-core and workflow benchmarks, over 100,000 bulk-loaded cases),
-``decisionflow_bench_side`` (our side of the side-by-side run with the LangGraph peer, which
-creates and drops its own ``decisionflow_bench_peer``; see bench/side_by_side.py) and
+``decisionflow_bench_side`` (our side of the side-by-side run with the LangGraph and DBOS
+peers, which create and drop their own ``decisionflow_bench_peer`` and
+``decisionflow_bench_dbos``; see bench/side_by_side.py) and
 ``decisionflow_bench_reconcile`` (1,000,000 operations; kept between runs when its contents
 are exactly what this run would load, unless --fresh), ``decisionflow_bench_pages_10k`` and
 ``decisionflow_bench_pages_1m`` (the admin's pages at 10,000 and 1,000,000 cases; kept the
@@ -70,6 +71,25 @@ def log(msg: str) -> None:
     print(f"[bench {datetime.now(UTC):%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
+class PartClock:
+    """The wall time of each part of a run (``start`` ends the part before), for the closing
+    lines and the report; the run's own set-up and report writing are in the total only."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._part: str | None = None
+        self._since = 0.0
+
+    def start(self, part: str) -> None:
+        self.stop()
+        self._part, self._since = part, time.perf_counter()
+
+    def stop(self) -> None:
+        if self._part is not None:
+            self.seconds[self._part] = self.seconds.get(self._part, 0.0) + time.perf_counter() - self._since
+            self._part = None
+
+
 def migrate(database_url: str) -> None:
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env_for(database_url), check=True)
 
@@ -112,23 +132,31 @@ def inproc(database_url: str, scale: str, only: str | None = None, requests: int
         Path(out).unlink(missing_ok=True)
 
 
-# --- 11 and 12. side by side with the LangGraph peer ------------------------------------
+# --- 11, 12, 18 and 19. side by side with the LangGraph and DBOS peers --------------------
 
 
 def bench_side_by_side(
-    base: str, scale: str, *, name: str, peer_db: str, n: int | None = None, rounds: int | None = None
+    base: str,
+    scale: str,
+    *,
+    name: str,
+    peer_db: str,
+    dbos_db: str,
+    n: int | None = None,
+    rounds: int | None = None,
 ) -> list[dict]:
-    """Our begin and resume against the LangGraph peer's, interleaved, on the same server:
-    our side in one process on its own database ``name``; the peer (in .venv-peer) started
-    by that process once per round, on ``peer_db``. See bench/side_by_side.py."""
+    """Our begin and resume against the LangGraph and DBOS peers', interleaved, on the same
+    server: our side in one process on its own database ``name``; each peer (in .venv-peer,
+    .venv-dbos) started by that process once per round, on ``peer_db`` and ``dbos_db``. See
+    bench/side_by_side.py."""
     url = pg_url(base, name)
-    log(f"side by side: recreating {name} and migrating; the LangGraph peer uses {peer_db}")
+    log(f"side by side: recreating {name} and migrating; the LangGraph peer uses {peer_db}, DBOS {dbos_db}")
     pg_recreate(base, name)
     migrate(url)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
     cmd = [PY, "-m", "bench.side_by_side", "--scale", scale, "--out", out]
-    cmd += ["--peer-url", pg_url(base, "postgres"), "--peer-db", peer_db]
+    cmd += ["--peer-url", pg_url(base, "postgres"), "--peer-db", peer_db, "--dbos-db", dbos_db]
     if n:
         cmd += ["--n", str(n)]
     if rounds:
@@ -553,7 +581,11 @@ def _write_sections(path: Path, sections: dict[str, str]) -> None:
     for name, text in sections.items():
         if name.startswith("line:"):  # a goal row or a finding, by its leading text
             line = re.compile(rf"^{re.escape(name[5:])}.*$", re.M)
-            generated = line.sub(lambda _m, text=text: text, generated, count=1)
+            if line.search(generated):
+                generated = line.sub(lambda _m, text=text: text, generated, count=1)
+            elif text.startswith("| ") and (goals := re.search(r"^## Goals\n\n(?:\|.*\n)+", generated, re.M)):
+                # a goal not in the table yet: after its last row
+                generated = generated[: goals.end()] + text + "\n" + generated[goals.end() :]
             continue
         if name.startswith("row:"):  # a row of the summary table, by its number
             row = re.compile(rf"^\| {re.escape(name[4:])}\. .*$", re.M)
@@ -570,8 +602,8 @@ def _write_sections(path: Path, sections: dict[str, str]) -> None:
             generated = head + text.strip("\n") + rest.split(end, 1)[1]
             continue
         heading = text.strip("\n").split("\n")[1] if text.startswith(begin) else ""
-        number = re.match(r"## (\d+)\.", heading)
-        old = re.search(rf"^## {number.group(1)}\..*?(?=^## |\Z)", generated, re.M | re.S) if number else None
+        number = re.match(r"## (\d+)[.–]", heading)  # "## 9. …", "## 11–12. …"
+        old = re.search(rf"^## {number.group(1)}[.–].*?(?=^## |\Z)", generated, re.M | re.S) if number else None
         if old:
             generated = generated[: old.start()] + text.strip("\n") + "\n\n" + generated[old.end() :]
         else:
@@ -602,7 +634,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pages-rounds", type=int, help="pages: alternating rounds per size (default 6; smoke 2)")
     parser.add_argument("--pages-requests", type=int, help="pages: timed requests per page per round (default 8)")
     parser.add_argument("--side-n", type=int, help="side by side: cases per round (default 300; smoke 20)")
-    parser.add_argument("--side-rounds", type=int, help="side by side: rounds per side (default 5; smoke 3)")
+    parser.add_argument("--side-rounds", type=int, help="side by side: rounds per side (default 6; smoke 3)")
     parser.add_argument("--render", metavar="JSON", help="only re-render the report from a --json file")
     args = parser.parse_args(argv)
     if args.render:
@@ -621,6 +653,7 @@ def main(argv=None) -> int:
     EVENT_LOG.parent.mkdir(parents=True, exist_ok=True)
     EVENT_LOG.write_text("")  # this run's events only
     started = time.perf_counter()
+    clock = PartClock()
     info = machine(args.postgres)
     results: list[dict] = []
     pg_ok = True
@@ -642,6 +675,7 @@ def main(argv=None) -> int:
             )
 
     if "postgres" not in skip:
+        clock.start("postgres")
         name = args.db_prefix
         url = pg_url(args.postgres, name)
         log(f"PostgreSQL: recreating {name}, migrating, loading {sizes['admin_cases']:,} cases")
@@ -656,6 +690,7 @@ def main(argv=None) -> int:
         results += inproc(url, args.scale)
 
     if "pages" not in skip:
+        clock.start("pages")
         try:
             results += bench_pages(
                 args.postgres,
@@ -673,12 +708,14 @@ def main(argv=None) -> int:
             log(f"pages FAILED: {exc}")
 
     if "side" not in skip:
+        clock.start("side")
         try:
             results += bench_side_by_side(
                 args.postgres,
                 args.scale,
                 name=f"{args.db_prefix}_side",
                 peer_db=f"{args.db_prefix}_peer",
+                dbos_db=f"{args.db_prefix}_dbos",
                 n=args.side_n,
                 rounds=args.side_rounds,
             )
@@ -691,6 +728,7 @@ def main(argv=None) -> int:
             log(f"side by side FAILED: {exc}")
 
     if "sqlite" not in skip:
+        clock.start("sqlite")
         with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
             url = f"sqlite:///{tmp}/bench.sqlite3"
             log("SQLite: migrating a temporary database")
@@ -698,27 +736,33 @@ def main(argv=None) -> int:
             results += inproc(url, args.scale, only="commit,begin")
 
     if "process" not in skip:
+        clock.start("process")
         log("process start")
         with tempfile.TemporaryDirectory(prefix="decisionflow-bench-") as tmp:
             results.append(bench_process_start(f"sqlite:///{tmp}/unused.sqlite3", sizes["process_runs"]))
 
     if "retention" not in skip:
+        clock.start("retention")
         results += bench_retention_part(args.postgres, args.scale, name=f"{args.db_prefix}_retention", pg=pg_ok)
 
     if "cron_start" not in skip:
+        clock.start("cron_start")
         base = args.postgres if pg_ok else None
         results += bench_cron_start_part(base, sizes["process_runs"], name=f"{args.db_prefix}_cron")
 
     if "delivery" not in skip:
+        clock.start("delivery")
         base = args.postgres if pg_ok else None
         results += bench_delivery_part(base, sizes["deliveries"], name=f"{args.db_prefix}_delivery")
 
     if "intake" not in skip and pg_ok:
+        clock.start("intake")
         results += bench_intake_part(
             args.postgres, sizes["intake_cases"], sizes["intake_rounds"], name=f"{args.db_prefix}_intake"
         )
 
     if "reconcile" not in skip:
+        clock.start("reconcile")
         try:
             results += bench_reconcile(
                 args.postgres, sizes, fresh=args.fresh, name=f"{args.db_prefix}_reconcile", scale=args.scale
@@ -736,8 +780,10 @@ def main(argv=None) -> int:
             )
             log(f"reconcile FAILED: {exc}")
 
+    clock.stop()
     info["load_after"] = os.getloadavg()
     info["duration_s"] = time.perf_counter() - started
+    info["part_s"] = clock.seconds
     info["scale"] = args.scale
     info["command"] = "make bench" if args.scale == "full" else f"python -m bench.run --scale {args.scale}"
     if only:
@@ -751,7 +797,8 @@ def main(argv=None) -> int:
         _write_sections(Path(args.out), report.render_sections(info, results))
     else:
         _write_report(Path(args.out), report.render(info, results))
-    log(f"wrote {args.out} in {info['duration_s']:.0f} s")
+    log(f"wrote {args.out}")
+    log(report.wall_time_line(time.perf_counter() - started, clock.seconds))
     failed = [r for r in results if r.get("kind") == "error"]
     return 1 if failed else 0
 

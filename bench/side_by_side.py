@@ -1,29 +1,40 @@
-"""Side by side with the LangGraph peer: begin and resume + approve + commit, one server.
+"""Side by side with two peers, LangGraph and DBOS: begin and resume + approve + commit, one server.
 
     python -m bench.side_by_side --out results.json [--scale full|smoke] [--n N] [--rounds R]
 
 DATABASE_URL names our side's own, migrated PostgreSQL database (bench.run creates
-``decisionflow_bench_side``). The peer, bench/peer/langgraph_hitl.py (LangGraph with its
-PostgreSQL checkpointer), runs in its own virtual environment, ``.venv-peer`` (built by
-``make .venv-peer/.installed``; LangGraph is never imported here), as one subprocess per
-round. It creates and drops its own database (``PEER_PG_DB``) on the same server, through
-the maintenance database (``PEER_PG_URL``). Without that venv the peer is reported as not
-measured and our side is still measured.
+``decisionflow_bench_side``). Each peer runs in its own virtual environment, as one
+subprocess per round, and is never imported here:
 
-Rounds are interleaved, peer then ours: peer, ours, peer, ours, ... Each round takes N fresh
-cases through begin (all N, one after another), then through resume + approve + commit
-(all N). Both sides time each call in-process with ``perf_counter`` (no process start),
-sequentially; the peer warms up on 5 cases per round (its own default), ours on a few cases
-once, before the first round. Per round and side: the median and the p90 (nearest rank, as
-the peer computes it) of the N calls; a round's ratio is ours ÷ the peer of the same pair;
-the report shows the median over rounds. Both sides commit durably: the peer runs with
-``--durability sync`` (each checkpoint written before the call returns), ours always does.
+- bench/peer/langgraph_hitl.py (LangGraph with its PostgreSQL checkpointer), in
+  ``.venv-peer`` (``make .venv-peer/.installed``);
+- bench/peer/dbos/dbos_hitl.py (DBOS Transact, a durable workflow in its system database),
+  in ``.venv-dbos`` (``make .venv-dbos/.installed``).
 
-- begin: ours ``review_begin(case=case, actor=None)``; the peer
-  ``graph.invoke({"case_id": t}, cfg)`` until it stops at ``interrupt()``.
-- resume + approve + commit: ours the one decision service (see ``decide``); the peer
+Each creates and drops its own database (``PEER_PG_DB``) on the same server, through the
+maintenance database (``PEER_PG_URL``). A peer whose venv is missing is reported as not
+measured; the other sides are still measured.
+
+Rounds are interleaved, and who goes first rotates each round (``round_order``): LangGraph,
+DBOS, ours; then DBOS, ours, LangGraph; then ours, LangGraph, DBOS; ... Each round takes N
+fresh cases through begin (all N, one after another), then through resume + approve +
+commit (all N). Every side times each call in-process with ``perf_counter`` (no process
+start), sequentially; each peer warms up on 5 cases per round (its own default), ours on a
+few cases once, before the first round. Per round and side: the median and the p90 (nearest
+rank, as the peers compute it) of the N calls; a round's ratio is ours ÷ a peer in the same
+round; the report shows the median over rounds. Every side commits durably, each on its own
+defaults otherwise: LangGraph runs with ``--durability sync`` (each checkpoint written
+before the call returns); DBOS always commits each checkpoint before going on (the run
+checks that ``synchronous_commit`` is ``on`` for its engine); ours always does.
+
+- begin: ours ``review_begin(case=case, actor=None)``; LangGraph
+  ``graph.invoke({"case_id": t}, cfg)`` until it stops at ``interrupt()``; DBOS
+  ``DBOS.start_workflow(review, case_id)`` until the workflow waits durably in ``recv``.
+- resume + approve + commit: ours the one decision service (see ``decide``); LangGraph
   ``graph.invoke(Command(resume={"approved": True, ...}), cfg)`` (``review`` re-runs, then
-  ``commit`` inserts the effect row, ``ON CONFLICT (operation_id) DO NOTHING``).
+  ``commit`` inserts the effect row, ``ON CONFLICT (operation_id) DO NOTHING``); DBOS
+  ``DBOS.send(case_id, approval, "decision")`` until ``handle.get_result()`` returns (the
+  same keyed INSERT in its ``commit`` step, the step and the workflow recorded).
 
 Counted for ours, on separate fresh cases after the timed rounds (the counting is not
 timed), per begin and per resume (see ``DbWork``): statements, commits, durable commits,
@@ -43,14 +54,18 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PEER_SCRIPT = ROOT / "bench" / "peer" / "langgraph_hitl.py"
 PEER_PYTHON = ROOT / ".venv-peer" / "bin" / "python"
+DBOS_SCRIPT = ROOT / "bench" / "peer" / "dbos" / "dbos_hitl.py"
+DBOS_PYTHON = ROOT / ".venv-dbos" / "bin" / "python"
 
+# Rounds are a multiple of the three sides, so that each goes first equally often.
 SCALES = {
-    "full": {"n": 300, "rounds": 5, "warmup": 5, "count_n": 10},
+    "full": {"n": 300, "rounds": 6, "warmup": 5, "count_n": 10},
     "smoke": {"n": 20, "rounds": 3, "warmup": 2, "count_n": 3},
 }
 
@@ -58,6 +73,66 @@ SCALES = {
 GOAL_STATEMENTS = 12
 GOAL_DURABLE_COMMITS = 2
 GOAL_CHECKPOINT_ROWS = 1
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One peer program: where it lives, its venv, and what it must report to be trusted."""
+
+    side: str  # its name in round_order
+    name: str  # as the report names it
+    script: Path
+    python: Path
+    venv: str
+    key: str  # its results: {key}_resume and {key}_begin (ours ÷ it), and {key} itself
+    goal: float  # ours ÷ it, for both calls (lower is better for us)
+    title_numbers: tuple[int, int]  # the report's numbers for resume and for begin
+    tables: str  # where it keeps its checkpoints, for the report
+
+    def command(self, n: int, python: Path | None = None) -> list[str]:
+        exe = python or self.python
+        return [str(exe), str(self.script), "bench", str(n), "--effect", "keyed", "--runs", "1", "--durability", "sync"]
+
+    def not_durable(self, out: dict) -> str | None:
+        """Why a run's figures do not come from durable commits, or None."""
+        if self.side == "langgraph":
+            return None if out["durability"] == "sync" else f"durability {out['durability']!r}, not sync"
+        settings = out.get("settings") or {}
+        got = (settings.get("synchronous_commit"), settings.get("dbos_engine_synchronous_commit"))
+        return None if got == ("on", "on") else f"synchronous_commit (server, DBOS engine) {got}, not on"
+
+
+LANGGRAPH = Peer(
+    side="langgraph",
+    name="LangGraph",
+    script=PEER_SCRIPT,
+    python=PEER_PYTHON,
+    venv=".venv-peer",
+    key="side",
+    goal=1.0,
+    title_numbers=(11, 12),
+    tables="its three tables: checkpoints, checkpoint_blobs, checkpoint_writes",
+)
+DBOS = Peer(
+    side="dbos",
+    name="DBOS",
+    script=DBOS_SCRIPT,
+    python=DBOS_PYTHON,
+    venv=".venv-dbos",
+    key="side_dbos",
+    goal=0.5,
+    title_numbers=(18, 19),
+    tables="its five tables: workflow_status, operation_outputs, notifications, workflow_events, "
+    "workflow_events_history",
+)
+PEERS = (LANGGRAPH, DBOS)
+SIDES = ("langgraph", "dbos", "ours")
+
+
+def round_order(i: int, sides: tuple[str, ...] = SIDES) -> tuple[str, ...]:
+    """Who runs in round ``i`` (from 0), first to last: the first of each round rotates."""
+    k = i % len(sides)
+    return sides[k:] + sides[:k]
 
 
 # --- the decision service ---------------------------------------------------------------
@@ -113,23 +188,25 @@ class PeerFailed(RuntimeError):
     pass
 
 
-def peer_missing_reason(python: Path = PEER_PYTHON) -> str | None:
+def peer_missing_reason(python: Path | None = None, peer: Peer = LANGGRAPH) -> str | None:
     """Why the peer cannot run here, or None."""
-    if not PEER_SCRIPT.is_file():
-        return f"the peer script {PEER_SCRIPT.relative_to(ROOT)} is missing"
+    python = python or peer.python
+    if not peer.script.is_file():
+        return f"the peer script {peer.script.relative_to(ROOT)} is missing"
     if not (python.is_file() and os.access(python, os.X_OK)):
         return (
-            f"the LangGraph peer's virtual environment is missing ({python} not found): "
-            "`make bench` builds it (`make .venv-peer/.installed`); the peer was skipped"
+            f"the {peer.name} peer's virtual environment is missing ({python} not found): "
+            f"`make bench` builds it (`make {peer.venv}/.installed`); the peer was skipped"
         )
     return None
 
 
 def parse_peer_output(stdout: str) -> dict:
-    """The figures we use from the peer's last stdout line (one JSON object), keyed mode.
+    """The figures we use from a peer's last stdout line (one JSON object), keyed mode; both
+    peers print the same keys.
 
-    ``checkpoint_rows_per_case`` is what the peer counts in its checkpoint tables
-    (checkpoints, checkpoint_blobs, checkpoint_writes) per case after begin and resume, both.
+    ``checkpoint_rows_per_case`` is what the peer counts in its own tables per case after
+    begin and resume, both (LangGraph's checkpoint tables, DBOS's system tables).
     """
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
@@ -152,6 +229,7 @@ def parse_peer_output(stdout: str) -> dict:
             "checkpoint_row_bytes_per_case": keyed.get("checkpoint_row_bytes_per_case"),
             "effect_rows": keyed.get("effect_rows"),
             "durability": runs[0].get("durability"),
+            "settings": doc.get("settings", {}),
             "versions": doc.get("versions", {}),
         }
     except (KeyError, IndexError, TypeError) as exc:
@@ -161,11 +239,13 @@ def parse_peer_output(stdout: str) -> dict:
     return out
 
 
-def peer_command(n: int, python: Path = PEER_PYTHON) -> list[str]:
-    return [str(python), str(PEER_SCRIPT), "bench", str(n), "--effect", "keyed", "--runs", "1", "--durability", "sync"]
+def peer_command(n: int, python: Path | None = None, peer: Peer = LANGGRAPH) -> list[str]:
+    return peer.command(n, python)
 
 
-def run_peer_round(n: int, *, python: Path, admin_url: str, db: str, timeout: float = 900) -> dict:
+def run_peer_round(
+    n: int, *, python: Path, admin_url: str, db: str, timeout: float = 900, peer: Peer = LANGGRAPH
+) -> dict:
     """One peer round in its own process and venv, against its own database."""
     env = {
         k: v
@@ -174,13 +254,14 @@ def run_peer_round(n: int, *, python: Path, admin_url: str, db: str, timeout: fl
     }
     env.update(PEER_PG_URL=admin_url, PEER_PG_DB=db)
     proc = subprocess.run(
-        peer_command(n, python), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        peer.command(n, python), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     if proc.returncode != 0:
-        raise PeerFailed(f"the peer exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
+        raise PeerFailed(f"the {peer.name} peer exited {proc.returncode}: {proc.stderr.strip()[-1500:]}")
     out = parse_peer_output(proc.stdout)
-    if out["durability"] != "sync":
-        raise PeerFailed(f"the peer ran with durability {out['durability']!r}, not sync")
+    why = peer.not_durable(out)
+    if why:
+        raise PeerFailed(f"the {peer.name} peer ran with {why}")
     return out
 
 
@@ -390,6 +471,49 @@ def _timing_result(key: str, title: str, subject: str, baseline: str, n: int) ->
     )
 
 
+def _peer_results(peer: Peer, service: str, n: int, db: str) -> tuple[dict, dict, dict]:
+    """The two timing results (ours ÷ this peer) and the peer's own record, still empty."""
+    if peer is LANGGRAPH:
+        resume_peer = "LangGraph peer: `graph.invoke(Command(resume=...))`, durability sync, keyed effect INSERT"
+        begin_peer = "LangGraph peer: `graph.invoke({case_id})` to `interrupt()`, durability sync"
+    else:
+        resume_peer = (
+            "DBOS peer, on its defaults: `DBOS.send(...)` until `handle.get_result()`, keyed effect INSERT in a step"
+        )
+        begin_peer = "DBOS peer, on its defaults: `DBOS.start_workflow(review)` until it waits durably in `recv`"
+    n_resume, n_begin = peer.title_numbers
+    resume = _timing_result(
+        f"{peer.key}_resume",
+        f"{n_resume}. resume + approve + commit vs {peer.name}, side by side, PostgreSQL",
+        f"ours: `{service}(approved=True)` in-process (checkpoint, re-emitted request, decision + effect)",
+        resume_peer,
+        n,
+    )
+    begin = _timing_result(
+        f"{peer.key}_begin",
+        f"{n_begin}. begin vs {peer.name}, side by side, PostgreSQL",
+        "ours: `review_begin(case, actor=None)` (proposal, run to the human step, pending review)",
+        begin_peer,
+        n,
+    )
+    for r in (resume, begin):
+        r["goal"] = ("≤", peer.goal)
+    script = peer.script.relative_to(ROOT)
+    info: dict = {
+        "key": peer.key if peer is DBOS else "side_peer",
+        "kind": "peer",
+        "peer": peer.name,
+        "command": f"PEER_PG_DB={db} {peer.venv}/bin/python {script} bench {n} --effect keyed --runs 1 --durability sync",
+        "rounds": [],
+        "checkpoint_rows_per_case": [],
+        "checkpoint_row_bytes_per_case": [],
+        "versions": {},
+        "settings": {},
+        "service": service,
+    }
+    return resume, begin, info
+
+
 def bench_side_by_side(
     *,
     n: int,
@@ -397,8 +521,10 @@ def bench_side_by_side(
     warmup: int,
     count_n: int,
     peer_python: Path = PEER_PYTHON,
+    dbos_python: Path = DBOS_PYTHON,
     peer_url: str | None = None,
     peer_db: str | None = None,
+    dbos_db: str | None = None,
     log=print,
 ) -> list[dict]:
     from django.db import connection
@@ -407,87 +533,93 @@ def bench_side_by_side(
     from workflow.begin import review_begin
 
     if connection.vendor != "postgresql":
-        raise RuntimeError("the side-by-side benchmark runs on PostgreSQL only (the peer's checkpointer is)")
+        raise RuntimeError("the side-by-side benchmark runs on PostgreSQL only (the peers' checkpoints are)")
     peer_url = peer_url or _server_url()
-    peer_db = peer_db or f"{connection.settings_dict['NAME']}_peer"
+    dbs = {
+        "langgraph": peer_db or f"{connection.settings_dict['NAME']}_peer",
+        "dbos": dbos_db or f"{connection.settings_dict['NAME']}_dbos",
+    }
+    pythons = {"langgraph": peer_python, "dbos": dbos_python}
     service = DECISION_SERVICE
     reviewer = authenticated_reviewer()
     token = run_token()
 
-    resume = _timing_result(
-        "side_resume",
-        "11. resume + approve + commit vs LangGraph, side by side, PostgreSQL",
-        f"ours: `{service}(approved=True)` in-process (checkpoint, re-emitted request, decision + effect)",
-        "LangGraph peer: `graph.invoke(Command(resume=...))`, durability sync, keyed effect INSERT",
-        n,
-    )
-    begin = _timing_result(
-        "side_begin",
-        "12. begin vs LangGraph, side by side, PostgreSQL",
-        "ours: `review_begin(case, actor=None)` (proposal, run to the human step, pending review)",
-        "LangGraph peer: `graph.invoke({case_id})` to `interrupt()`, durability sync",
-        n,
-    )
-    peer_info: dict = {
-        "key": "side_peer",
-        "kind": "peer",
-        "command": f"PEER_PG_DB={peer_db} .venv-peer/bin/python bench/peer/langgraph_hitl.py "
-        f"bench {n} --effect keyed --runs 1 --durability sync",
-        "rounds": [],
-        "checkpoint_rows_per_case": [],
-        "checkpoint_row_bytes_per_case": [],
-        "versions": {},
-        "service": service,
-    }
-    out = [resume, begin]
-    missing = peer_missing_reason(peer_python)
-    if missing:
-        log(f"side by side: {missing}")
-        out.append({"key": "side_peer", "kind": "missing", "bench": "side_by_side", "error": missing})
+    sides = {}
+    for peer in PEERS:
+        resume, begin, info = _peer_results(peer, service, n, dbs[peer.side])
+        missing = peer_missing_reason(pythons[peer.side], peer)
+        if missing:
+            log(f"side by side: {missing}")
+        sides[peer.side] = {"peer": peer, "resume": resume, "begin": begin, "info": info, "missing": missing}
+    orders: list[list[str]] = []
+    sides["langgraph"]["resume"]["orders"] = orders  # who went first, for the report
 
     # Our warm-up (imports, statement caches, the reviewer), once, before the first round.
     for c in make_cases(warmup, prefix=f"{token}-sw", proposals=False):
         decide(c, review_begin(case=c, actor=None).operation_id, reviewer)
     case_sets = [make_cases(n, prefix=f"{token}-s{i}", proposals=False) for i in range(rounds)]
 
-    peer_error = None
+    errors: dict[str, str] = {}
     for i in range(rounds):
-        peer = None
-        if not missing and peer_error is None:
-            try:
-                t = time.perf_counter()
-                peer = run_peer_round(n, python=peer_python, admin_url=peer_url, db=peer_db)
-                log(
-                    f"side by side round {i + 1}/{rounds}: peer begin {peer['begin']['median_ms']:.2f} ms, "
-                    f"resume {peer['resume']['median_ms']:.2f} ms ({time.perf_counter() - t:.1f} s)"
-                )
-            except Exception as exc:
-                peer_error = f"round {i + 1}: {exc}"
-                log(f"side by side: the peer FAILED in {peer_error}")
-        t = time.perf_counter()
-        ours = our_round(case_sets[i], reviewer)
-        log(
-            f"side by side round {i + 1}/{rounds}: ours begin {ours['begin']['median_ms']:.2f} ms, "
-            f"resume {ours['resume']['median_ms']:.2f} ms ({time.perf_counter() - t:.1f} s)"
-        )
-        for res, phase in ((resume, "resume"), (begin, "begin")):
-            res["ours_only"]["median_ms"].append(ours[phase]["median_ms"])
-            res["ours_only"]["p90_ms"].append(ours[phase]["p90_ms"])
-            if peer is not None:
-                res["subject_values"].append(ours[phase]["median_ms"])
-                res["baseline_values"].append(peer[phase]["median_ms"])
-                res["ratios"].append(ours[phase]["median_ms"] / peer[phase]["median_ms"])
-                res["subject_p90"].append(ours[phase]["p90_ms"])
-                res["baseline_p90"].append(peer[phase]["p90_ms"])
-        if peer is not None:
-            peer_info["rounds"].append({"begin": peer["begin"], "resume": peer["resume"]})
-            peer_info["checkpoint_rows_per_case"].append(peer["checkpoint_rows_per_case"])
-            peer_info["checkpoint_row_bytes_per_case"].append(peer["checkpoint_row_bytes_per_case"])
-            peer_info["versions"] = peer["versions"]
-    if peer_error is not None:
-        out.append({"key": "side_peer", "kind": "error", "bench": "side_by_side", "error": peer_error})
-    elif not missing:
-        out.append(peer_info)
+        order = round_order(i)
+        orders.append(list(order))
+        got: dict[str, dict] = {}
+        for side in order:
+            t = time.perf_counter()
+            if side == "ours":
+                got["ours"] = our_round(case_sets[i], reviewer)
+                name = "ours"
+            else:
+                s = sides[side]
+                name = s["peer"].name
+                if s["missing"] or side in errors:
+                    continue
+                try:
+                    got[side] = run_peer_round(
+                        n, python=pythons[side], admin_url=peer_url, db=dbs[side], peer=s["peer"]
+                    )
+                except Exception as exc:
+                    errors[side] = f"round {i + 1}: {exc}"
+                    log(f"side by side: the {name} peer FAILED in {errors[side]}")
+                    continue
+            log(
+                f"side by side round {i + 1}/{rounds}: {name} begin {got[side]['begin']['median_ms']:.2f} ms, "
+                f"resume {got[side]['resume']['median_ms']:.2f} ms ({time.perf_counter() - t:.1f} s)"
+            )
+        ours = got["ours"]
+        for s in sides.values():
+            peer_round = got.get(s["peer"].side)
+            for res, phase in ((s["resume"], "resume"), (s["begin"], "begin")):
+                res["ours_only"]["median_ms"].append(ours[phase]["median_ms"])
+                res["ours_only"]["p90_ms"].append(ours[phase]["p90_ms"])
+                if peer_round is not None:
+                    res["subject_values"].append(ours[phase]["median_ms"])
+                    res["baseline_values"].append(peer_round[phase]["median_ms"])
+                    res["ratios"].append(ours[phase]["median_ms"] / peer_round[phase]["median_ms"])
+                    res["subject_p90"].append(ours[phase]["p90_ms"])
+                    res["baseline_p90"].append(peer_round[phase]["p90_ms"])
+            if peer_round is not None:
+                info = s["info"]
+                info["rounds"].append({"round": i + 1, "begin": peer_round["begin"], "resume": peer_round["resume"]})
+                info["checkpoint_rows_per_case"].append(peer_round["checkpoint_rows_per_case"])
+                info["checkpoint_row_bytes_per_case"].append(peer_round["checkpoint_row_bytes_per_case"])
+                info["versions"] = peer_round["versions"]
+                info["settings"] = peer_round["settings"]
+
+    out: list[dict] = []
+    for side, s in sides.items():
+        out += [s["resume"], s["begin"]]
+        info_key = s["info"]["key"]
+        if s["missing"]:
+            out.append({"key": info_key, "kind": "missing", "bench": "side_by_side", "error": s["missing"]})
+        elif side in errors:
+            out.append({"key": info_key, "kind": "error", "bench": "side_by_side", "error": errors[side]})
+        else:
+            out.append(s["info"])
+
+    def rows_per_case(side: str):
+        values = sides[side]["info"]["checkpoint_rows_per_case"]
+        return statistics.median(values) if values else None
 
     counts = count_ours(n=count_n, reviewer=reviewer, prefix=f"{token}-sc")
     out.append(
@@ -503,11 +635,8 @@ def bench_side_by_side(
                 "durable_commits": GOAL_DURABLE_COMMITS,
                 "checkpoint_rows": GOAL_CHECKPOINT_ROWS,
             },
-            "peer_checkpoint_rows_per_case": (
-                statistics.median(peer_info["checkpoint_rows_per_case"])
-                if peer_info["checkpoint_rows_per_case"]
-                else None
-            ),
+            "peer_checkpoint_rows_per_case": rows_per_case("langgraph"),
+            "dbos_checkpoint_rows_per_case": rows_per_case("dbos"),
         }
     )
     return out
@@ -518,10 +647,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
     parser.add_argument("--n", type=int, help="cases per round (default: 300 full, 20 smoke)")
-    parser.add_argument("--rounds", type=int, help="rounds per side (default: 5 full, 3 smoke)")
-    parser.add_argument("--peer-python", default=str(PEER_PYTHON))
+    parser.add_argument("--rounds", type=int, help="rounds per side (default: 6 full, 3 smoke)")
+    parser.add_argument("--peer-python", default=str(PEER_PYTHON), help="the LangGraph peer's Python")
+    parser.add_argument("--dbos-python", default=str(DBOS_PYTHON), help="the DBOS peer's Python")
     parser.add_argument("--peer-url", help="the server's maintenance database (default: Django's server)")
-    parser.add_argument("--peer-db", help="the peer's own database (default: <ours>_peer)")
+    parser.add_argument("--peer-db", help="the LangGraph peer's own database (default: <ours>_peer)")
+    parser.add_argument("--dbos-db", help="the DBOS peer's own database (default: <ours>_dbos)")
     args = parser.parse_args(argv)
     if not os.environ.get("DATABASE_URL"):
         parser.error("DATABASE_URL must name the benchmark database")
@@ -543,8 +674,10 @@ def main(argv=None) -> int:
             results = bench_side_by_side(
                 **scale,
                 peer_python=Path(args.peer_python),
+                dbos_python=Path(args.dbos_python),
                 peer_url=args.peer_url,
                 peer_db=args.peer_db,
+                dbos_db=args.dbos_db,
                 log=log,
             )
     except Exception:
