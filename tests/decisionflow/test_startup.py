@@ -150,3 +150,16 @@ def test_unapplied_migrations_through_call_command_is_a_command_error(db, monkey
     with pytest.raises(CommandError, match="the database is not migrated: 1 migration") as refused:
         call_command("reconcile", "--all")
     assert refused.value.returncode == EXIT_CONFIG
+
+
+def test_a_migration_file_not_recorded_is_found_without_the_graph_only_when_all_are(db):
+    """The start-up check reads the migration files and django_migrations; one file not
+    recorded sends it to the migration graph, which names what is missing."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from core import commandline
+
+    assert commandline._every_migration_recorded("default")
+    MigrationRecorder.Migration.objects.filter(app="reviews", name="0012_proposal_list_order").delete()
+    assert not commandline._every_migration_recorded("default")
+    assert commandline.unapplied_migrations() == ["reviews.0012_proposal_list_order"]
