@@ -8,6 +8,7 @@ exactly that, only while the case is still as read. The unique constraints on
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -650,8 +651,40 @@ def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
     return done
 
 
+def _reconcile_query(
+    select: str, *, case_ids: Iterable[str] | None, operation_ids: Iterable[str] | None, delivered: bool = False
+) -> tuple[str, list] | None:
+    """The operations and what they joined to, one row each in reconcile's order: ``select``
+    picks the columns (p: proposal, c: case, d: decision, e: effect, dl: delivery). None when
+    a filter was given with no values (nothing to report)."""
+    where, params = ["dl.id IS NOT NULL"] if delivered else [], []
+    for column, values in (("c.case_id", case_ids), ("p.operation_id", operation_ids)):
+        if values is not None:
+            values = list(values)
+            if not values:
+                return None
+            where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
+            params += values
+    sql = f"""
+        SELECT {select}
+        FROM {Proposal._meta.db_table} p
+        JOIN {Case._meta.db_table} c ON c.id = p.case_id
+        LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
+        LEFT JOIN {EffectRecord._meta.db_table} e ON e.operation_id = p.operation_id
+        LEFT JOIN {Delivery._meta.db_table} dl ON dl.operation_id = p.operation_id
+        WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
+        {"AND " + " AND ".join(where) if where else ""}
+        ORDER BY c.case_id, p.id
+    """
+    return sql, params
+
+
 def operations_reconcile(
-    *, case_ids: Iterable[str] | None = None, operation_ids: Iterable[str] | None = None, chunk_size: int = 2000
+    *,
+    case_ids: Iterable[str] | None = None,
+    operation_ids: Iterable[str] | None = None,
+    delivered: bool = False,
+    chunk_size: int = 2000,
 ) -> Iterator[ReconcileRow]:
     """What really happened to each operation, read from the decision and effect tables.
 
@@ -662,27 +695,18 @@ def operations_reconcile(
     One set-based query, streamed (a server-side cursor on PostgreSQL), so a cron run over
     a million operations holds one chunk in memory at a time. Raw SQL on purpose: it is the
     hot path of reconcile and a plain anti-join is what the database plans best.
+    ``delivered``: only the operations that have a delivery.
     """
-    where, params = [], []
-    for column, values in (("c.case_id", case_ids), ("p.operation_id", operation_ids)):
-        if values is not None:
-            values = list(values)
-            if not values:
-                return
-            where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
-            params += values
-    sql = f"""
-        SELECT c.case_id, p.operation_id, d.approved, e.id IS NOT NULL, d.decline_reason,
-               dl.state, dl.reference, dl.created_at
-        FROM {Proposal._meta.db_table} p
-        JOIN {Case._meta.db_table} c ON c.id = p.case_id
-        LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
-        LEFT JOIN {EffectRecord._meta.db_table} e ON e.operation_id = p.operation_id
-        LEFT JOIN {Delivery._meta.db_table} dl ON dl.operation_id = p.operation_id
-        WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
-        {"AND " + " AND ".join(where) if where else ""}
-        ORDER BY c.case_id, p.id
-    """
+    query = _reconcile_query(
+        "c.case_id, p.operation_id, d.approved, e.id IS NOT NULL, d.decline_reason, dl.state, dl.reference, "
+        "dl.created_at",
+        case_ids=case_ids,
+        operation_ids=operation_ids,
+        delivered=delivered,
+    )
+    if query is None:
+        return
+    sql, params = query
     with transaction.atomic(), connection.chunked_cursor() as cursor:
         if connection.vendor == "postgresql":
             # A server-side cursor is planned for the first rows by default (index-driven
@@ -708,6 +732,81 @@ def operations_reconcile(
                     reference,
                     since,
                 )
+
+
+def _sql_state() -> tuple[str, list]:
+    """operation_state as a SQL CASE over every input it can get: the truth table is read
+    from the Python function, so the rule stays written once, there."""
+    whens, params = [], []
+    for approved, decided in ((None, "d.approved IS NULL"), (False, "NOT d.approved"), (True, "d.approved")):
+        for has_effect, recorded in ((False, "e.id IS NULL"), (True, "e.id IS NOT NULL")):
+            whens.append(f"WHEN {decided} AND {recorded} THEN %s")
+            params.append(operation_state(approved, has_effect))
+    return f"CASE {' '.join(whens)} END", params
+
+
+def _sql_json_line() -> tuple[str, list]:
+    """One reconcile JSON line, built by the database: the same compact text as
+    ``json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":"))`` (a test holds
+    every state, a delivery, and awkward strings to that)."""
+    quote = "to_json(({})::text)::text" if connection.vendor == "postgresql" else "json_quote({})"
+    state, state_params = _sql_state()
+    labels = " ".join("WHEN %s THEN %s" for _ in DeliveryState)
+    label_params = [x for state_ in DeliveryState for x in (state_.value, json.dumps(state_.label))]
+    line = (
+        f"""'{{"case":' || {quote.format("c.case_id")} || ',"operation_id":' || {quote.format("p.operation_id")}"""
+        f""" || ',"state":"' || {state} || '","effects":' || CASE WHEN e.id IS NULL THEN '0' ELSE '1' END"""
+        f""" || ',"decline_reason":' || COALESCE({quote.format("d.decline_reason")}, 'null')"""
+        f""" || CASE WHEN dl.state IS NULL THEN '' ELSE ',"delivery":' || CASE dl.state {labels} ELSE {quote.format("dl.state")} END"""
+        f""" || ',"delivery_reference":' || COALESCE({quote.format("NULLIF(dl.reference, '')")}, 'null') END"""
+        " || '}'"
+    )
+    return line, state_params + label_params
+
+
+def operations_reconcile_lines(
+    *, case_ids: Iterable[str] | None = None, operation_ids: Iterable[str] | None = None, chunk_size: int = 2000
+) -> Iterator[str]:
+    """The operations of ``operations_reconcile`` as reconcile --json prints them, a chunk of
+    newline-terminated lines at a time.
+
+    The lines are made by the database and streamed with COPY on PostgreSQL: over a million
+    operations, building a Python row and then a line for each cost twice the query itself
+    (docs/PERFORMANCE.md, 8). The state comes from operation_state's own truth table.
+    """
+    line, line_params = _sql_json_line()
+    query = _reconcile_query(line, case_ids=case_ids, operation_ids=operation_ids)
+    if query is None:
+        return
+    sql, params = query
+    params = line_params + params
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            cursor.execute(sql, params)
+            while rows := cursor.fetchmany(chunk_size):
+                yield "".join(f"{found}\n" for (found,) in rows)
+            return
+        # JIT-compiling the line's expressions took longer than running them: ~0.7 s of a
+        # 3 s COPY over a million operations (docs/PERFORMANCE.md, 8).
+        cursor.execute("SET LOCAL jit = off")
+        # COPY's text format doubles each backslash (the only character the lines can hold
+        # that it escapes: the JSON has no raw control characters), undone per chunk.
+        with cursor.cursor.copy(f"COPY ({sql}) TO STDOUT", params) as copy:
+            chunk: list = []
+            for found in copy:
+                chunk.append(found)
+                if len(chunk) == chunk_size:
+                    yield _copy_text(chunk)
+                    chunk = []
+            if chunk:
+                yield _copy_text(chunk)
+
+
+def _copy_text(chunk: list) -> str:
+    data = b"".join(chunk)
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"\\")
+    return data.decode()
 
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:

@@ -117,3 +117,41 @@ def test_reconcile_json_lines_match_json_dumps_for_awkward_case_ids(db, reviewer
     # --all ends with one summary object, told apart by its "summary" key.
     assert json.loads(summary)["summary"] == "reconcile" and json.loads(summary)["operations"] == 4
     assert {json.loads(line)["case"] for line in lines} == set(ids)
+
+
+def test_the_database_made_json_lines_match_json_dumps_for_every_state_and_delivery(four_cases, reviewer, capsys):
+    """reconcile --json prints lines the database builds (COPY on PostgreSQL); each must be
+    exactly json.dumps of the row, for every state, a delivery with or without a reference,
+    and values COPY or JSON escape (quotes, backslashes, controls, non-ASCII)."""
+    import json
+
+    from django.core.management import CommandError, call_command
+    from django.utils import timezone
+
+    from cases.models import Case
+    from effects.models import Delivery, DeliveryState
+    from effects.services import operations_reconcile_lines
+    from tests.delivery_rows import delivery_in
+
+    committed = EffectRecord.objects.get(operation_id=four_cases["Committed"])
+    delivery = delivery_in(committed, DeliveryState.SENDING)
+    Case.objects.filter(pk=committed.case_id).update(case_id='T-"q"\\ \\\\ \t\n\x01ü€')
+    # A delivery without a reference yet, and the filters, through the service itself.
+    (line,) = "".join(operations_reconcile_lines(operation_ids=[four_cases["Committed"]])).splitlines()
+    (row,) = operations_reconcile(operation_ids=[four_cases["Committed"]])
+    assert line == json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":"))
+    assert json.loads(line)["delivery_reference"] is None and json.loads(line)["delivery"] == "Sending"
+    assert list(operations_reconcile_lines(case_ids=[])) == []
+    Delivery.objects.filter(pk=delivery.pk).update(
+        state=DeliveryState.DELIVERED, reference='HD-"7"\\n\\x01 ü', settled_at=timezone.now()
+    )
+    # Exit 1: one operation is NoLocalEffectRecorded (not repaired without --repair).
+    with pytest.raises(CommandError, match="1 operation"):
+        call_command("reconcile", "--all", "--json")
+    *lines, summary = capsys.readouterr().out.splitlines()
+    expected = [json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")) for row in operations_reconcile()]
+    assert lines == expected and len(lines) == 4
+    assert {json.loads(line)["state"] for line in lines} == set(four_cases)
+    assert json.loads(summary)["states"] == dict.fromkeys(sorted(four_cases), 1)
+    assert json.loads(summary)["deliveries"] == {DeliveryState.DELIVERED.label: 1}
+    assert 'HD-"7"\\n\\x01 ü' in {json.loads(line).get("delivery_reference") for line in lines}

@@ -21,6 +21,7 @@ from effects.services import (
     effects_repair,
     operation_reconcile,
     operations_reconcile,
+    operations_reconcile_lines,
 )
 
 # Exit bits (docs/COMMANDS.md): each finding its own, so that cron can tell them apart; 1 is
@@ -86,18 +87,25 @@ class Command(WorkflowCommand):
             alerts = DeliveryAlert(0, 0, 0, 0)
             to_settle: list[str] = []
             deliveries: Counter[str] = Counter()
-            rows = operations_reconcile(case_ids=case_ids or None)
             bar = bool(all_cases) and bar_wanted(self.stdout, as_json=as_json)
-            # The bar's total: cases with a current proposal (each has at least one operation).
-            total = Case.objects.filter(current_proposal__isnull=False).count() if bar else None
             states: Counter[str] = Counter()
-            last_case = None
-            with CommandProgress(self.stdout, label="reconcile", total=total, bar=bar) as progress:
-                # Written a chunk at a time: over a million operations, one write call per line
-                # cost as much as the query itself.
-                while chunk := list(islice(rows, 2000)):
-                    progress.write("\n".join(map(self.line, chunk)))
-                    unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
+            with CommandProgress(
+                self.stdout, label="reconcile", total=self.cases(case_ids) if bar else None, bar=bar
+            ) as progress:
+                if as_json:
+                    self.json_listing(progress, case_ids, states)
+                    # The rows the listing cannot say enough about: those to repair, and the
+                    # deliveries (their age decides an alert), read again on their own.
+                    listed = operations_reconcile(case_ids=case_ids or None, delivered=True)
+                    if repair and states[NO_LOCAL_EFFECT]:
+                        unrepaired = [
+                            row
+                            for row in operations_reconcile(case_ids=case_ids or None)
+                            if row.state == NO_LOCAL_EFFECT
+                        ]
+                else:
+                    listed = self.text_listing(progress, case_ids, states, unrepaired)
+                for chunk in iter(lambda: list(islice(listed, 2000)), []):
                     delivered = [row for row in chunk if row.delivery is not None]
                     if delivered:
                         deliveries.update(str(row.delivery) for row in delivered)
@@ -106,20 +114,15 @@ class Command(WorkflowCommand):
                             to_settle += [row.operation_id for row in delivered if row.delivery in UNSETTLED]
                             delivered = [row for row in delivered if row.delivery not in UNSETTLED]
                         alerts = _add(alerts, delivery_alert(delivered, now=now))
-                    run.states.update(row.state for row in chunk)
-                    states.update(row.state for row in chunk)
-                    # Rows come ordered by case: count each case once.
-                    new_cases = len({row.case_id for row in chunk} - {last_case})
-                    last_case = chunk[-1].case_id
-                    progress.advance(new_cases)
+                run.states.update(states)
             if all_cases:
                 self.summary(progress, states, deliveries)
             run.listed = True
             code, messages = 0, []
-            if unrepaired and not repair:
+            if states[NO_LOCAL_EFFECT] and not repair:
                 code |= EXIT_NO_LOCAL_EFFECT
                 messages.append(
-                    f"reconcile: {len(unrepaired)} operation(s) approved with no local effect recorded "
+                    f"reconcile: {states[NO_LOCAL_EFFECT]} operation(s) approved with no local effect recorded "
                     f"({NO_LOCAL_EFFECT}); run with --repair to write them"
                 )
             for row in unrepaired if repair else []:
@@ -143,6 +146,37 @@ class Command(WorkflowCommand):
             code, messages = _delivery_findings(alerts, code, messages, repair)
             if code:
                 self.fail(code, *messages)
+
+    def cases(self, case_ids) -> int:
+        """Cases with an operation: those with a current proposal (it is never unset)."""
+        found = Case.objects.filter(current_proposal__isnull=False)
+        return (found.filter(case_id__in=case_ids) if case_ids else found).count()
+
+    def json_listing(self, progress: CommandProgress, case_ids, states: Counter[str]) -> None:
+        """--json: the lines as the database makes them, a chunk per write; the states are
+        counted in each chunk's text (a state key cannot occur inside a JSON string)."""
+        keys = {state: f'"state":"{state}"' for state in OperationState.values}
+        for chunk in operations_reconcile_lines(case_ids=case_ids or None):
+            progress.write(chunk)
+            for state, key in keys.items():
+                if found := chunk.count(key):
+                    states[state] += found
+        progress.advance(self.cases(case_ids))
+
+    def text_listing(self, progress: CommandProgress, case_ids, states: Counter[str], unrepaired: list):
+        """Status lines, a chunk per write; yields the rows once they are printed."""
+        rows = operations_reconcile(case_ids=case_ids or None)
+        last_case = None
+        # Written a chunk at a time: over a million operations, one write call per line cost
+        # as much as the query itself.
+        while chunk := list(islice(rows, 2000)):
+            progress.write("\n".join(map(self.line, chunk)))
+            unrepaired += [row for row in chunk if row.state == NO_LOCAL_EFFECT]
+            states.update(row.state for row in chunk)
+            # Rows come ordered by case: count each case once.
+            progress.advance(len({row.case_id for row in chunk} - {last_case}))
+            last_case = chunk[-1].case_id
+            yield from chunk
 
     def summary(self, progress: CommandProgress, states: Counter[str], deliveries: Counter[str]) -> None:
         """One line after the listing of --all (cron's log, a pipe): how much, how fast."""
