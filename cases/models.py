@@ -7,6 +7,26 @@ from django.db import models
 
 from core.append_only import AppendOnlyModel
 
+# The policy parameter that names the groups whose members may decide its proposals: one
+# ``str:`` value, the group names sorted by code point and joined by commas ("Billing
+# reviewers" or "Billing reviewers,Support leads"). Absent: every reviewer may decide, and the
+# policy's identity is what it was before groups existed (docs/PROTOCOL.md).
+REVIEWER_GROUPS = "reviewer_groups"
+GROUP_SEPARATOR = ","
+
+
+def reviewer_groups(parameters) -> tuple[str, ...]:
+    """The group names a policy's parameters (or a proposal's policy snapshot's) name; () for none."""
+    value = (parameters or {}).get(REVIEWER_GROUPS)
+    if not isinstance(value, str) or not value:
+        return ()
+    return tuple(value.split(GROUP_SEPARATOR))
+
+
+def reviewer_groups_value(names) -> str:
+    """The one canonical parameter value for a set of group names."""
+    return GROUP_SEPARATOR.join(sorted(set(names)))
+
 
 class Policy(models.Model):
     """One version of a policy: what governed the AI work.
@@ -36,6 +56,11 @@ class Policy(models.Model):
 
     def __str__(self):
         return f"{self.name} {self.label}"
+
+    @property
+    def reviewer_groups(self) -> tuple[str, ...]:
+        """The groups whose members may decide this version's proposals; () for every reviewer."""
+        return reviewer_groups(self.parameters)
 
 
 class Source(models.Model):

@@ -7,10 +7,22 @@ import json
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
-from cases.models import Case, Finding, Policy, SelectedPassage, Source, SourceVersion
+from cases.models import (
+    GROUP_SEPARATOR,
+    REVIEWER_GROUPS,
+    Case,
+    Finding,
+    Policy,
+    SelectedPassage,
+    Source,
+    SourceVersion,
+    reviewer_groups,
+    reviewer_groups_value,
+)
 from cases.selectors import current_policy
 from core import identity, text
 from core.errors import InvalidInput, NotFound
@@ -66,6 +78,7 @@ _ONE_LINE = {
     "title": (Source, "title"),
     "name": (Policy, "name"),
     "label": (Policy, "label"),
+    "group": (Group, "name"),
 }
 
 
@@ -264,6 +277,42 @@ def validate_policy_data(policy: Any, field: str = "policy") -> None:
             identity.typed_value(value)
         except TypeError as exc:
             _fail(f"{field}.parameters.{key}", str(exc))
+    if REVIEWER_GROUPS in policy["parameters"]:
+        _check_reviewer_groups(policy["parameters"][REVIEWER_GROUPS], f"{field}.parameters.{REVIEWER_GROUPS}")
+
+
+def _check_reviewer_groups(value: Any, field: str) -> None:
+    """One canonical spelling per set of groups, so that two policies naming the same groups
+    have one identity: the names sorted, each once, joined by commas with no space around
+    them. No groups at all is said by leaving the parameter out (the identity of today)."""
+    if not isinstance(value, str):
+        _fail(field, "must be a string: the group names, sorted and joined by commas")
+    if value == "":
+        _fail(field, f"is empty; a policy every reviewer may decide leaves {REVIEWER_GROUPS} out")
+    names = value.split(GROUP_SEPARATOR)
+    for name in names:
+        if name != name.strip() or not name:
+            _fail(field, f"{text.shown(value)} has an empty name or a space around a comma")
+        _check_text(name, field, "group")
+    canonical = reviewer_groups_value(names)
+    if canonical != value:
+        _fail(field, f"must list each group once, sorted: {text.shown(canonical)}")
+
+
+def reviewer_groups_exist_check(parameters: dict, field: str = "policy.parameters") -> None:
+    """Every group a policy names exists, so that a published policy never names a group
+    nobody can be in (a typo would leave its cases undecidable)."""
+    wanted = reviewer_groups(parameters)
+    if not wanted:
+        return
+    found = set(Group.objects.filter(name__in=wanted).values_list("name", flat=True))
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        _fail(
+            f"{field}.{REVIEWER_GROUPS}",
+            f"names no such group: {', '.join(text.shown(name) for name in missing)} (create it in the admin, "
+            "under Authentication and Authorization, Groups, and add its members first)",
+        )
 
 
 def _check_depends_on(value: Any) -> None:

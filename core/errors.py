@@ -8,6 +8,7 @@ attributes and nothing else, so a new refusal is one new class here.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from django.db import models
@@ -24,6 +25,7 @@ class RefusalReason(models.TextChoices):
     OMITTED_DECISION = "omitted_decision", "Omitted decision"
     NO_PERMISSION = "no_permission", "No permission"
     FOUR_EYES = "four_eyes", "Four eyes"
+    NOT_IN_GROUP = "not_in_group", "Not in the policy's groups"
     STALE = "stale", "Stale proposal"
     CHECKPOINT = "checkpoint", "Corrupt or incompatible checkpoint"
     BUSY = "busy", "Case busy"
@@ -131,6 +133,34 @@ class FourEyesRefused(DecisionflowError):
     exit_code = 8  # 7 is `edit` saved but not begun
     http_status = 403
     reason = RefusalReason.FOUR_EYES
+
+
+class NotInGroup(DecisionflowError):
+    """The policy names the groups whose members may decide its proposals, and the reviewer is
+    in none of them (docs/ADMIN.md, "Reviewer groups").
+
+    403, like four eyes: the proposal is decidable, only not by this person, and retrying
+    will not change that; a member of one of the groups (or a lead who adds this reviewer to
+    one) can. Approving and declining alike: the groups say who decides.
+    """
+
+    code = "not_in_group"
+    exit_code = 11  # 10 is sla_report's "breached reviews listed"
+    http_status = 403
+    reason = RefusalReason.NOT_IN_GROUP
+
+    @classmethod
+    def of(cls, *, username: str, groups: tuple[str, ...], policy: str, operation_id: str) -> NotInGroup:
+        """``username`` is in none of ``groups``, the groups policy ``policy`` (name and label) names."""
+        # Quoted as JSON strings: a group name is free text, and the message is one line.
+        named = ", ".join(json.dumps(name, ensure_ascii=True) for name in groups)
+        return cls(
+            f"not in group: {username} is not a member of {named}, the group{'s' if len(groups) > 1 else ''} "
+            f"that may decide {short(operation_id)} under policy {policy}; a member must decide it; "
+            "nothing was written",
+            groups=list(groups),
+            operation_id=operation_id,
+        )
 
 
 class StaleProposal(DecisionflowError):
@@ -432,6 +462,7 @@ REFUSALS: tuple[type[DecisionflowError], ...] = (
     InvalidInput,
     PermissionRefused,
     FourEyesRefused,
+    NotInGroup,
     NotFound,
     StaleProposal,
     EvidenceChanged,

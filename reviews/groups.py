@@ -4,6 +4,9 @@
 REVIEWERS = "Reviewers"
 SUPPORT_LEADS = "Support leads"
 PIPELINE = "Pipeline"
+# The demo's reviewer group (cases/demo/t1077.json's billing-reply names it). A group a
+# policy names only routes: its members still need the review permission (Reviewers).
+BILLING_REVIEWERS = "Billing reviewers"
 INTAKE_PERMISSION = "cases.intake_case"
 WITHDRAW_PERMISSION = "cases.withdraw_case"
 

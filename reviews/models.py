@@ -223,6 +223,9 @@ class PendingReview(models.Model):
     # decision service in the same query as the review (four eyes). True until known, so a
     # review loaded any other way is always checked.
     reviewer_changed_case: bool = True
+    # Not a column either: the proposal's policy snapshot, read in that same query (the
+    # reviewer groups of the policy it was prepared under). None: not read.
+    policy_snapshot: dict | None = None
 
     case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="pending_reviews")
     proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="pending_reviews")

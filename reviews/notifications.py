@@ -26,18 +26,19 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.mail import EmailMessage
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django_tasks import task, task_backends
 
-from cases.models import Case
+from cases.models import Case, reviewer_groups
 from core.durations import duration_setting
 from core.faults import crash_point
 from core.outbound import Deadline, read_capped
 from core.text import shown
-from reviews.models import Notification, NotificationKind, NotificationState
+from reviews.models import Notification, NotificationKind, NotificationState, Proposal
 
 if TYPE_CHECKING:
     import httpx
@@ -112,6 +113,27 @@ def _text(notification: Notification) -> str:
     return f"decisionflow: case {shown(case_id)} {what} (operation {notification.operation_id})."
 
 
+def recipients(operation_id: str) -> list[str]:
+    """Where the email of an operation's notification goes: the email addresses of the active
+    members of the groups its policy names (``reviewer_groups``), sorted; the configured
+    ``DECISIONFLOW_NOTIFY_EMAIL_TO`` when the policy names none, or when no member has an
+    address (so that a notification never goes nowhere)."""
+    snapshot = Proposal.objects.filter(operation_id=operation_id).values_list("policy_snapshot", flat=True).first()
+    groups = reviewer_groups((snapshot or {}).get("parameters"))
+    if groups:
+        members = (
+            get_user_model()
+            .objects.filter(is_active=True, groups__name__in=groups)
+            .exclude(email="")
+            .values_list("email", flat=True)
+            .distinct()
+        )
+        found = sorted(set(members))
+        if found:
+            return found
+    return list(settings.DECISIONFLOW_NOTIFY_EMAIL_TO)
+
+
 def _send_email(notification: Notification, text: str) -> None:
     headers = {"Message-ID": message_id(notification.operation_id, notification.kind)}
     if notification.kind != NotificationKind.REVIEW_BEGUN:
@@ -120,7 +142,7 @@ def _send_email(notification: Notification, text: str) -> None:
     EmailMessage(
         subject=text.split(" (operation", 1)[0],
         body=text,
-        to=list(settings.DECISIONFLOW_NOTIFY_EMAIL_TO),
+        to=recipients(notification.operation_id),
         headers=headers,
     ).send(fail_silently=False)
 

@@ -270,13 +270,22 @@ def groups(db):
 @pytest.fixture
 def make_user(db, groups):
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from reviews.groups import BILLING_REVIEWERS
 
     reviewers, leads = groups
+    billing, _ = Group.objects.get_or_create(name=BILLING_REVIEWERS)
 
-    def make(username="reviewer", *, group="reviewers", password="pw-T1042-test"):
+    def make(username="reviewer", *, group="reviewers", password="pw-T1042-test", billing_reviewer=True):
+        """A staff user in ``group``. A reviewer is also a billing reviewer, as the demo's is
+        (the demo's billing-reply, T-1077, is decided by that group only), unless
+        ``billing_reviewer=False``."""
         user = get_user_model().objects.create_user(username=username, password=password, is_staff=True)
         if group == "reviewers":
             user.groups.add(reviewers)
+            if billing_reviewer:
+                user.groups.add(billing)
         elif group == "leads":
             user.groups.add(leads)
         elif group == "pipeline":

@@ -5,6 +5,7 @@ review of this operation, from this workflow version and graph, before the engin
 from __future__ import annotations
 
 import functools
+import json
 
 from agent_framework import WorkflowCheckpoint as EngineCheckpoint
 from django.db import connection
@@ -32,8 +33,10 @@ def _pending_sql() -> tuple[str, list[str]]:
         f"EXISTS (SELECT 1 FROM {Proposal._meta.db_table} hp WHERE hp.case_id = pr.case_id "
         "AND hp.origin <> %s AND hp.author_id = %s)"
     )
+    # The policy the operation was prepared under, for its reviewer groups (reviewer_groups.py).
     sql = (
-        f"SELECT {', '.join(columns)}, {changed} FROM {PendingReview._meta.db_table} pr "
+        f"SELECT {', '.join(columns)}, pp.policy_snapshot, {changed} FROM {PendingReview._meta.db_table} pr "
+        f"JOIN {Proposal._meta.db_table} pp ON pp.id = pr.proposal_id "
         f"LEFT JOIN {WorkflowCheckpoint._meta.db_table} ck ON ck.checkpoint_id = pr.checkpoint_id "
         "WHERE pr.case_id = %s AND pr.operation_id = %s"
     )
@@ -42,7 +45,8 @@ def _pending_sql() -> tuple[str, list[str]]:
 
 def pending_with_checkpoint(case: Case, operation_id: str, reviewer=None) -> PendingReview | None:
     """The operation's pending review with its checkpoint row's columns, in one query; its
-    ``reviewer_changed_case`` says whether ``reviewer`` made a human change in the case."""
+    ``reviewer_changed_case`` says whether ``reviewer`` made a human change in the case, its
+    ``policy_snapshot`` is its proposal's."""
     sql, fields = _pending_sql()
     with connection.cursor() as cursor:
         cursor.execute(sql, [Origin.PREPARED.value, getattr(reviewer, "pk", None), case.pk, operation_id])
@@ -50,8 +54,11 @@ def pending_with_checkpoint(case: Case, operation_id: str, reviewer=None) -> Pen
     if row is None:
         return None
     pending = PendingReview.from_db(connection.alias, fields, row[: len(fields)])
-    for name, value in zip(DatabaseCheckpointStorage.COLUMNS, row[len(fields) : -1], strict=True):
+    for name, value in zip(DatabaseCheckpointStorage.COLUMNS, row[len(fields) : -2], strict=True):
         setattr(pending, f"checkpoint_{name}", value)
+    snapshot = row[-2]
+    # The backends hand JSON columns over as text (Django decodes them in the field).
+    pending.policy_snapshot = json.loads(snapshot) if isinstance(snapshot, str | bytes) else snapshot
     pending.reviewer_changed_case = bool(row[-1])
     return pending
 

@@ -10,17 +10,19 @@ A decision, in order, on one screen:
 2. Begin if needed: the named operation is the case's decidable one (its current proposal,
    or the one ``begin`` would prepare) and has no pending review yet. Only this takes the
    case lock, waited for at most ``DECISIONFLOW_DECISION_LOCK_TIMEOUT`` seconds.
-3. Bind before running: the pending review's pause checkpoint is loaded, its HMAC checked,
+3. Who may decide: the reviewer groups of the operation's policy (``group_check``); four eyes
+   comes after the binding, also before anything runs.
+4. Bind before running: the pending review's pause checkpoint is loaded, its HMAC checked,
    and it must hold exactly one pending request, for this case and this operation, from
    this workflow version and graph, and nothing else in flight. Otherwise the resume is
    refused (``WorkflowIncompatible``) and nothing runs.
-4. One engine run: ``answering`` restores the bound checkpoint and answers it, and the run
+5. One engine run: ``answering`` restores the bound checkpoint and answers it, and the run
    goes as far as its commit step, which asks for its write: ``effect_commit`` with the
    reviewer the channel authenticated, made here, on this function's stack, while the
    engine's loop is stopped (``driver.hosted``); the run then goes on to its end.
    ``effect_commit`` takes the case row lock (bounded by ``lock_timeout``: ``CaseBusy``),
    writes in one statement and marks the pending review completed in the same transaction.
-5. The truth after a fault: once the commit step has started, any failure is
+6. The truth after a fault: once the commit step has started, any failure is
    ``OutcomeUncertain``; only the effect store (reconcile) can say what happened.
 
 The engine runs on the calling thread (``driver.hosted``), and the executors' ORM work
@@ -66,6 +68,7 @@ from workflow.answer import answering
 from workflow.begin import review_begin
 from workflow.bind import bound_checkpoint, no_pending_review, pause_pruned, pending_with_checkpoint
 from workflow.four_eyes import four_eyes_check
+from workflow.reviewer_groups import group_check
 from workflow.selectors import decidable_operation_id
 
 log = logging.getLogger(__name__)
@@ -116,7 +119,8 @@ def decision_record(
     alike). Returns the outcome (committed, declined, replay); every refusal is an error
     class carrying its exit code and HTTP status: ``StaleProposal``, ``NotFound``,
     ``PermissionRefused``, ``InvalidInput``, ``WorkflowIncompatible`` (the pause fails a
-    binding check: nothing ran), ``CaseBusy`` (another action held the case past the
+    binding check: nothing ran), ``NotInGroup`` (the operation's policy names reviewer groups
+    and ``reviewer`` is in none), ``CaseBusy`` (another action held the case past the
     timeout), ``ConflictingDecision`` (the opposite decision stands; it carries the
     receipt), ``Withdrawn`` (an approval of a review the pipeline withdrew) and ``OutcomeUncertain`` (the commit may have happened: ask reconcile).
 
@@ -144,6 +148,7 @@ def decision_record(
                     pending, begun = _begin_if_decidable(case, operation_id, reviewer, channel)
                 if pending is None:
                     raise no_pending_review(case, operation_id)
+                group_check(policy_snapshot=pending.policy_snapshot, reviewer=reviewer, operation_id=operation_id)
                 # Decided, and its pause checkpoint pruned since (reviews/retention.py): the decision
                 # stands, so the review core answers a retry (replay or conflict) without the engine,
                 # exactly as the answered run's commit step would.

@@ -39,7 +39,12 @@ from django.utils import timezone
 
 from cases.models import Case, Policy
 from cases.selectors import current_policy
-from cases.services import can_publish, policy_version_get_or_create, validate_policy_data
+from cases.services import (
+    can_publish,
+    policy_version_get_or_create,
+    reviewer_groups_exist_check,
+    validate_policy_data,
+)
 from core import faults, identity
 from core.errors import CaseBusy, DecisionflowError, PermissionRefused
 from core.locks import case_lock, policy_lock
@@ -123,8 +128,9 @@ def _unprepared(name: str, policy_id: str) -> QuerySet[Case]:
 
 
 def publish_plan(*, data: dict) -> PublishPlan:
-    """What publishing ``data`` would do now; reads only."""
+    """What publishing ``data`` would do now; reads only. A group the policy names must exist."""
     validate_policy_data(data, "policy")
+    reviewer_groups_exist_check(data["parameters"])
     new_id = identity.policy_id(data["name"], data["parameters"])
     to_move = _unswitched(data["name"], new_id).filter(current_proposal__isnull=True)
     to_supersede = _unprepared(data["name"], new_id)

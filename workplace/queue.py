@@ -20,13 +20,14 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from cases.models import Policy
+from cases.models import REVIEWER_GROUPS, Policy, reviewer_groups
 from cases.selectors import case_text_fields
 from core import text as text_policy
 from core.errors import ClaimHeld, DecisionflowError
 from reviews.models import Origin, PendingReview
 from reviews.selectors import proposal_text_fields
 from workflow import queue
+from workflow.reviewer_groups import member_of
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when, when_html
 from workplace.links import can_review, review_url
 from workplace.listing import LargeListAdminMixin
@@ -102,6 +103,37 @@ class ClaimantFilter(admin.SimpleListFilter):
         return queryset
 
 
+class GroupFilter(admin.SimpleListFilter):
+    """Reviews of the policies that name one of my groups ("my groups"), or that name none
+    (every reviewer's). The policies are few (one row per version): which of them name which
+    group is read from them, and the queue is filtered on its proposals' policy identities."""
+
+    title = "reviewer groups"
+    parameter_name = "groups"
+    MINE = "mine"
+    ANYONE = "anyone"
+
+    def lookups(self, request, model_admin):
+        return [(self.MINE, "My groups"), (self.ANYONE, "Any reviewer (no group)")]
+
+    def queryset(self, request, queryset):
+        if self.value() not in (self.MINE, self.ANYONE):
+            return queryset
+        grouped = {
+            policy_id: reviewer_groups(parameters)
+            for policy_id, parameters in Policy.objects.filter(parameters__has_key=REVIEWER_GROUPS).values_list(
+                "policy_id", "parameters"
+            )
+        }
+        if self.value() == self.MINE:
+            mine = member_of(request.user)
+            ids = [policy_id for policy_id, groups in grouped.items() if mine & set(groups)]
+            return queryset.filter(proposal__policy_id__in=ids)
+        if self.value() == self.ANYONE:
+            return queryset.exclude(proposal__policy_id__in=list(grouped))
+        return queryset
+
+
 class PolicyFilter(admin.SimpleListFilter):
     title = "policy"
     parameter_name = "policy"
@@ -119,9 +151,9 @@ class PolicyFilter(admin.SimpleListFilter):
 class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     """Pending reviews, oldest first, with their age, SLA state, claim, and what to watch for."""
 
-    list_display = ("case_link", "subject", "age", "sla", "policy", "claim", "human_edit", "text_warnings")
+    list_display = ("case_link", "subject", "age", "sla", "policy", "groups", "claim", "human_edit", "text_warnings")
     list_display_links = None
-    list_filter = (SlaFilter, ClaimantFilter, PolicyFilter)
+    list_filter = (SlaFilter, ClaimantFilter, GroupFilter, PolicyFilter)
     # The index order only: a sortable column would sort a million rows.
     sortable_by = ()
     ordering = ("created_at", "id")
@@ -193,6 +225,13 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     @admin.display(description="policy")
     def policy(self, obj):
         return obj.case.policy.name
+
+    @admin.display(description="decided by")
+    def groups(self, obj):
+        named = reviewer_groups(obj.proposal.policy_snapshot.get("parameters"))
+        if not named:
+            return format_html('<span class="df-muted">{}</span>', "any reviewer")
+        return format_html_join(", ", '<span class="df-group">{}</span>', ((name,) for name in named))
 
     @admin.display(description="claimed by")
     def claim(self, obj):

@@ -22,7 +22,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from cases.models import Case, SourceVersion
 from cases.selectors import case_text_fields
@@ -34,6 +34,7 @@ from core.errors import (
     EvidenceChanged,
     FourEyesRefused,
     InvalidInput,
+    NotInGroup,
     OutcomeUncertain,
     PermissionRefused,
     StaleProposal,
@@ -49,6 +50,7 @@ from workflow.begin import review_begin
 from workflow.decide import DecisionResult, decision_record, refusal_record
 from workflow.edit import review_edit
 from workflow.four_eyes import four_eyes_refusal
+from workflow.reviewer_groups import group_refusal, member_of
 from workflow.selectors import decidable_operation_id
 from workplace import picture as workflow_picture
 from workplace.display import ViewOnlyAdmin, op_html, pre_html, proposal_body_html, when, when_html
@@ -226,6 +228,18 @@ def _evidence_changed_sentence(refusal: EvidenceChanged | None):
     )
 
 
+def _not_in_group_sentence(refusal: NotInGroup | None):
+    """What a reviewer outside the policy's groups is told instead of Approve and Decline."""
+    if refusal is None:
+        return None
+    groups = refusal.details["groups"]
+    return format_html(
+        "This policy is decided by the members of {} only, and you are not one. Ask a support lead to hand "
+        "it to a member, or to add you to the group.",
+        format_html_join(" or ", "<strong>{}</strong>", ((name,) for name in groups)),
+    )
+
+
 def _four_eyes_message(case, user):
     if not case.current_proposal_id:
         return None
@@ -331,6 +345,13 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             if reviewer_ok and is_current and decision is None
             else None
         )
+        # Reviewer groups: who is in none of the policy's groups sees why instead of Approve
+        # and Decline (the groups say who decides, either way).
+        not_in_group = (
+            group_refusal(policy_snapshot=policy, reviewer=request.user, operation_id=proposal.operation_id)
+            if reviewer_ok and is_current and decision is None
+            else None
+        )
         # The same for a proposal a new source version has marked: the reason, not Approve.
         evidence_changed = (
             selectors.evidence_changed_refusal(case, proposal) if is_current and decision is None else None
@@ -369,6 +390,7 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             # Decided means decided: a decided proposal offers no Approve or Decline.
             show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
+            not_in_group=_not_in_group_sentence(not_in_group),
             evidence_changed=_evidence_changed_sentence(evidence_changed),
             show_edit=reviewer_ok and is_current and decision is None,
             decline_reasons=DECLINE_REASON_CHOICES,
@@ -785,6 +807,23 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
         if request.POST.get("post") == "yes":
             return self._act(request, cases, approved=approved)
         plan = selectors.bulk_decision_plan(cases, approved=approved)
+        # Reviewer groups: a row of a policy this reviewer may not decide is not offered.
+        snapshots = dict(
+            Proposal.objects.filter(pk__in=[c.current_proposal_id for c in cases if c.current_proposal_id]).values_list(
+                "pk", "policy_snapshot"
+            )
+        )
+        mine = None
+        for index, row in enumerate(plan):
+            snapshot = snapshots.get(row.case.current_proposal_id or 0)
+            if not row.acts or snapshot is None or row.operation_id is None:
+                continue
+            mine = member_of(request.user) if mine is None else mine
+            refusal = group_refusal(
+                policy_snapshot=snapshot, reviewer=request.user, operation_id=row.operation_id, member_names=mine
+            )
+            if refusal is not None:
+                plan[index] = dataclasses.replace(row, acts=False, reason=refusal.message)
         if approved:
             # Four eyes: a row this reviewer changed is not offered; the button never counts
             # a row the service would refuse (the reviewer may still decline it).

@@ -35,6 +35,7 @@ EXPECTED = {
     "stale": ("stale", "stale_proposal"),
     "not_found": ("refused", "not_found"),
     "forbidden": ("refused", "forbidden"),
+    "not_in_group": ("refused", "not_in_group"),
     "incompatible": ("refused", "workflow_incompatible"),
     "busy": ("refused", "case_busy"),
     "uncertain": ("outcome_uncertain", "outcome_uncertain"),

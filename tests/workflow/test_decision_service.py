@@ -85,6 +85,7 @@ def via_admin(user, case: Case, op: str, approved: bool, fault: str | None = Non
         # A refusal in its error's own words.
         (r"^conflicting decision:", "conflict"),
         (r"^stale:", "stale"),
+        (r"^not in group:", "not_in_group"),
         (r"^another action on case \S+ is in progress; try again", "busy"),
         (r"^outcome uncertain:", "uncertain"),
         (r"review permission", "forbidden"),
@@ -114,6 +115,7 @@ def via_api(user, case: Case, op: str, approved: bool, fault: str | None = None)
     return {
         "conflicting_decision": "conflict",
         "stale_proposal": "stale",
+        "not_in_group": "not_in_group",
         "forbidden": "forbidden",
         "not_found": "not_found",
         "workflow_incompatible": "incompatible",
@@ -140,7 +142,7 @@ def via_command(user, case: Case, op: str, approved: bool, fault: str | None = N
         return "forbidden"
     if code == 1 and "no pending review" in err.getvalue():
         return "not_found"
-    return {3: "conflict", 4: "stale", 5: "incompatible", 6: "busy", 42: "uncertain"}.get(
+    return {3: "conflict", 4: "stale", 5: "incompatible", 6: "busy", 11: "not_in_group", 42: "uncertain"}.get(
         code, f"unclassified exit {code}: {err.getvalue()!r}"
     )
 
@@ -171,7 +173,13 @@ def _op(case: Case) -> str:
 def world(transactional_db, make_user, settings):
     settings.DECISIONFLOW_FAULT_INJECTION = True
     settings.DECISIONFLOW_DECISION_LOCK_TIMEOUT = 0.3
-    return {"reviewer": make_user("reviewer"), "other": make_user("other"), "lead": make_user("lead", group="leads")}
+    return {
+        "reviewer": make_user("reviewer"),
+        "other": make_user("other"),
+        "lead": make_user("lead", group="leads"),
+        # A reviewer, but not in billing-reply's group (cases/demo/t1077.json).
+        "outsider": make_user("outsider", billing_reviewer=False),
+    }
 
 
 @contextmanager
@@ -240,6 +248,21 @@ def scenario_no_permission(world, decide):
     return decide(world["lead"], case, _op(case), True)
 
 
+def scenario_not_in_group_approves(world, decide):
+    case = _begun("t1077.json")
+    return decide(world["outsider"], case, _op(case), True)
+
+
+def scenario_not_in_group_declines(world, decide):
+    case = _begun("t1077.json")
+    return decide(world["outsider"], case, _op(case), False)
+
+
+def scenario_in_group(world, decide):
+    case = _begun("t1077.json")
+    return decide(world["reviewer"], case, _op(case), True)
+
+
 def scenario_checkpoint_of_another_case(world, decide):
     case, other = _begun(), _begun("t1077.json")
     theirs = PendingReview.objects.get(case=other).checkpoint_id
@@ -275,6 +298,9 @@ SCENARIOS = {
     "a tab from before an edit": (scenario_stale, "stale", 0),
     "an operation of no case": (scenario_unknown_operation, "not_found", 0),
     "no review permission": (scenario_no_permission, "forbidden", 0),
+    "an approval from outside the policy's groups": (scenario_not_in_group_approves, "not_in_group", 0),
+    "a decline from outside the policy's groups": (scenario_not_in_group_declines, "not_in_group", 0),
+    "an approval by a member of the policy's group": (scenario_in_group, "committed", 1),
     "a checkpoint of another case": (scenario_checkpoint_of_another_case, "incompatible", 0),
     "another action holds the case": (scenario_busy, "busy", 0),
     "connection lost after the commit": (scenario_lost_connection, "uncertain", 1),

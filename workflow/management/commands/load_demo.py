@@ -10,7 +10,7 @@ from cases.services import case_import, parse_case_file
 from core.commandline import ProjectCommand
 from core.errors import DecisionflowError
 from core.text import shown
-from reviews.groups import REVIEWERS, SUPPORT_LEADS, ensure_review_groups
+from reviews.groups import BILLING_REVIEWERS, REVIEWERS, SUPPORT_LEADS, ensure_review_groups
 from reviews.models import Channel
 from workflow.begin import review_begin
 
@@ -19,10 +19,16 @@ DEMO_DIR = Path(apps.get_app_config("cases").path) / "demo"
 
 # Local demo logins only; `make run` prints them. Never use these on a shared server.
 DEMO_USERS = [
-    ("reviewer", "review-T1042", REVIEWERS, "Demo reviewer (approve, decline, edit)"),
+    # Also a billing reviewer: billing-reply (T-1077) is decided by that group's members only.
+    ("reviewer", "review-T1042", (REVIEWERS, BILLING_REVIEWERS), "Demo reviewer (approve, decline, edit; billing too)"),
     # Four eyes: whoever edits a proposal cannot approve it, so the demo needs a second reviewer.
-    ("reviewer2", "review2-T1042", REVIEWERS, "Second demo reviewer (approves what the first one edited)"),
-    ("lead", "lead-T1042", SUPPORT_LEADS, "Demo support lead (history, view only)"),
+    (
+        "reviewer2",
+        "review2-T1042",
+        (REVIEWERS,),
+        "Second demo reviewer (approves what the first one edited; not a billing reviewer)",
+    ),
+    ("lead", "lead-T1042", (SUPPORT_LEADS,), "Demo support lead (history, view only)"),
 ]
 
 
@@ -51,13 +57,14 @@ class Command(ProjectCommand):
                     self.stdout.write(f"load_demo: case={result.case.case_id} {verb}")
                     cases.append(result.case)
                 ensure_review_groups(Group, Permission)
+                Group.objects.get_or_create(name=BILLING_REVIEWERS)
                 User = get_user_model()
-                for username, password, group, _ in DEMO_USERS:
+                for username, password, groups, _ in DEMO_USERS:
                     user, created = User.objects.get_or_create(username=username, defaults={"is_staff": True})
                     if created:
                         user.set_password(password)
                         user.save()
-                    user.groups.add(Group.objects.get(name=group))
+                    user.groups.add(*Group.objects.filter(name__in=groups))
             # After the import commits: begin has transactions of its own, and a review begun
             # or found is reported the way `begin` reports it (a decided case stays decided).
             for case in [] if no_begin else cases:
