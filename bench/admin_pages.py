@@ -8,6 +8,7 @@ templates.
 
 from __future__ import annotations
 
+import json
 import time
 
 from bench.stats import summary
@@ -21,15 +22,18 @@ def _client(user):
     return client
 
 
-def _measure(client, url: str, requests: int) -> dict:
+def _measure(client, url: str, requests: int, post: dict | None = None) -> dict:
     from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
+
+    def get():
+        return client.get(url) if post is None else client.post(url, post)
 
     # The request_started signal empties the query log; start from empty so the captured
     # slice is exactly this request's queries.
     reset_queries()
     with CaptureQueriesContext(connection) as queries:
-        response = client.get(url)
+        response = get()
     # Read now: captured_queries re-reads the live log, which the next request empties.
     count = len(queries.captured_queries)
     if response.status_code != 200:
@@ -37,7 +41,7 @@ def _measure(client, url: str, requests: int) -> dict:
     times = []
     for _ in range(requests):
         t = time.perf_counter()
-        response = client.get(url)
+        response = get()
         times.append((time.perf_counter() - t) * 1000)
         if response.status_code != 200:
             raise AssertionError(f"GET {url} answered {response.status_code}")
@@ -54,7 +58,12 @@ SEARCH_ONE = "0001042"
 # as the admin searches a phrase (unquoted, it is two words, each anywhere).
 SEARCH_MANY = "bulk 42"
 PAGES_CASE_PREFIX = "BENCH-PAGES"
+HISTORY_CASE_PREFIX = "BENCH-HISTORY"
+HISTORY_EVENTS = 1000
 DEEP_PAGE = 1000
+# The publish preview: a new version of the policy every loaded case is under, so that every
+# undecided case is affected (6,000 at 10,000 cases, 600,000 at 1,000,000).
+PUBLISH_PREVIEW = {"name": "support-reply", "label": "v4", "parameters": {"allowance_units": 10}}
 
 
 def _pages_case():
@@ -72,6 +81,34 @@ def _pages_case():
 
             review_begin(case=case)
         case.refresh_from_db()
+    return case
+
+
+def _history_case():
+    """A case with ``HISTORY_EVENTS`` events in its history (refused attempts, as a reviewer
+    retrying from a stale tab makes them), made once per database and kept."""
+    from bench.data import make_cases
+    from cases.models import Case
+    from core.errors import RefusalReason
+    from effects.models import CommitAttempt
+
+    case = Case.objects.filter(case_id__startswith=f"{HISTORY_CASE_PREFIX}-").first()
+    if case is None:
+        (case,) = make_cases(1, prefix=HISTORY_CASE_PREFIX, proposals=True)
+        case.refresh_from_db()
+        operation_id = case.current_proposal.operation_id
+        CommitAttempt.objects.bulk_create(
+            CommitAttempt(
+                operation_id=operation_id,
+                case=case,
+                approved=True,
+                outcome=CommitAttempt.Outcome.STALE,
+                reason=RefusalReason.STALE,
+                channel="admin",
+                detail=f"bench: refusal {n}",
+            )
+            for n in range(HISTORY_EVENTS)
+        )
     return case
 
 
@@ -118,7 +155,25 @@ def bench_pages(*, requests: int) -> dict:
         ("review", "review page (paused case)", review),
         ("history", "case history page", reverse("admin:cases_case_history", args=[case.pk])),
         ("proposals", "proposal changelist, first page", reverse("admin:reviews_proposal_changelist")),
+        ("attempts", "commit-attempt changelist, first page", reverse("admin:effects_commitattempt_changelist")),
+        ("deliveries", "deliveries list, first page", reverse("admin:effects_delivery_changelist")),
+        (
+            "queue",
+            "review queue, first page (a tenth of the cases pending: 1,000 and 100,000)",
+            reverse("admin:reviews_reviewqueueitem_changelist"),
+        ),
+        (
+            "history_1000",
+            f"history page of a case with {HISTORY_EVENTS:,} events",
+            reverse("admin:cases_case_history", args=[_history_case().pk]),
+        ),
+        (
+            "publish_preview",
+            "policy publish preview (every undecided case affected: 6,000 and 600,000)",
+            reverse("admin:cases_policy_publish"),
+        ),
     ]
+    posts = {"publish_preview": {"policy": json.dumps(PUBLISH_PREVIEW)}}
     measured = []
     # Every page has the goal (bench.run.pages_combine): none is measured for context only.
     for key, label, url in pages:
@@ -127,7 +182,7 @@ def bench_pages(*, requests: int) -> dict:
             row["error"] = "no review page: the workflow is not available"
         else:
             try:
-                row.update(_measure(client, url, requests))
+                row.update(_measure(client, url, requests, posts.get(key)))
             except Exception as exc:  # a page that fails is reported, not hidden
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         measured.append(row)

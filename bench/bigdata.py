@@ -123,6 +123,82 @@ def load_operations(conn, n: int, *, prefix: str = "L") -> None:
         conn.autocommit = was
 
 
+# The pages' extra rows, per 100 cases: one commit attempt per operation (the approvals and
+# declines as committed and declined, the undecided ones refused as stale), a delivery per
+# effect (Delivered), and 10 pending reviews (g % 100 in 40..49), in the queue's order.
+PENDING_PER_100 = 10
+
+
+def load_page_extras(conn, n: int) -> None:
+    """The rows the admin's other lists read, over what ``load_operations(n)`` made: ``n``
+    commit attempts, a delivery per effect and ``n // 10`` pending reviews. Same method:
+    set-based inserts, the non-constraint indexes rebuilt after."""
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM effects_commitattempt")
+        if cur.fetchone()[0]:
+            raise RuntimeError("load_page_extras needs the attempt table empty")
+        cur.execute("SELECT id FROM auth_user WHERE username = 'bench-loader'")
+        user_id = cur.fetchone()[0]
+        cur.execute("SET LOCAL session_replication_role = replica")
+        tables = ("effects_commitattempt", "effects_delivery", "reviews_pendingreview")
+        cur.execute(
+            """
+            SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
+            FROM pg_index i
+            WHERE i.indrelid = ANY(%s::regclass[])
+              AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+            """,
+            (list(tables),),
+        )
+        rebuild = cur.fetchall()
+        for name, _ in rebuild:
+            cur.execute(f"DROP INDEX {name}")
+        cur.execute(
+            """
+            INSERT INTO effects_commitattempt (operation_id, case_id, approved, reviewer_id, outcome, channel,
+                                               reason, detail, attempted_at)
+            SELECT p.operation_id, p.case_id, d.approved, %(user)s,
+                   CASE WHEN d.id IS NULL THEN 'stale' WHEN d.approved THEN 'committed' ELSE 'declined' END,
+                   'admin', CASE WHEN d.id IS NULL THEN 'stale' END, '', p.created_at + interval '1 minute'
+            FROM reviews_proposal p LEFT JOIN reviews_reviewdecision d ON d.proposal_id = p.id
+            WHERE p.id <= %(n)s
+            ORDER BY p.id
+            """,
+            {"user": user_id, "n": n},
+        )
+        cur.execute(
+            """
+            INSERT INTO effects_delivery (operation_id, state, tries, next_try_at, lease_owner, reference, reason,
+                                          created_at, updated_at, settled_at, case_id, decision_id, effect_id)
+            SELECT e.operation_id, 'delivered', 1, e.recorded_at, '', 'HD-' || e.id, '', e.recorded_at,
+                   e.recorded_at, e.recorded_at, e.case_id, e.decision_id, e.id
+            FROM effects_effectrecord e ORDER BY e.id
+            """
+        )
+        cur.execute(
+            """
+            INSERT INTO reviews_pendingreview (operation_id, workflow_session_id, checkpoint_id, workflow_version,
+                                               status, created_at, updated_at, case_id, proposal_id, begun_by_id,
+                                               begun_channel, graph_fingerprint)
+            SELECT p.operation_id, 'bench-' || p.id, 'bench-checkpoint-' || p.id, 'bench', 'pending',
+                   p.created_at, p.created_at, p.case_id, p.id, %(user)s, 'admin', ''
+            FROM reviews_proposal p
+            WHERE p.id <= %(n)s AND (p.id %% 100) >= 40 AND (p.id %% 100) < 40 + %(pending)s
+            ORDER BY p.id
+            """,
+            {"user": user_id, "n": n, "pending": PENDING_PER_100},
+        )
+        cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
+        for _, definition in rebuild:
+            cur.execute(definition)
+    was = conn.autocommit
+    conn.autocommit = True
+    try:
+        conn.execute("VACUUM ANALYZE")
+    finally:
+        conn.autocommit = was
+
+
 # The narrow anti-join: only the operations that need attention (approved, no effect).
 ANTI_JOIN_SQL = """
     SELECT c.case_id, d.operation_id

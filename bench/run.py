@@ -188,13 +188,19 @@ def _pages_db_ready(url: str, n: int) -> bool:
         with psycopg.connect(url) as conn:
             loaded = conn.execute("SELECT count(*) FROM cases_case WHERE case_id LIKE 'L-%'").fetchone()[0]
             effects = conn.execute("SELECT count(*) FROM effects_effectrecord").fetchone()[0]
+            # The pages' extra rows (bench.bigdata.load_page_extras): at least one attempt per case.
+            attempts = conn.execute("SELECT count(*) FROM effects_commitattempt").fetchone()[0]
     except Exception:
         return False
     plan = subprocess.run(
         [PY, "manage.py", "showmigrations", "--plan"], cwd=ROOT, env=env_for(url), capture_output=True, text=True
     )
     return (
-        plan.returncode == 0 and "[ ]" not in plan.stdout and loaded == n and effects == expected_states(n)["Committed"]
+        plan.returncode == 0
+        and "[ ]" not in plan.stdout
+        and loaded == n
+        and effects == expected_states(n)["Committed"]
+        and attempts >= n
     )
 
 
@@ -206,7 +212,7 @@ def bench_pages(
     sizes, so that a busy machine slows both alike; each round is one process per size."""
     import psycopg
 
-    from bench.bigdata import load_operations
+    from bench.bigdata import load_operations, load_page_extras
 
     counts = sizes["page_cases"]
     urls = {}
@@ -220,6 +226,7 @@ def bench_pages(
             t = time.perf_counter()
             with psycopg.connect(url) as conn:
                 load_operations(conn, n, prefix="L")
+                load_page_extras(conn, n)
             log(f"pages: loaded {n:,} cases in {time.perf_counter() - t:.0f} s")
         else:
             log(f"pages: reusing {name} ({n:,} cases, already loaded)")

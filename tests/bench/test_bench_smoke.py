@@ -34,11 +34,12 @@ def test_in_process_benchmarks_run_once():
     from django.db import connection
 
     if connection.vendor == "postgresql":
-        from bench.bigdata import load_operations
+        from bench.bigdata import load_operations, load_page_extras
         from bench.data import raw_connect
 
         with raw_connect() as conn:
             load_operations(conn, 30)
+            load_page_extras(conn, 30)
     results = run_suite(scale=SCALES["smoke"], log=lambda m: None)
     keys = [
         f"commit_{connection.vendor}",
@@ -142,12 +143,19 @@ def test_the_pages_render_with_debug_off_in_the_benchmarks_own_process():
     """As ``make bench`` runs them: a process of its own with DEBUG off (the static files'
     manifest, which a fresh clone lacks, is collected by the benchmark itself)."""
     from bench import run
-    from bench.bigdata import load_operations
+    from bench.bigdata import load_operations, load_page_extras
     from bench.data import raw_connect
     from tests.conftest import database_url
 
     with raw_connect() as conn:
-        load_operations(conn, 30)
+        load_operations(conn, 50)
+        load_page_extras(conn, 50)
+        # One attempt per operation, a delivery per effect, a tenth of the cases pending.
+        counts = [
+            conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("effects_commitattempt", "effects_delivery", "reviews_pendingreview")
+        ]
+    assert counts == [50, 29, 10]
     (pages,) = run.inproc(database_url(), "smoke", only="pages", requests=1)
     assert pages["kind"] == "pages", pages
     assert [p.get("error") for p in pages["pages"]] == [None] * len(pages["pages"]), pages["pages"]
