@@ -44,6 +44,11 @@ class EffectRecord(AppendOnlyModel):
         return f"{self.action} {short(self.operation_id)}"
 
 
+# The channel of the attempt reconcile --repair writes: no person's channel (reviews.Channel)
+# asked for it. The attempt list's channel filter offers both.
+REPAIR_CHANNEL = "repair"
+
+
 class CommitAttempt(AppendOnlyModel):
     """Every call to commit and how it ended, refusals and failures included.
 

@@ -39,7 +39,7 @@ from core.observability import commit_observed
 from core.outcomes import OperationState, ReceiptStatus
 from core.statements import refused_by_server, stored
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
-from effects.models import CommitAttempt, Delivery, DeliveryState, EffectRecord
+from effects.models import REPAIR_CHANNEL, CommitAttempt, Delivery, DeliveryState, EffectRecord
 from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
 from reviews.models import HUMAN_DECLINE_REASONS, SYSTEM_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision
@@ -856,7 +856,7 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
                     approved=True,
                     reviewer=decision.reviewer,
                     outcome=CommitAttempt.Outcome.COMMITTED,
-                    channel="repair",
+                    channel=REPAIR_CHANNEL,
                     detail="reconcile --repair wrote the missing effect",
                 )
                 written = store.write(

@@ -89,6 +89,22 @@ def test_commit_attempts_filter_by_the_decision_asked(admin_client, stale_approv
     assert "By decision asked" in text_of(admin_client.get(url).content.decode())
 
 
+def test_commit_attempts_filter_by_channel_from_the_vocabulary(admin_client, stale_approval_then_commit):
+    """The channel filter lists the channels of the vocabulary (and reconcile's repair)
+    without reading the attempts, and filters by the one chosen."""
+    from reviews.models import Channel
+
+    url = reverse("admin:effects_commitattempt_changelist")
+    html = admin_client.get(url).content.decode()
+    for value in [*Channel.values, "repair"]:
+        assert f"?channel={value}" in html, value
+    assert [" via admin " in row for row in result_rows(admin_client.get(f"{url}?channel=admin").content.decode())] == [
+        True
+    ]
+    assert len(result_rows(admin_client.get(f"{url}?channel=api").content.decode())) == 1
+    assert "0 commit attempts" in text_of(admin_client.get(f"{url}?channel=repair").content.decode())
+
+
 @pytest.mark.parametrize(
     "url_name",
     [
