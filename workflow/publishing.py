@@ -72,10 +72,17 @@ class PublishPlan:
     to_supersede: int  # undecided current proposals under another version
     to_move: int  # cases without a proposal yet: prepared under the new version when begun
     sample: list[PlanRow]
+    # False when the count stopped at the plan's ``count_limit``: there are more than that.
+    to_supersede_exact: bool = True
+    to_move_exact: bool = True
 
     @property
     def total(self) -> int:
         return self.to_supersede + self.to_move
+
+    @property
+    def exact(self) -> bool:
+        return self.to_supersede_exact and self.to_move_exact
 
 
 @dataclass
@@ -127,27 +134,53 @@ def _unprepared(name: str, policy_id: str) -> QuerySet[Case]:
     )
 
 
-def publish_plan(*, data: dict) -> PublishPlan:
-    """What publishing ``data`` would do now; reads only. A group the policy names must exist."""
+def _count(queryset: QuerySet, limit: int | None) -> tuple[int, bool]:
+    """The rows of ``queryset``, and whether that is all of them: with a ``limit``, counting
+    stops past it (a LIMIT under the COUNT), so that a page's cost does not grow with them."""
+    if limit is None:
+        return queryset.count(), True
+    found = queryset.order_by()[: limit + 1].count()
+    return min(found, limit), found <= limit
+
+
+def publish_plan(*, data: dict, count_limit: int | None = None) -> PublishPlan:
+    """What publishing ``data`` would do now; reads only. A group the policy names must exist.
+    ``count_limit``: count each kind of case at most that far (a page then says "more than");
+    None counts them all, as publishing does."""
     validate_policy_data(data, "policy")
     reviewer_groups_exist_check(data["parameters"])
     new_id = identity.policy_id(data["name"], data["parameters"])
     to_move = _unswitched(data["name"], new_id).filter(current_proposal__isnull=True)
     to_supersede = _unprepared(data["name"], new_id)
-    affected = Case.objects.filter(Q(pk__in=to_move.values("pk")) | Q(pk__in=to_supersede.values("pk")))
     # The version each case's proposal was prepared under; the case's own without one.
     label = Coalesce(
         KeyTextTransform("label", "current_proposal__policy_snapshot"), "policy__label", output_field=CharField()
     )
-    rows = affected.order_by("pk").values_list("case_id", "current_proposal__operation_id", label)[:SAMPLE]
+    # The first cases of each kind in id order, merged: two scans that stop after SAMPLE rows
+    # each. One query over either kind (pk IN (...) OR pk IN (...)) read every affected case
+    # first: 2.2 s at 600,000 (docs/PERFORMANCE.md, 9).
+    rows = [
+        row[1:]
+        for row in sorted(
+            found
+            for kind in (to_move, to_supersede)
+            for found in kind.order_by("pk").values_list("pk", "case_id", "current_proposal__operation_id", label)[
+                :SAMPLE
+            ]
+        )[:SAMPLE]
+    ]
+    supersede, supersede_exact = _count(to_supersede, count_limit)
+    move, move_exact = _count(to_move, count_limit)
     return PublishPlan(
         name=data["name"],
         label=data["label"],
         parameters=dict(data["parameters"]),
         policy_id=new_id,
-        to_supersede=to_supersede.count(),
-        to_move=to_move.count(),
+        to_supersede=supersede,
+        to_move=move,
         sample=[PlanRow(case_id, op, label) for case_id, op, label in rows],
+        to_supersede_exact=supersede_exact,
+        to_move_exact=move_exact,
     )
 
 

@@ -137,6 +137,32 @@ def test_a_dry_run_shows_the_plan_and_writes_nothing(world, publisher):
     assert snapshot() == before and not Policy.objects.filter(label="v4").exists()
 
 
+def test_the_preview_page_counts_up_to_its_limit_and_says_more_than(world, publisher, monkeypatch):
+    """The admin's preview counts each kind of case at most as far as the large lists count,
+    so its cost does not grow with the cases; past that it says "more than", and where to
+    get the exact count. Nothing is written."""
+    from workflow.publishing import publish_plan
+    from workplace import policies
+
+    exact = publish_plan(data=V4)
+    assert (exact.to_supersede, exact.to_move, exact.exact) == (2, 1, True)
+    capped = publish_plan(data=V4, count_limit=1)
+    assert (capped.to_supersede, capped.to_supersede_exact, capped.to_move, capped.to_move_exact) == (1, False, 1, True)
+    assert publish_plan(data=V4, count_limit=2).exact
+
+    client = Client()
+    client.force_login(publisher)
+    before = snapshot()
+    page = client.post(reverse("admin:cases_policy_publish"), {"policy": json.dumps(V4)}).content.decode()
+    assert '<strong id="df-publish-supersede">2</strong>' in page and "df-publish-counted" not in page
+    monkeypatch.setattr(policies, "COUNT_AT_LEAST", 1)
+    page = client.post(reverse("admin:cases_policy_publish"), {"policy": json.dumps(V4)}).content.decode()
+    assert '<strong id="df-publish-supersede">more than 1</strong>' in page
+    assert '<strong id="df-publish-move">1</strong>' in page
+    assert "Counted up to 1 of each kind here" in page and "manage.py publish_policy FILE" in page
+    assert snapshot() == before and not Policy.objects.filter(label="v4").exists()
+
+
 def test_only_the_publish_permission_publishes(world, reviewer, lead):
     before = snapshot()
     with pytest.raises(PermissionRefused):
