@@ -673,6 +673,13 @@ def render(info: dict, results: list[dict]) -> str:
             f"— | **{rss['median']:.0f} MB** | {rss['min']:.0f}–{rss['max']:.0f} MB | ≤ 150 MB | "
             f"{'**yes**' if rss['max'] <= 150 else '**no**'} | | |"
         )
+    cron = by_key.get("cron_start")
+    if cron and cron.get("cpu_ratios"):
+        cpu = summary(cron["cpu_ratios"])
+        lines.append(
+            "| 14 (CPU). cron start, CPU time (user + system) | the same pairs as 14 | the same | "
+            f"**{cpu['median']:.2f}×** | {cpu['min']:.2f}–{cpu['max']:.2f} | context: the goal is on wall time | | | |"
+        )
     row = pages_summary_row(by_key.get("pages"))
     if row:
         lines.append(row)

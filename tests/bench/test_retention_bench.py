@@ -34,4 +34,6 @@ def test_cron_start_bench_runs_once():
     r = bench_cron_start(env_for(database_url()), runs=1)
     assert r["agent_framework_imported"] is False
     assert len(r["ratios"]) == 1 and r["subject_values"][0] > 0 and r["baseline_values"][0] > 0
-    assert "14. cron start" in report.render({"command": "smoke"}, [r])
+    assert len(r["cpu_ratios"]) == 1 and r["cpu_ratios"][0] > 0
+    text = report.render({"command": "smoke"}, [r])
+    assert "14. cron start" in text and "| 14 (CPU). cron start, CPU time" in text
