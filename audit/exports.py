@@ -52,7 +52,7 @@ from cases.models import Case, Policy
 from core.errors import InvalidInput, NotFound
 from core.outcomes import DecisionOutcome
 from effects.models import CommitAttempt, Delivery, DeliveryState, DeliveryTry
-from reviews.models import ReviewDecision
+from reviews.models import Origin, Proposal, ReviewDecision
 from workflow import selectors
 
 
@@ -200,6 +200,67 @@ def _deliveries(filters: Filters, selected: QuerySet | None) -> QuerySet:
     return queryset.order_by("pk")
 
 
+# --- proposals and decisions ----------------------------------------------------------------
+
+PROPOSAL_COLUMNS = (
+    Column("id", "pk", INT, "the proposal's number (proposals are never changed: an edit is a new one)"),
+    Column("created_at", "created_at", TIME, "when it was made"),
+    Column("case_id", "case__case_id", TEXT, "the case"),
+    Column("operation_id", "operation_id", TEXT, "its operation identity"),
+    Column("origin", "origin", TEXT, f"why it was made: {', '.join(Origin.values)}"),
+    Column("author", "author__username", TEXT, "who made it (empty: the pipeline's import)"),
+    Column("parent_operation_id", "parent__operation_id", TEXT, "the proposal it was made from"),
+    Column("policy_id", "policy_id", TEXT, "the policy version it was made under"),
+    Column("evidence_id", "evidence_id", TEXT, "the identity of its evidence"),
+    Column("body", "body", TEXT, "the reply as proposed"),
+)
+
+
+def _proposals(filters: Filters, selected: QuerySet | None) -> QuerySet:
+    queryset: QuerySet = (
+        Proposal.objects.all() if selected is None else Proposal.objects.filter(pk__in=selected.values("pk"))
+    )
+    queryset = _window(queryset, "created_at", filters)
+    if filters.policy:
+        queryset = queryset.filter(case__policy__name=filters.policy)
+    if filters.state:
+        queryset = queryset.filter(origin=filters.state)
+    if filters.reviewer:
+        queryset = queryset.filter(author=filters.reviewer)
+    return queryset.order_by("pk")
+
+
+DECISION_COLUMNS = (
+    Column("id", "pk", INT, "the decision's number (decisions are never changed)"),
+    Column("decided_at", "decided_at", TIME, "when it was recorded"),
+    Column("case_id", "proposal__case__case_id", TEXT, "the case"),
+    Column("operation_id", "operation_id", TEXT, "the operation decided"),
+    Column("approved", "approved", BOOL, "true (approved) or false (declined)"),
+    Column("reviewer", "reviewer__username", TEXT, "who decided (for a system actor, the user it acted as)"),
+    Column("system_actor", "system_actor", TEXT, "the system actor that declined (expired, withdrawn), if any"),
+    Column("decline_reason", "decline_reason", TEXT, "why it was declined"),
+    Column("decline_note", "decline_note", TEXT, "the decline's note"),
+)
+
+APPROVED, DECLINED = "approved", "declined"
+
+
+def _decisions(filters: Filters, selected: QuerySet | None) -> QuerySet:
+    queryset: QuerySet = (
+        ReviewDecision.objects.all()
+        if selected is None
+        else ReviewDecision.objects.filter(pk__in=selected.values("pk"))
+    )
+    queryset = _window(queryset, "decided_at", filters)
+    if filters.policy:
+        queryset = queryset.filter(proposal__case__policy__name=filters.policy)
+    if filters.state:
+        queryset = queryset.filter(approved=filters.state == APPROVED)
+    if filters.reviewer:
+        queryset = queryset.filter(reviewer=filters.reviewer)
+    return queryset.order_by("pk")
+
+
 # --- a case's history -------------------------------------------------------------------------
 
 HISTORY_COLUMNS = (
@@ -334,6 +395,8 @@ EXPORTS: dict[str, Export] = {
         Export("cases", "cases with their current state", CASE_COLUMNS, tuple(selectors.STATUS_LABELS), _cases),
         Export("attempts", "commit attempts", ATTEMPT_COLUMNS, tuple(DecisionOutcome.values), _attempts),
         Export("deliveries", "deliveries", DELIVERY_COLUMNS, tuple(DeliveryState.values), _deliveries),
+        Export("proposals", "proposals", PROPOSAL_COLUMNS, tuple(Origin.values), _proposals),
+        Export("decisions", "decisions", DECISION_COLUMNS, (APPROVED, DECLINED), _decisions),
         Export(
             "history",
             "a case's history",
@@ -481,16 +544,21 @@ def export_chunks(
 
 @dataclass
 class Signed:
-    """The chunks as they go out, counted and hashed; ``signature()`` once they are all out."""
+    """The chunks as they go out, counted and hashed (and written to ``sink``, where given:
+    the command's file); ``signature()`` once they are all out."""
 
     chunks: Iterable[bytes]
+    sink: Callable[[bytes], Any] | None = None
     size: int = 0
     digest: Any = field(default_factory=hashlib.sha256)
 
     def __iter__(self) -> Iterator[bytes]:
+        update, sink = self.digest.update, self.sink
         for chunk in self.chunks:
             if chunk:
-                self.digest.update(chunk)
+                update(chunk)
+                if sink is not None:
+                    sink(chunk)
                 self.size += len(chunk)
                 yield chunk
 
@@ -509,5 +577,14 @@ def file_name(export: Export, fmt: str, filters: Filters, now: datetime) -> str:
     return f"decisionflow-{safe}-{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}.{fmt}"
 
 
-def export_for_model(model: type[Model]) -> Export | None:
-    return {Case: EXPORTS["cases"], CommitAttempt: EXPORTS["attempts"], Delivery: EXPORTS["deliveries"]}.get(model)
+def export_for_model(model: type[Model]) -> Export:
+    """The export a changelist of ``model`` offers."""
+    return EXPORTS[
+        {
+            Case: "cases",
+            CommitAttempt: "attempts",
+            Delivery: "deliveries",
+            Proposal: "proposals",
+            ReviewDecision: "decisions",
+        }[model]
+    ]

@@ -35,7 +35,19 @@ from bench.cron_start import bench_cron_start
 from bench.env import EVENT_LOG, PY, ROOT, env_for, static_collected
 
 # The parts of a run, for --skip and --only.
-PARTS = ("postgres", "side", "sqlite", "process", "reconcile", "pages", "retention", "cron_start", "delivery", "intake")
+PARTS = (
+    "postgres",
+    "side",
+    "sqlite",
+    "process",
+    "reconcile",
+    "pages",
+    "retention",
+    "cron_start",
+    "delivery",
+    "intake",
+    "audit_export",
+)
 
 SIZES = {
     "full": {
@@ -43,6 +55,7 @@ SIZES = {
         "process_runs": 7,
         "reconcile_runs": 3,
         "reconcile_ops": 1_000_000,
+        "audit_attempts": 1_000_000,
         "admin_cases": 100_000,
         "page_cases": (10_000, 1_000_000),
         "page_rounds": 6,
@@ -56,6 +69,7 @@ SIZES = {
         "process_runs": 1,
         "reconcile_runs": 1,
         "reconcile_ops": 300,
+        "audit_attempts": 300,
         "admin_cases": 30,
         "page_cases": (30, 300),
         "page_rounds": 2,
@@ -448,6 +462,40 @@ def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
     return res
 
 
+# --- 20. the audit export of a million attempts ------------------------------------------
+
+
+def bench_audit_export_part(base: str, sizes: dict, *, fresh: bool, name: str) -> list[dict]:
+    """The attempts of bench/audit_export.py over 10,000 cases, kept between runs like 8's."""
+    import psycopg
+
+    from bench.audit_export import attempts_ready, load_attempts, measure_export
+    from bench.bigdata import load_operations
+
+    n = sizes["audit_attempts"]
+    url = pg_url(base, name)
+    if fresh or not pg_exists(base, name) or not attempts_ready(url, n):
+        log(f"audit export: loading {n:,} commit attempts into {name} ...")
+        pg_recreate(base, name)
+        migrate(url)
+        t = time.perf_counter()
+        with psycopg.connect(url) as conn:
+            load_operations(conn, min(10_000, n))
+            load_attempts(conn, n)
+        log(f"audit export: loaded in {time.perf_counter() - t:.0f} s")
+    else:
+        migrate(url)
+        log(f"audit export: reusing {name} ({n:,} attempts, already loaded)")
+    try:
+        return [measure_export(url, n, runs=sizes["reconcile_runs"])]
+    except Exception:
+        import traceback
+
+        return [
+            {"key": "audit_export", "kind": "error", "bench": "audit_export", "error": traceback.format_exc(limit=6)}
+        ]
+
+
 # --- 13. checkpoint retention and 14. cron start ---------------------------------------
 
 
@@ -786,6 +834,10 @@ def main(argv=None) -> int:
                 }
             )
             log(f"reconcile FAILED: {exc}")
+
+    if "audit_export" not in skip and pg_ok:
+        clock.start("audit_export")
+        results += bench_audit_export_part(args.postgres, sizes, fresh=args.fresh, name=f"{args.db_prefix}_audit")
 
     clock.stop()
     info["load_after"] = os.getloadavg()

@@ -435,7 +435,7 @@ class AuditMismatch(DecisionflowError):
     found, so the auditor knows where to look."""
 
     code = "audit_mismatch"
-    exit_code = 11
+    exit_code = 12  # 11 is not in group
     http_status = 409
 
     @classmethod

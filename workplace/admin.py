@@ -7,6 +7,7 @@ command loads them. The API's own page (its tokens) is registered by ``api/admin
 
 from django.contrib import admin
 
+from audit.models import SignedExport
 from cases.models import Case, Policy, Source, SourceVersion
 from effects.models import CommitAttempt, Delivery, EffectRecord
 from reviews.models import Notification, PendingReview, Proposal, ReviewDecision, ReviewQueueItem, WorkflowCheckpoint
@@ -14,6 +15,7 @@ from reviews.models import Notification, PendingReview, Proposal, ReviewDecision
 from .deliveries import DeliveryAdmin
 from .effects import CommitAttemptAdmin, EffectRecordAdmin
 from .evidence import SourceAdmin, SourceVersionAdmin
+from .exports import SignedExportAdmin
 from .policies import PolicyAdmin
 from .queue import ReviewQueueAdmin
 from .records import NotificationAdmin, PendingReviewAdmin, ReviewDecisionAdmin, WorkflowCheckpointAdmin
@@ -40,5 +42,6 @@ for model, page in (
     (EffectRecord, EffectRecordAdmin),
     (CommitAttempt, CommitAttemptAdmin),
     (Delivery, DeliveryAdmin),
+    (SignedExport, SignedExportAdmin),
 ):
     admin.site.register(model, page)

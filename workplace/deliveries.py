@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from effects.models import Delivery, DeliveryState, DeliveryTry
 from effects.selectors import NEEDS_CHECK_ADVICE, STATE_SENTENCES
 from workplace.display import ViewOnlyAdmin, op_html, when, when_html
+from workplace.exports import EXPORT_ACTIONS
 from workplace.listing import LargeListAdminMixin
 
 
@@ -62,6 +63,7 @@ class DeliveryAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     list_display_links = ("operation",)
     list_select_related = ("case",)
     list_filter = ("state",)
+    actions = [*EXPORT_ACTIONS]
     # The operation identity or the case ID, whole: both are unique indexes.
     search_fields = ("=operation_id", "=case__case_id")
     # The index order only (newest first): a sortable column would sort every delivery.

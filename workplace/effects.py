@@ -11,6 +11,7 @@ from core.outcomes import DECIDED, DecisionOutcome
 from effects.models import REPAIR_CHANNEL
 from reviews.models import Channel
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when
+from workplace.exports import EXPORT_ACTIONS
 from workplace.listing import LargeListAdminMixin
 from workplace.templatetags.text_markers import banner_context
 
@@ -104,6 +105,7 @@ class CommitAttemptAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     list_display = ("operation", "case", "asked", "outcome_badge", "by", "attempted", "detail_text")
     list_select_related = ("case", "reviewer")
     list_filter = ("outcome", "reason", AskedFilter, ChannelFilter, "attempted_at")
+    actions = [*EXPORT_ACTIONS]
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 

@@ -10,6 +10,7 @@ from django.contrib import admin
 
 from reviews.models import PendingReview
 from workplace.display import ViewOnlyAdmin, op_html, pre_html
+from workplace.exports import EXPORT_ACTIONS
 
 # Large columns no changelist shows; deferring them keeps a page of 100 rows light.
 PROPOSAL_BIG_FIELDS = ("body", "passages", "findings", "policy_snapshot", "unchecked_sentences")
@@ -19,6 +20,7 @@ class ReviewDecisionAdmin(ViewOnlyAdmin):
     list_display = ("operation", "case", "approved", "reviewer", "decided_at")
     list_select_related = ("proposal__case", "reviewer")
     list_filter = ("approved", "decided_at")
+    actions = [*EXPORT_ACTIONS]
     search_fields = ("=operation_id", "=proposal__case__case_id", "reviewer__username")
     list_per_page = 100
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from functools import partial
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -54,6 +55,7 @@ from workflow.reviewer_groups import group_refusal, member_of
 from workflow.selectors import decidable_operation_id
 from workplace import picture as workflow_picture
 from workplace.display import ViewOnlyAdmin, op_html, pre_html, proposal_body_html, when, when_html
+from workplace.exports import EXPORT_ACTIONS, history_export_links, history_export_view
 from workplace.forms import APPROVE, DECLINE, DECLINE_REASON_CHOICES, DecisionForm, ProposalEditForm
 from workplace.links import can_review, review_url
 from workplace.listing import LargeListAdminMixin, reviewers_with_decisions
@@ -254,6 +256,7 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     list_display_links = None
     list_select_related = ("case", "author")
     list_filter = ("origin", "created_at")
+    actions = [*EXPORT_ACTIONS]
     search_fields = ("=operation_id", "=case__case_id")
     list_per_page = 100
 
@@ -593,7 +596,7 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     # on PostgreSQL (cases migration 0003). Paging and counting: listing.LargeListAdminMixin.
     search_fields = ("case_id", "subject")
     list_per_page = 100
-    actions = ["approve_selected", "decline_selected"]
+    actions = ["approve_selected", "decline_selected", *EXPORT_ACTIONS]
     fields = (
         "case_id",
         "subject",
@@ -664,6 +667,11 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             path("<int:pk>/review/", wrap(self.review_view), name="cases_case_review"),
             path("<int:pk>/begin/", wrap(self.begin_view), name="cases_case_begin"),
             path("<int:object_id>/history/", wrap(self.history_view), name="cases_case_history"),
+            path(
+                "<int:object_id>/history/export/",
+                wrap(partial(history_export_view, self)),
+                name="cases_case_history_export",
+            ),
         ] + super().get_urls()
 
     def review_view(self, request, pk):
@@ -740,6 +748,8 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             "title": f"History of {case.case_id}",
             "subtitle": case.subject,
             "history": history,
+            "export_links": history_export_links(case.pk),
+            "signed_exports_url": reverse("admin:audit_signedexport_changelist"),
             "status": status,
             "status_label": selectors.STATUS_LABELS[status],
             "can_review": can_review(request.user),

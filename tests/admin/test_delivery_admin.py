@@ -184,7 +184,7 @@ def test_the_deliveries_list_filters_searches_and_stays_view_only(
     assert "T-1077" in by_case and ">T-1042<" not in by_case and "HD-REPLY-77" in by_case
     by_op = page(reviewer_client, url + "?q=" + proposal.operation_id)
     assert "T-1042" in by_op and ">T-1077<" not in by_op
-    # View-only: no add, no change, no delete, no actions.
+    # View-only: no add, no change, no delete; the only actions are the exports, which read.
     assert reviewer_client.get(reverse("admin:effects_delivery_add")).status_code == 403
     delivery = Delivery.objects.get(operation_id=proposal.operation_id)
     change = reverse("admin:effects_delivery_change", args=[delivery.pk])
@@ -193,7 +193,9 @@ def test_the_deliveries_list_filters_searches_and_stays_view_only(
     assert response.status_code == 403
     assert Delivery.objects.values().get(pk=delivery.pk) == before
     assert reviewer_client.get(reverse("admin:effects_delivery_delete", args=[delivery.pk])).status_code == 403
-    assert 'name="action"' not in page(reviewer_client, url)
+    listed = page(reviewer_client, url)
+    actions = re.findall(r'<option value="(\w+)"', listed.split('name="action"', 1)[1].split("</select>", 1)[0])
+    assert actions == ["export_csv", "export_jsonl"]
 
 
 def test_a_delivery_page_lists_every_try(reviewer_client, reviewer, proposal):

@@ -133,9 +133,14 @@ def test_view_only_admins_refuse_add_change_delete(admin_client, begun, case, re
         reverse("admin:reviews_proposal_decide", args=[case.current_proposal_id]),
         {"operation_id": case.current_proposal.operation_id, "decision": "approve"},
     )
+    from workplace.exports import EXPORT_ACTIONS
+
+    exporting = {ReviewDecision, CommitAttempt, Proposal}
     for model in (ReviewDecision, EffectRecord, CommitAttempt, PendingReview, WorkflowCheckpoint, Proposal):
         model_admin = admin.site._registry[model]
-        assert model_admin.actions is None
+        # The only actions a view-only list has are the exports, which read (view permission);
+        # never Django's delete_selected.
+        assert model_admin.actions == (EXPORT_ACTIONS if model in exporting else None)
         opts = model._meta
         obj = model.objects.first()
         assert obj is not None, opts.model_name
@@ -149,5 +154,7 @@ def test_view_only_admins_refuse_add_change_delete(admin_client, begun, case, re
         )
         page = admin_client.get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
         assert page.status_code == 200
-        assert 'name="action"' not in page.content.decode()
+        html = page.content.decode()
+        assert "delete_selected" not in html
+        assert ('name="action"' in html) == (model in exporting)
     assert counts()["effects"] == 1

@@ -221,7 +221,7 @@ def test_the_export_verifies_and_every_edit_is_caught(story, tmp_path):
         path.write_bytes(data)
         code, out, err = command_run("audit_verify", str(path), "--public-key", str(public), *extra)
         path.write_bytes(original)
-        assert code == 11, (code, out, err)
+        assert code == 12, (code, out, err)
         return err
 
     assert "same size: bytes were changed" in refused(original.replace(b"committed", b"declined!"))
@@ -236,12 +236,12 @@ def test_the_export_verifies_and_every_edit_is_caught(story, tmp_path):
     forged = line.replace(b"bytes=", b"bytes=1", 1)
     sig.write_bytes(forged + b"\n" + b64 + b"\n")
     code, _, err = command_run("audit_verify", str(path), "--public-key", str(public))
-    assert code == 11 and "does not verify with this public key" in err
+    assert code == 12 and "does not verify with this public key" in err
     sig.write_bytes(good_sig)
     other = tmp_path / "other.pem"
     other.write_bytes(signing.public_key_pem(signing.generate_key()))
     code, _, err = command_run("audit_verify", str(path), "--public-key", str(other))
-    assert code == 11 and "was signed by key" in err
+    assert code == 12 and "was signed by key" in err
 
 
 def test_no_signing_key_writes_nothing(story, tmp_path, settings):
@@ -271,7 +271,7 @@ def test_a_terminal_gets_a_bar_and_cron_one_line(story, tmp_path):
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="COPY is PostgreSQL's")
-@pytest.mark.parametrize("name", ["cases", "attempts", "deliveries"])
+@pytest.mark.parametrize("name", ["cases", "attempts", "deliveries", "proposals", "decisions"])
 def test_copy_writes_the_same_bytes_as_the_python_writer(story, name):
     export = exports.EXPORTS[name]
     rows = export.rows(exports.Filters(), None)

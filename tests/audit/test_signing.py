@@ -141,7 +141,7 @@ def test_audit_verify_without_a_file_says_live_verification_is_not_there_yet():
 
 
 def test_the_error_classes_carry_their_codes():
-    assert (AuditMismatch.exit_code, AuditMismatch.code) == (11, "audit_mismatch")
+    assert (AuditMismatch.exit_code, AuditMismatch.code) == (12, "audit_mismatch")
 
 
 def test_commands_help(tmp_path):

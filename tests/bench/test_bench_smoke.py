@@ -237,3 +237,24 @@ def test_the_intake_benchmark_runs_once_through_gunicorn(tmp_path):
     assert result["kind"] == "intake" and all(v[0] > 0 for v in result["rates"].values()), result
     text = report.render({"command": "smoke"}, [result])
     assert "## 17. Intake" in text and "| intake through the API, 8 clients" in text
+
+
+@pytest.mark.postgres
+def test_the_audit_export_runs_once_and_its_section_renders():
+    """20: export_audit over a few hundred attempts against the raw COPY of the same rows;
+    every row in the file, the signature accepted by audit_verify."""
+    from django.db import connection
+
+    from bench import audit_export
+    from bench.bigdata import load_operations
+    from bench.data import raw_connect
+
+    with raw_connect() as conn:
+        load_operations(conn, 50)
+        audit_export.load_attempts(conn, 300)
+    s = connection.settings_dict
+    url = f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    result = audit_export.measure_export(url, 300, runs=1)
+    assert result["verified"] and result["ratios"][0] > 0 and result["rss_kib"][0] > 0
+    text = audit_export.section([result], {"command": "test", "date": "now"})
+    assert "## 20. Audit export" in text and "peak RSS" in text and "`audit_verify` accepted it" in text

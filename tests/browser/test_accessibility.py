@@ -127,6 +127,7 @@ def test_no_serious_or_critical_violation_on_our_pages(demo, browser, live_serve
         "edit page": f"/admin/reviews/proposal/{made['current'].pk}/edit/",
         "effect record": f"/admin/effects/effectrecord/{made['effect'].pk}/change/",
         "commit attempts list": "/admin/effects/commitattempt/",
+        "signed exports list": "/admin/audit/signedexport/",
         "pending reviews list": "/admin/reviews/pendingreview/",
         "your API tokens": "/admin/api/apitoken/mine/",
         "case list, searched": "/admin/cases/case/?q=1042",

@@ -10,10 +10,11 @@ class Command(WorkflowCommand):
         "Run by an auditor, with the public key alone: `manage.py audit_verify FILE --public-key audit-public.pem` "
         "checks an export (manage.py export_audit, or the admin's export) against its detached FILE.sig: "
         "the signature, the key that made it, and that the file's bytes are exactly those signed. "
-        "Prints `audit_verify: ok file=<FILE> bytes=<n> sha256=<hex> key=<key id>` and exits 0; exits 11 and "
+        "Prints `audit_verify: ok file=<FILE> bytes=<n> sha256=<hex> key=<key id>` and exits 0; exits 12 and "
         "names the problem when the file or its .sig was edited or another key signed it, 1 when a file "
         "cannot be read or is not an export signature (docs/AUDIT.md). Without --public-key it uses the "
-        "public half of the configured signing key. Without FILE it checks the live database's chain."
+        "public half of the configured signing key. Without FILE it is to check the live database's chain "
+        "(until that chain exists it refuses: exit 1)."
     )
     # An export is checked with files only: no database is needed for that form.
     requires_migrations_checks = False

@@ -4,11 +4,12 @@ from pathlib import Path
 from django.db.models import QuerySet
 
 from audit import exports
+from audit.models import SignedExport
+from audit.services import export_begin, export_stream
 from audit.signature import sig_path
 from core.commandline import WorkflowCommand
 from core.errors import InvalidInput
 from core.progress import CommandProgress, bar_wanted, rate_text
-from core.signing import key_id, public_key_pem, signing_key
 
 
 class Command(WorkflowCommand):
@@ -16,7 +17,7 @@ class Command(WorkflowCommand):
         "Run by a support lead or from cron, e.g. nightly: `manage.py export_audit attempts --since 2026-12-01 "
         "--output var/audit/attempts.csv`. Writes KIND (cases: with their current state; history: one case's "
         "proposals, reviews begun, claims, attempts with every refusal, decisions, effects, deliveries and their "
-        "tries, notifications; attempts: every commit attempt; deliveries) as CSV (formulas neutralised) or "
+        "tries, notifications; attempts: every commit attempt; deliveries; proposals; decisions) as CSV (formulas neutralised) or "
         "JSON Lines to FILE, and its detached Ed25519 signature to FILE.sig, which `manage.py audit_verify FILE` "
         "checks. Filters: --since/--until (a date, or an ISO date and time; until a date includes that day), "
         "--policy NAME, --state STATE, --reviewer USERNAME; the history takes --case CASE_ID and the dates. "
@@ -29,7 +30,10 @@ class Command(WorkflowCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "kind", choices=sorted(exports.EXPORTS), metavar="KIND", help="cases, history, attempts or deliveries."
+            "kind",
+            choices=sorted(exports.EXPORTS),
+            metavar="KIND",
+            help="cases, history, attempts, deliveries, proposals or decisions.",
         )
         parser.add_argument("--format", dest="fmt", choices=exports.Format.ALL, default=exports.Format.CSV)
         parser.add_argument("--output", "-o", required=True, metavar="FILE", help="Where to write; FILE.sig beside it.")
@@ -46,13 +50,13 @@ class Command(WorkflowCommand):
         filters = exports.filters_parse(
             export, since=since, until=until, policy=policy, state=state, reviewer=reviewer, case=case
         )
-        key = signing_key()  # before anything is written: no key, no file
         path = Path(output)
         sig = sig_path(path)
         if not force:
             for existing in (path, sig):
                 if existing.exists():
                     raise InvalidInput(f"export_audit: {existing} exists (give --force to replace it)")
+        record = export_begin(export=export, fmt=fmt, filters=filters, actor=None, channel=SignedExport.Channel.COMMAND)
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
         bar = bar_wanted(self.stdout)
         rows_read = export.rows(filters, None)
@@ -66,11 +70,12 @@ class Command(WorkflowCommand):
                     rows += n
                     progress.advance(n)
 
-                signed = exports.Signed(exports.export_chunks(export, filters, fmt, counter=counted))
                 with partial.open("wb") as out:
-                    for chunk in signed:
-                        out.write(chunk)
-                sig.write_bytes(signed.signature(key))
+                    for _chunk in export_stream(
+                        record=record, export=export, fmt=fmt, filters=filters, counter=counted, sink=out.write
+                    ):
+                        pass
+                sig.write_text(record.signature)
                 os.replace(partial, path)
                 elapsed = progress.elapsed
         except OSError as exc:
@@ -78,6 +83,6 @@ class Command(WorkflowCommand):
         finally:
             partial.unlink(missing_ok=True)
         self.stdout.write(
-            f"export_audit: kind={kind} format={fmt} rows={rows} bytes={signed.size} file={path} sig={sig} "
-            f"key={key_id(public_key_pem(key))} in {elapsed:.1f} s ({rate_text(rows, elapsed, 'rows')})"
+            f"export_audit: kind={kind} format={fmt} rows={rows} bytes={record.size} file={path} sig={sig} "
+            f"key={record.key_id} in {elapsed:.1f} s ({rate_text(rows, elapsed, 'rows')})"
         )
