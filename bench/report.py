@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from bench import audit_export
 from bench.stats import summary
 
 ORDER = [
@@ -177,7 +178,7 @@ def wall_time_line(total_s: float, parts: dict[str, float]) -> str:
 def _fmt(value, unit: str) -> str:
     if value is None:
         return "—"
-    if unit in ("ops/s",):
+    if unit in ("ops/s", "rows/s"):
         return f"{value:,.0f} {unit}"
     if unit == "µs/op":
         return f"{value:.1f} {unit}"
@@ -303,6 +304,7 @@ def goals_table(by_key: dict) -> list[str]:
         ),
         *_count_goal_rows(by_key),
         _intake_goal_row(by_key.get("intake")),
+        _ratio_goal_row(by_key, "audit export of 1M attempts ÷ raw COPY (rows/s)", ("≥", 0.5), "audit_export"),
         "",
     ]
 
@@ -757,6 +759,10 @@ def render(info: dict, results: list[dict]) -> str:
     if text:
         lines += [text, ""]
 
+    text = audit_export.section(results, info)
+    if text:
+        lines += [text, ""]
+
     lines += ["## Findings and what remains", ""]
     lines += findings(by_key)
     lines += [
@@ -930,6 +936,9 @@ def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
     intake = intake_section(results)
     if intake:
         out["intake"] = intake
+    audit = audit_export.section(results, info)
+    if audit:
+        out["audit_export"] = audit
     # A measure's row of the summary table (e.g. "14." for cron_start, "2 (context)." for the
     # ORM floor), replaced where it stands.
     for r in results:

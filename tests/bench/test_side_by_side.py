@@ -277,7 +277,7 @@ def test_the_report_lists_each_goal_with_its_verdict():
     text = report.render({"command": "test"}, results)
     goals = text.split("## Goals", 1)[1].split("## Summary", 1)[0]
     rows = [line for line in goals.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == 11, rows
+    assert len(rows) == 12, rows
     assert "ours ÷ LangGraph" in rows[0] and "**0.84×**, median of 3 runs" in rows[0] and rows[0].endswith("**met** |")
     assert "**1.50×**" in rows[1] and rows[1].endswith("**missed** |")
     assert "resume + approve + commit, ours ÷ DBOS" in rows[2] and "DBOS on its defaults, ours on ours" in rows[2]
@@ -289,6 +289,7 @@ def test_the_report_lists_each_goal_with_its_verdict():
     assert "**11 statements, 2 durable commits**" in rows[8] and rows[8].endswith("**met** |")
     assert rows[9].endswith("**met** |")
     assert "intake through the API" in rows[10] and "not measured" in rows[10] and "| ≥ 0.5× | — |" in rows[10]
+    assert "audit export of 1M attempts" in rows[11] and "not measured" in rows[11] and "| ≥ 0.5× | — |" in rows[11]
     assert "## 11–12, 18–19. Side by side with LangGraph and with DBOS" in text
     assert "**DBOS runs on its defaults**" in text and "**and we run on ours**" in text
     assert (
