@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -65,7 +66,7 @@ def _dev_key(path: Path) -> Ed25519PrivateKey:
     to make it keep whichever was linked first)."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(private_key_pem(generate_key()))

@@ -158,3 +158,17 @@ def test_no_signing_key_is_a_503_with_the_message(lead_client, begun, settings):
     response = lead_client.get(reverse("admin:cases_case_history_export", args=[case.pk]))
     assert response.status_code == 503 and b"no audit signing key" in response.content
     assert not SignedExport.objects.exists()
+
+
+def test_select_all_across_the_pages_exports_every_filtered_row(lead_client, begun):
+    """Select all N on a list of many pages (the attempts list pages without a COUNT):
+    the action gets the whole filtered list, not the page."""
+    for n in range(120):
+        CommitAttempt.objects.create(operation_id=f"op-{n}", outcome="refused", channel="api", detail="bad input")
+    CommitAttempt.objects.create(operation_id="op-stale", outcome="stale", channel="api")
+    response = lead_client.post(
+        reverse("admin:effects_commitattempt_changelist") + "?outcome__exact=refused",
+        {"action": "export_csv", ACTION_CHECKBOX_NAME: ["1"], "select_across": "1", "index": "0"},
+    )
+    rows = list(csv.DictReader(io.StringIO(body(response).decode(), newline="")))
+    assert len(rows) == 120 and {r["outcome"] for r in rows} == {"refused"}

@@ -184,3 +184,26 @@ def test_a_signature_file_verifies_with_openssl_alone(tmp_path):
         text=True,
     )
     assert done.returncode == 0 and "Signature Verified Successfully" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_development_key_made_by_many_at_once_is_one_key(no_key, tmp_path):
+    """Eight threads (as eight processes would, each with its own temporary file) make the
+    key at the same moment: every one of them signs with the key that was linked first."""
+    import threading
+
+    path = tmp_path / "var" / "dev.pem"
+    no_key.DECISIONFLOW_AUDIT_DEV_KEY_FILE = path
+    barrier, found = threading.Barrier(8), []
+
+    def make():
+        barrier.wait()
+        found.append(signing.public_key_pem(signing._dev_key(path)))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(found) == 8 and len(set(found)) == 1
+    assert found[0] == signing.public_key_pem()
+    assert [p.name for p in path.parent.iterdir()] == ["dev.pem"]
