@@ -127,7 +127,8 @@ test-postgres: $(VENV)/.test pgbouncer
 
 # Benchmarks: ratios against raw baselines measured in the same run, written to
 # docs/PERFORMANCE.md. Uses its own databases (decisionflow_bench* on BENCH_POSTGRES_URL,
-# default the local server, and a temporary SQLite file); ~15 minutes on 2 cores.
+# default the local server, and a temporary SQLite file). Budget: 30 minutes on 2 cores; it
+# prints its own wall time and each part's at the end. BENCH_ARGS="--only side" runs one part.
 # The side-by-side benchmark runs the LangGraph peer (bench/peer/) in its own venv, .venv-peer,
 # from requirements/peer.txt, and the DBOS peer (bench/peer/dbos/) in .venv-dbos, from
 # requirements/dbos.txt; neither is ever installed in the project's venv.

@@ -331,15 +331,15 @@ def _ms(values: list[float]) -> str:
     return f"{summary(values)['median']:.2f} ms" if values else "—"
 
 
-def _side_text(by_key: dict) -> str | None:
-    lines = side_by_side_section(by_key)
+def _side_text(by_key: dict, info: dict) -> str | None:
+    lines = side_by_side_section(by_key, info)
     if not lines:
         return None
     begin, end = section_markers("side")
     return "\n".join([begin, *lines, end])
 
 
-def side_by_side_section(by_key: dict) -> list[str]:
+def side_by_side_section(by_key: dict, info: dict | None = None) -> list[str]:
     resume, begin = by_key.get("side_resume"), by_key.get("side_begin")
     counts = by_key.get("side_counts")
     if not resume or resume.get("kind") != "cost":
@@ -374,6 +374,13 @@ def side_by_side_section(by_key: dict) -> list[str]:
         "Lower is better for us. The machine is shared: read the ratios, not the times.",
         "",
     ]
+    took = (info or {}).get("part_s", {}).get("side")
+    if info and info.get("command"):
+        lines += [
+            f"Run: `{info['command']}`, {info.get('date')}"
+            + (f"; this part took {_minutes(took)} of wall time." if took else "."),
+            "",
+        ]
     for name, _prefix, info_key in SIDE_PEERS:
         info = by_key.get(info_key)
         if info and info.get("kind") in ("missing", "error"):
@@ -715,7 +722,7 @@ def render(info: dict, results: list[dict]) -> str:
             "",
         ]
 
-    side = _side_text(by_key)
+    side = _side_text(by_key, info)
     if side:
         lines += [side, ""]
 
@@ -769,10 +776,11 @@ def render(info: dict, results: list[dict]) -> str:
         "",
         "## How to read and re-run",
         "",
-        "- `make bench` runs `python -m bench.run`: about 7 minutes on this 2-core machine (~2 of them side by "
-        "side with LangGraph) when the "
-        "million-operation database is kept from an earlier run (it is, while intact: `--fresh` reloads "
-        "it), and up to ~15 minutes on a busy machine when it has to be loaded (~75-100 s for the load).",
+        "- `make bench` runs `python -m bench.run`, and ends by printing its own wall time and each part's (the "
+        "same line heads this document, under Command). Its budget is 30 minutes on 2 cores. The "
+        "million-row databases (reconcile's, and the admin pages' at 10,000 and 1,000,000 cases) are kept from "
+        "an earlier run while intact (`--fresh` reloads them); a first run loads them, which is most of the "
+        "difference between a first run and the next.",
         "- It uses its own databases: `decisionflow_bench`, `decisionflow_bench_side` (with the LangGraph "
         "peer's own `decisionflow_bench_peer` and the DBOS peer's own `decisionflow_bench_dbos`, each created and "
         "dropped by its peer) and "
@@ -921,7 +929,7 @@ def render_sections(info: dict, results: list[dict]) -> dict[str, str]:
     text = pages_section(by_key.get("pages"), info)
     if text:
         out["pages"] = text
-    side = _side_text(by_key)
+    side = _side_text(by_key, info)
     if side:
         out["side"] = side
     row = pages_summary_row(by_key.get("pages"))

@@ -348,15 +348,17 @@ def test_a_partial_run_replaces_the_side_section_and_adds_the_new_goal_rows(tmp_
         {**_timing("side_dbos_begin", ours, [10.0] * 3), "goal": ("≤", 0.5)},
         COUNTS,
     ]
-    run._write_sections(doc, report.render_sections({"command": "only side"}, results))
+    info = {"command": "only side", "date": "today", "part_s": {"side": 200}}
+    run._write_sections(doc, report.render_sections(info, results))
     new = doc.read_text()
+    assert "Run: `only side`, today; this part took 3.3 min of wall time." in new
     assert "old text" not in new and new.count("Side by side with LangGraph") == 1
     assert "## 11–12, 18–19. Side by side with LangGraph and with DBOS" in new
     assert "kept\n" in new and "by hand" in new and "| intake through the API | kept |" in new
     goals = new.split("## Goals", 1)[1].split("## Summary", 1)[0]
     assert "| begin, ours ÷ LangGraph (median ms per call) | **0.35×**" in goals
     assert "| resume + approve + commit, ours ÷ DBOS" in goals and "| begin, ours ÷ DBOS" in goals
-    run._write_sections(doc, report.render_sections({"command": "only side"}, results))  # again: no duplicates
+    run._write_sections(doc, report.render_sections(info, results))  # again: no duplicates
     assert doc.read_text() == new
 
 
