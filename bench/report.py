@@ -175,6 +175,21 @@ def wall_time_line(total_s: float, parts: dict[str, float]) -> str:
     return f"wall time {_minutes(total_s)} in all" + (f"; by part: {each}" if each else "")
 
 
+# The budget of a whole `make bench` run on 2 cores.
+BUDGET_S = 30 * 60
+
+
+def wall_time_goal_row(info: dict) -> str:
+    """The goal row of a whole run's wall time (a partial run, ``--only``, does not replace it)."""
+    took = info.get("duration_s", 0)
+    parts = info.get("part_s") or {}
+    each = ", ".join(f"{part} {_minutes(s)}" for part, s in sorted(parts.items(), key=lambda kv: -kv[1]))
+    return (
+        f"| `{info.get('command')}` wall time, every part (2 cores) | **{_minutes(took)}** ({each or 'no part ran'}) | "
+        f"≤ {BUDGET_S // 60} min | {'**met**' if took <= BUDGET_S else '**missed**'} |"
+    )
+
+
 def _fmt(value, unit: str) -> str:
     if value is None:
         return "—"
@@ -661,7 +676,9 @@ def render(info: dict, results: list[dict]) -> str:
         f"PostgreSQL {info.get('postgresql')} on loopback "
         f"({', '.join(f'{k}={v}' for k, v in info.get('pg_settings', {}).items())}), SQLite {info.get('sqlite')}",
         "",
-        *goals_table({r["key"]: r for r in results}),
+        *goals_table({r["key"]: r for r in results})[:-1],
+        *([wall_time_goal_row(info)] if info.get("part_s") is not None else []),
+        "",
         "## Summary",
         "",
         "| # and measure | what runs | baseline | ratio (median) | runs: min–max | goal | met? | measure (median) | baseline (median) |",

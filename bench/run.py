@@ -857,7 +857,10 @@ def main(argv=None) -> int:
     else:
         _write_report(Path(args.out), report.render(info, results))
     log(f"wrote {args.out}")
-    log(report.wall_time_line(time.perf_counter() - started, clock.seconds))
+    took = time.perf_counter() - started
+    log(report.wall_time_line(took, clock.seconds))
+    if not only and took > report.BUDGET_S:
+        log(f"OVER BUDGET: the whole run took more than {report.BUDGET_S // 60} minutes")
     failed = [r for r in results if r.get("kind") == "error"]
     return 1 if failed else 0
 

@@ -368,6 +368,13 @@ def test_the_run_reports_each_parts_wall_time():
     )
     text = report.render({"command": "make bench", "duration_s": 600, "part_s": {"postgres": 300, "side": 100}}, [])
     assert "- Wall time: wall time 10.0 min in all; by part: postgres 5.0 min, side 1.7 min" in text
+    goals = text.split("## Goals", 1)[1].split("## Summary", 1)[0]
+    assert (
+        "| `make bench` wall time, every part (2 cores) | **10.0 min** (postgres 5.0 min, side 1.7 min) | ≤ 30 min "
+        "| **met** |"
+    ) in goals
+    text = report.render({"command": "make bench", "duration_s": 1801, "part_s": {"pages": 1700}}, [])
+    assert "| **30.0 min** (pages 28.3 min) | ≤ 30 min | **missed** |" in text
 
 
 def _counted_and_logged(fn):
