@@ -795,7 +795,8 @@ def render(info: dict, results: list[dict]) -> str:
         "",
         "- `make bench` runs `python -m bench.run`, and ends by printing its own wall time and each part's (the "
         "same line heads this document, under Command). Its budget is 30 minutes on 2 cores. The "
-        "million-row databases (reconcile's, and the admin pages' at 10,000 and 1,000,000 cases) are kept from "
+        "million-row databases (reconcile's, the admin pages' at 10,000 and 1,000,000 cases, the audit export's) "
+        "are kept from "
         "an earlier run while intact (`--fresh` reloads them); a first run loads them, which is most of the "
         "difference between a first run and the next.",
         "- It uses its own databases: `decisionflow_bench`, `decisionflow_bench_side` (with the LangGraph "
