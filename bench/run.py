@@ -53,7 +53,7 @@ SIZES = {
     "full": {
         "runs": 5,
         "process_runs": 7,
-        "reconcile_runs": 3,
+        "reconcile_runs": 5,
         "reconcile_ops": 1_000_000,
         "audit_attempts": 1_000_000,
         "admin_cases": 100_000,
