@@ -24,6 +24,34 @@ def expected_states(n: int) -> dict:
     return counts
 
 
+def _rebuilt_indexes(cur, tables: tuple[str, ...]) -> list[str]:
+    """Drop the indexes of ``tables`` that back no constraint; returns their definitions,
+    to run once the rows are in (maintaining a GIN index row by row made the million-case
+    load 5x slower)."""
+    cur.execute(
+        """
+        SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
+        FROM pg_index i
+        WHERE i.indrelid = ANY(%s::regclass[])
+          AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+        """,
+        (list(tables),),
+    )
+    rebuild = cur.fetchall()
+    for name, _ in rebuild:
+        cur.execute(f"DROP INDEX {name}")
+    return [definition for _, definition in rebuild]
+
+
+def _vacuum_analyze(conn) -> None:
+    was = conn.autocommit
+    conn.autocommit = True  # VACUUM cannot run inside a transaction
+    try:
+        conn.execute("VACUUM ANALYZE")
+    finally:
+        conn.autocommit = was
+
+
 def load_operations(conn, n: int, *, prefix: str = "L") -> None:
     """``n`` cases, each with one current prepared proposal, decisions and effects per MIX.
 
@@ -51,20 +79,9 @@ def load_operations(conn, n: int, *, prefix: str = "L") -> None:
         cur.execute("SET LOCAL session_replication_role = replica")
         # Indexes that back no constraint (the case list's order and trigram indexes, the
         # foreign-key indexes) are dropped for the load and built once after it, in this
-        # transaction: maintaining a GIN index row by row made the million-case load 5x slower.
+        # transaction.
         tables = ("cases_case", "reviews_proposal", "reviews_reviewdecision", "effects_effectrecord")
-        cur.execute(
-            """
-            SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
-            FROM pg_index i
-            WHERE i.indrelid = ANY(%s::regclass[])
-              AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
-            """,
-            (list(tables),),
-        )
-        rebuild = cur.fetchall()
-        for name, _ in rebuild:
-            cur.execute(f"DROP INDEX {name}")
+        rebuild = _rebuilt_indexes(cur, tables)
         cur.execute(
             """
             INSERT INTO cases_case (id, case_id, subject, customer_message, action, policy_id, draft,
@@ -111,16 +128,11 @@ def load_operations(conn, n: int, *, prefix: str = "L") -> None:
             """
         )
         cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
-        for _, definition in rebuild:
+        for definition in rebuild:
             cur.execute(definition)
         for table in tables:
             cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
-    was = conn.autocommit
-    conn.autocommit = True  # VACUUM cannot run inside a transaction
-    try:
-        conn.execute("VACUUM ANALYZE")
-    finally:
-        conn.autocommit = was
+    _vacuum_analyze(conn)
 
 
 # The pages' extra rows, per 100 cases: one commit attempt per operation (the approvals and
@@ -140,19 +152,7 @@ def load_page_extras(conn, n: int) -> None:
         cur.execute("SELECT id FROM auth_user WHERE username = 'bench-loader'")
         user_id = cur.fetchone()[0]
         cur.execute("SET LOCAL session_replication_role = replica")
-        tables = ("effects_commitattempt", "effects_delivery", "reviews_pendingreview")
-        cur.execute(
-            """
-            SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid)
-            FROM pg_index i
-            WHERE i.indrelid = ANY(%s::regclass[])
-              AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
-            """,
-            (list(tables),),
-        )
-        rebuild = cur.fetchall()
-        for name, _ in rebuild:
-            cur.execute(f"DROP INDEX {name}")
+        rebuild = _rebuilt_indexes(cur, ("effects_commitattempt", "effects_delivery", "reviews_pendingreview"))
         cur.execute(
             """
             INSERT INTO effects_commitattempt (operation_id, case_id, approved, reviewer_id, outcome, channel,
@@ -189,14 +189,9 @@ def load_page_extras(conn, n: int) -> None:
             {"user": user_id, "n": n, "pending": PENDING_PER_100},
         )
         cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
-        for _, definition in rebuild:
+        for definition in rebuild:
             cur.execute(definition)
-    was = conn.autocommit
-    conn.autocommit = True
-    try:
-        conn.execute("VACUUM ANALYZE")
-    finally:
-        conn.autocommit = was
+    _vacuum_analyze(conn)
 
 
 # The narrow anti-join: only the operations that need attention (approved, no effect).

@@ -164,6 +164,25 @@ def test_first_page_and_search_use_indexes_not_a_sequential_scan(admin_client):
     assert queries == queries_of(admin_client, URL)[0]  # the exact count below it: as many queries
 
 
+def estimated_page_plans(admin_client, page_url: str, table: str):
+    """One page of a large list above the exact-count threshold (20,000 rows here, 50,000
+    shipped): the count is the planner's estimate (one pg_class query, no COUNT of the
+    table); returns the response and the plans of the queries that read the table."""
+    with mock.patch.object(listing, "EXACT_COUNT_BELOW", 10_000), CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(page_url)
+    assert response.status_code == 200
+    sql = [q["sql"] for q in ctx.captured_queries if f'"{table}"' in q["sql"]]
+    pages = [s for s in sql if "pg_class" not in s]
+    assert len(sql) - len(pages) == 1 and not any("COUNT(" in s.upper() for s in pages), sql
+    assert response.context["cl"].paginator.count_is_estimate
+    plans = []
+    with connection.cursor() as cursor:
+        for s in pages:
+            cursor.execute("EXPLAIN " + s)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+    return response, plans
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_proposal_list_reads_its_index_and_counts_nothing_whole(admin_client):
@@ -176,19 +195,7 @@ def test_the_proposal_list_reads_its_index_and_counts_nothing_whole(admin_client
         load_operations(conn, 20_000)
     url = "/admin/reviews/proposal/"
     for page_url in (url, f"{url}?p=150"):
-        # Above the threshold (20,000 here, 50,000 shipped) the count is the planner's estimate.
-        with mock.patch.object(listing, "EXACT_COUNT_BELOW", 10_000), CaptureQueriesContext(connection) as ctx:
-            response = admin_client.get(page_url)
-        assert response.status_code == 200
-        sql = [q["sql"] for q in ctx.captured_queries if '"reviews_proposal"' in q["sql"]]
-        pages = [s for s in sql if "pg_class" not in s]
-        assert len(sql) - len(pages) == 1 and not any("COUNT(" in s.upper() for s in pages), sql
-        assert response.context["cl"].paginator.count_is_estimate
-        with connection.cursor() as cursor:
-            plans = []
-            for s in pages:
-                cursor.execute("EXPLAIN " + s)
-                plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        response, plans = estimated_page_plans(admin_client, page_url, "reviews_proposal")
         assert any("proposal_list_order" in p for p in plans), plans
         assert not any("Seq Scan on reviews_proposal" in p for p in plans), plans
     assert len(response.context["cl"].result_list) == 100
@@ -208,17 +215,7 @@ def test_the_attempt_list_reads_the_primary_key_newest_first_and_counts_nothing_
         load_page_extras(conn, 20_000)
     url = "/admin/effects/commitattempt/"
     for page_url in (url, f"{url}?p=150"):
-        with mock.patch.object(listing, "EXACT_COUNT_BELOW", 10_000), CaptureQueriesContext(connection) as ctx:
-            response = admin_client.get(page_url)
-        assert response.status_code == 200
-        sql = [q["sql"] for q in ctx.captured_queries if '"effects_commitattempt"' in q["sql"]]
-        pages = [s for s in sql if "pg_class" not in s]
-        assert len(sql) - len(pages) == 1 and not any("COUNT(" in s.upper() for s in pages), sql
-        with connection.cursor() as cursor:
-            plans = []
-            for s in pages:
-                cursor.execute("EXPLAIN " + s)
-                plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        response, plans = estimated_page_plans(admin_client, page_url, "effects_commitattempt")
         assert any("effects_commitattempt_pkey" in p for p in plans), plans
         assert not any("Seq Scan on effects_commitattempt" in p for p in plans), plans
     ids = [attempt.pk for attempt in response.context["cl"].result_list]
