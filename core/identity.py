@@ -69,6 +69,30 @@ def encode_fields(fields: Iterable[str]) -> bytes:
     return b"".join([_frame(field, index) for index, field in enumerate(fields)])
 
 
+def _frame_exact(field: str, index: int) -> bytes:
+    if not isinstance(field, str):
+        raise TypeError(f"field {index} must be a string, not {type(field).__name__}")
+    try:
+        data = field.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"field {index} contains a character that cannot be encoded as UTF-8 "
+            f"(a lone surrogate at position {exc.start}); it is refused, not replaced"
+        ) from None
+    if len(data) > _MAX_FIELD_BYTES:
+        raise ValueError(f"field {index} is longer than 4 GiB and cannot be framed")
+    return len(data).to_bytes(4, "big") + data
+
+
+def encode_exact(fields: Iterable[str]) -> bytes:
+    """The same framing without step 1: each field as stored, line endings included.
+
+    An identity normalizes because two renderings of one draft are one proposal; a stored
+    row's hash (core/chain.py) must not, or a row whose CRLF was rewritten to LF would still
+    match its hash."""
+    return b"".join([_frame_exact(field, index) for index, field in enumerate(fields)])
+
+
 def _digest(prefix: str, fields: Iterable[str]) -> str:
     return prefix + hashlib.sha256(encode_fields(fields)).hexdigest()
 

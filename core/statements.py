@@ -56,7 +56,9 @@ class Insert:
             column = connection.ops.quote_name(named[0] if named else cast(Any, field).target_field.column)
             references[attname] = RawSQL(f"SELECT {column} FROM {name}", ())
         query = InsertQuery(model)
-        query.insert_values(self.fields, [model(**references)])
+        # raw: the template's values only hold the places, so no field's pre_save runs on it
+        # (a computed column such as core/chain.py's hashes would read rows it has not got).
+        query.insert_values(self.fields, [model(**references)], raw=True)
         compiler = query.get_compiler(connection=connection)
         compiler.returning_fields = [model._meta.pk] if returning else None
         [(self.sql, _)] = compiler.as_sql()

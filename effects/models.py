@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 
 from core.append_only import AppendOnlyModel
+from core.chain import PrevHashField, RowHashField
 from core.errors import RefusalReason
 from core.identity import short
 from core.outcomes import DecisionOutcome
@@ -32,6 +33,24 @@ class EffectRecord(AppendOnlyModel):
     policy_snapshot = models.JSONField()
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     recorded_at = models.DateTimeField(auto_now_add=True)
+    # The chain (core/chain.py): after its decision, which ``prev_hash`` names (the decision's
+    # id is not hashed: the commit's statement gives it, after the hash is computed).
+    prev_hash = PrevHashField()
+    row_hash = RowHashField()
+
+    CHAIN_FIELDS = (
+        "operation_id",
+        "case_id",
+        "proposal_id",
+        "action",
+        "body",
+        "evidence_id",
+        "source_versions",
+        "policy_id",
+        "policy_snapshot",
+        "reviewer_id",
+        "recorded_at",
+    )
 
     class Meta:
         ordering = ["-recorded_at", "-id"]
@@ -42,6 +61,9 @@ class EffectRecord(AppendOnlyModel):
 
     def __str__(self):
         return f"{self.action} {short(self.operation_id)}"
+
+    def chain_link(self) -> str:
+        return self.decision.row_hash or ""
 
 
 # The channel of the attempt reconcile --repair writes: no person's channel (reviews.Channel)
@@ -97,6 +119,23 @@ class CommitAttempt(AppendOnlyModel):
     )
     decline_note = models.TextField(null=True, blank=True)  # noqa: DJ001
     attempted_at = models.DateTimeField(auto_now_add=True)
+    # Its hash only: an attempt links to no row (a refusal must never wait for its case), it
+    # joins the trail through the seals (docs/AUDIT.md, "How refusals join").
+    row_hash = RowHashField()
+
+    CHAIN_FIELDS = (
+        "operation_id",
+        "case_id",
+        "approved",
+        "reviewer_id",
+        "outcome",
+        "channel",
+        "reason",
+        "detail",
+        "decline_reason",
+        "decline_note",
+        "attempted_at",
+    )
 
     class Meta:
         ordering = ["-attempted_at", "-id"]
@@ -255,6 +294,21 @@ class DeliveryTry(AppendOnlyModel):
     error = models.TextField(blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     started_at = models.DateTimeField()
+    # The chain (core/chain.py): after the delivery's previous try; the first, after the effect.
+    prev_hash = PrevHashField()
+    row_hash = RowHashField()
+
+    CHAIN_FIELDS = (
+        "delivery_id",
+        "operation_id",
+        "kind",
+        "outcome",
+        "worker",
+        "http_status",
+        "error",
+        "latency_ms",
+        "started_at",
+    )
 
     class Meta:
         verbose_name = "delivery try"
@@ -263,3 +317,12 @@ class DeliveryTry(AppendOnlyModel):
 
     def __str__(self):
         return f"{self.kind} {short(self.operation_id)} {self.outcome}"
+
+    def chain_link(self) -> str:
+        """The hash of the delivery's latest try, or of its effect before the first: the
+        delivery's claim (its ``tries`` fence) lets one worker at a time write a try."""
+        previous = DeliveryTry.objects.filter(delivery_id=self.delivery_id).order_by("-id").values_list("row_hash")
+        for (found,) in previous[:1]:
+            return found or ""
+        effect = EffectRecord.objects.filter(delivery__id=self.delivery_id).values_list("row_hash", flat=True)
+        return next(iter(effect), None) or ""

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from cases.models import Case
-from core import identity, text
+from core import chain, identity, text
 from core.errors import (
     CaseBusy,
     ConflictingDecision,
@@ -355,10 +355,13 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
             decline_reason=call.decline_reason,
             decline_note=call.decline_note,
             system_actor=call.system_actor,
+            prev_hash=proposal.row_hash or "",
         )
     effect = None
     if outcome == CommitAttempt.Outcome.COMMITTED:
         effect = EffectRecord(**_effect_fields(proposal, decision))
+        if target.decision is not None:
+            chain.follows(effect, target.decision)  # read with its hash (a new one: the store)
     new = target.decision is None or effect is not None
     writes = Writes(
         attempt=call.attempt(outcome, detail),
@@ -850,6 +853,7 @@ def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> lis
                 if operation_state(decision.approved, target.effect_exists) != NO_LOCAL_EFFECT:
                     continue
                 effect = EffectRecord(**_effect_fields(target.proposal, decision))
+                chain.follows(effect, decision)
                 attempt = _attempt_row(
                     operation_id=row.operation_id,
                     case_id=target.proposal.case_id,

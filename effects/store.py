@@ -29,6 +29,7 @@ from django.db.models.functions import Now
 from django.db.models.sql import Query, UpdateQuery
 
 from cases.models import Case, EvidenceChange
+from core import chain
 from core.locks import lock_not_available
 from core.statements import bound_cursor, database, insert, loaded, statement_commits, statement_scope
 from effects.delivery import delivery_fields
@@ -224,6 +225,8 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
         parts.append(("decision", statement.sql, statement.params_for(writes.decision)))
     if writes.effect is not None:
         decided = (("decision_id", "decision"),) if writes.decision is not None else ()
+        if writes.decision is not None:
+            chain.follows(writes.effect, writes.decision)
         statement = insert(EffectRecord, by_name=decided or (_GUARDED,))
         parts.append(("effect", statement.sql, statement.params_for(writes.effect)))
         if writes.delivery:
@@ -250,8 +253,9 @@ def _joined(parts: tuple[tuple[str, str], ...], flush: bool) -> str:
 
 
 _PROPOSAL = ["id", "case_id", "operation_id", "action", "body", "evidence_id", "passages", "policy_id"]
-_PROPOSAL += ["policy_snapshot"]
+_PROPOSAL += ["policy_snapshot", "row_hash"]
 _DECISION = ["id", "approved", "reviewer_id", "decided_at", "decline_reason", "decline_note", "system_actor"]
+_DECISION += ["row_hash"]
 
 
 @cache
@@ -453,6 +457,7 @@ def _rows(writes: Writes) -> Iterator[Model]:
     if writes.effect is not None:
         if writes.decision is not None:
             writes.effect.decision_id = writes.decision.pk
+            chain.follows(writes.effect, writes.decision)
         yield writes.effect
         if writes.delivery:
             yield Delivery(**delivery_fields(writes.effect))

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 
 from core.append_only import AppendOnlyModel
+from core.chain import PrevHashField, RowHashField
 from core.identity import short
 
 
@@ -101,6 +102,28 @@ class Proposal(AppendOnlyModel):
     # that covered the prepared text say nothing about these.
     unchecked_sentences = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The chain (core/chain.py, docs/AUDIT.md): after its parent; a prepared proposal is a root.
+    prev_hash = PrevHashField()
+    row_hash = RowHashField()
+
+    # The hashed columns, in order (rh-v1): frozen, so that a column added later changes no
+    # old row's hash.
+    CHAIN_FIELDS = (
+        "case_id",
+        "action",
+        "body",
+        "passages",
+        "findings",
+        "policy_snapshot",
+        "evidence_id",
+        "policy_id",
+        "operation_id",
+        "origin",
+        "parent_id",
+        "author_id",
+        "unchecked_sentences",
+        "created_at",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -136,6 +159,10 @@ class Proposal(AppendOnlyModel):
         """The person who changed what the pipeline prepared; None for a prepared proposal."""
         return None if self.origin == Origin.PREPARED else self.author
 
+    def chain_link(self) -> str:
+        parent = self.parent if self.parent_id is not None else None
+        return (parent.row_hash or "") if parent is not None else ""
+
     def under_policy(self, policy_id: str) -> bool:
         """Whether this proposal was prepared under policy version ``policy_id``. A publish
         switches a case onto the new version before it prepares the case again: until then
@@ -164,6 +191,20 @@ class ReviewDecision(AppendOnlyModel):
     # dedicated, inactive user row).
     system_actor = models.CharField(  # noqa: DJ001
         max_length=20, choices=SystemActor.choices, null=True, blank=True
+    )
+    # The chain (core/chain.py): after its proposal.
+    prev_hash = PrevHashField()
+    row_hash = RowHashField()
+
+    CHAIN_FIELDS = (
+        "operation_id",
+        "proposal_id",
+        "approved",
+        "reviewer_id",
+        "decided_at",
+        "decline_reason",
+        "decline_note",
+        "system_actor",
     )
 
     class Meta:
@@ -204,6 +245,9 @@ class ReviewDecision(AppendOnlyModel):
 
     def __str__(self):
         return f"{'approved' if self.approved else 'declined'} {short(self.operation_id)}"
+
+    def chain_link(self) -> str:
+        return self.proposal.row_hash or ""
 
     @property
     def withdrawn(self) -> bool:
@@ -416,3 +460,56 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {short(self.operation_id)} ({self.state})"
+
+
+class NotificationEvent(AppendOnlyModel):
+    """One send of a notification and how it ended: the append-only record of a row that
+    changes state in place (``Notification``), so that the audit chain covers its sends.
+    Written by the task worker after each try (reviews/notifications.py)."""
+
+    class Outcome(models.TextChoices):
+        SENT = "sent", "Sent"
+        RETRY = "retry", "Failed, retried later"
+        FAILED = "failed", "Failed, tries used up"
+
+    notification = models.ForeignKey(Notification, on_delete=models.PROTECT, related_name="events")
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="+")
+    operation_id = models.CharField(max_length=80)
+    kind = models.CharField(max_length=20, choices=NotificationKind.choices)
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    # The notification's try this was (1 for the first), and the channels that had accepted
+    # it when the try ended.
+    attempt = models.PositiveIntegerField()
+    accepted = models.CharField(max_length=40, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    at = models.DateTimeField(auto_now_add=True)
+    # The chain (core/chain.py): after the notification's previous event.
+    prev_hash = PrevHashField()
+    row_hash = RowHashField()
+
+    CHAIN_FIELDS = (
+        "notification_id",
+        "case_id",
+        "operation_id",
+        "kind",
+        "outcome",
+        "attempt",
+        "accepted",
+        "error",
+        "at",
+    )
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["notification", "id"], name="notification_event_order")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {short(self.operation_id)} {self.outcome}"
+
+    def chain_link(self) -> str:
+        """The hash of the notification's latest event: its claim (Sending) lets one worker
+        at a time end a try."""
+        previous = NotificationEvent.objects.filter(notification_id=self.notification_id).order_by("-id")
+        for (found,) in previous.values_list("row_hash")[:1]:
+            return found or ""
+        return ""

@@ -38,7 +38,7 @@ from core.durations import duration_setting
 from core.faults import crash_point
 from core.outbound import Deadline, read_capped
 from core.text import shown
-from reviews.models import Notification, NotificationKind, NotificationState, Proposal
+from reviews.models import Notification, NotificationEvent, NotificationKind, NotificationState, Proposal
 
 if TYPE_CHECKING:
     import httpx
@@ -223,10 +223,27 @@ def send_notification(notification_id: int) -> str:
             Notification.objects.filter(pk=notification_id).update(accepted=",".join(accepted))
     except Exception as exc:  # noqa: BLE001 (any failure of a send is a failed try, recorded)
         return _failed(notification, accepted, exc)
-    Notification.objects.filter(pk=notification_id, state=NotificationState.SENDING).update(
-        state=NotificationState.SENT, sent_at=timezone.now(), updated_at=timezone.now(), last_error=""
-    )
+    with transaction.atomic():
+        moved = Notification.objects.filter(pk=notification_id, state=NotificationState.SENDING).update(
+            state=NotificationState.SENT, sent_at=timezone.now(), updated_at=timezone.now(), last_error=""
+        )
+        if moved:
+            _event(notification, NotificationEvent.Outcome.SENT, accepted)
     return "sent"
+
+
+def _event(notification: Notification, outcome: str, accepted: list[str], error: str = "") -> None:
+    """The try's append-only row, in the transaction that moves the notification's state."""
+    NotificationEvent.objects.create(
+        notification_id=notification.pk,
+        case_id=notification.case_id,
+        operation_id=notification.operation_id,
+        kind=notification.kind,
+        outcome=outcome,
+        attempt=notification.attempts,
+        accepted=",".join(accepted),
+        error=error,
+    )
 
 
 def _failed(notification: Notification, accepted: list[str], exc: Exception) -> str:
@@ -234,18 +251,24 @@ def _failed(notification: Notification, accepted: list[str], exc: Exception) -> 
     now = timezone.now()
     attempts = notification.attempts
     if attempts >= int(getattr(settings, "DECISIONFLOW_NOTIFY_MAX_ATTEMPTS", 5)):
-        Notification.objects.filter(pk=notification.pk, state=NotificationState.SENDING).update(
-            state=NotificationState.FAILED, last_error=error, accepted=",".join(accepted), updated_at=now
-        )
+        with transaction.atomic():
+            moved = Notification.objects.filter(pk=notification.pk, state=NotificationState.SENDING).update(
+                state=NotificationState.FAILED, last_error=error, accepted=",".join(accepted), updated_at=now
+            )
+            if moved:
+                _event(notification, NotificationEvent.Outcome.FAILED, accepted, error)
         return "failed"
     delay = min(BACKOFF_BASE * 2 ** (attempts - 1), BACKOFF_MAX)
-    Notification.objects.filter(pk=notification.pk, state=NotificationState.SENDING).update(
-        state=NotificationState.QUEUED,
-        last_error=error,
-        accepted=",".join(accepted),
-        next_attempt_at=now + delay,
-        updated_at=now,
-    )
+    with transaction.atomic():
+        moved = Notification.objects.filter(pk=notification.pk, state=NotificationState.SENDING).update(
+            state=NotificationState.QUEUED,
+            last_error=error,
+            accepted=",".join(accepted),
+            next_attempt_at=now + delay,
+            updated_at=now,
+        )
+        if moved:
+            _event(notification, NotificationEvent.Outcome.RETRY, accepted, error)
     enqueue(notification.pk, delay=delay)
     return "retry"
 

@@ -185,7 +185,31 @@ def test_every_append_only_table_has_its_triggers(db):
         else:
             cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
             expected = {f"{t}_{kind}" for t in TABLES for kind in ("no_update", "no_delete")}
+        # The tables added after 0004, each with its own migration's triggers.
+        later = ["reviews_notificationevent"]
+        kinds = ("append_only", "no_truncate") if connection.vendor == "postgresql" else ("no_update", "no_delete")
+        expected |= {f"{t}_{kind}" for t in later for kind in kinds}
         assert expected <= {row[0] for row in cursor.fetchall()}
+
+
+def test_notification_events_are_append_only_in_the_database(proposal):
+    from reviews.models import Notification, NotificationEvent
+
+    notification = Notification.objects.create(
+        operation_id=proposal.operation_id, kind="review_begun", case=proposal.case, channels="email"
+    )
+    NotificationEvent.objects.create(
+        notification=notification,
+        case=proposal.case,
+        operation_id=proposal.operation_id,
+        kind="review_begun",
+        outcome="sent",
+        attempt=1,
+    )
+    for sql in ("UPDATE reviews_notificationevent SET error = 'x'", "DELETE FROM reviews_notificationevent"):
+        with pytest.raises(IntegrityError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql)
+    assert NotificationEvent.objects.filter(error="").count() == 1
 
 
 @pytest.mark.postgres

@@ -26,7 +26,7 @@ from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from reviews import notifications
-from reviews.models import Notification, NotificationKind, NotificationState, PendingReview
+from reviews.models import Notification, NotificationEvent, NotificationKind, NotificationState, PendingReview
 from tests.conftest import ROOT, http_server
 from workflow.begin import review_begin
 
@@ -231,6 +231,19 @@ def test_a_failed_send_is_retried_without_resending_the_accepted_channel_then_gi
     failing.refresh_from_db()
     assert (failing.state, failing.attempts) == ("failed", 2)
     assert notifications.send_notification.call(failing.pk) == "not_claimed"
+    # Each try left its append-only event (the audit chain covers the sends through them),
+    # each following the one before.
+    events = list(
+        NotificationEvent.objects.order_by("id").values_list("notification_id", "outcome", "attempt", "accepted")
+    )
+    assert events == [
+        (row.pk, "retry", 1, "email"),
+        (row.pk, "sent", 2, "email,webhook"),
+        (failing.pk, "retry", 1, "email"),
+        (failing.pk, "failed", 2, "email"),
+    ]
+    first, second = NotificationEvent.objects.filter(notification=row).order_by("id")
+    assert (first.prev_hash, second.prev_hash) == ("", first.row_hash)
 
 
 @pytest.mark.django_db(transaction=True)
