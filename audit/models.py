@@ -1,4 +1,6 @@
-"""Who exported what, and the signature of each export (docs/AUDIT.md, "From the admin")."""
+"""Who exported what, and the signature of each export (docs/AUDIT.md, "From the admin"); the
+seals of the audit chain (docs/AUDIT.md, "Seals"), append-only, one per run of ``manage.py
+audit_seal``, each signed with the audit key."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+
+from core.append_only import AppendOnlyModel
 
 
 class SignedExport(models.Model):
@@ -40,3 +44,34 @@ class SignedExport(models.Model):
 
     def __str__(self):
         return self.file_name
+
+
+class Seal(AppendOnlyModel):
+    """What was in the chained tables at one moment, signed: per table, the highest id
+    covered, the ids missing below it, the count, and a digest over every row up to it.
+
+    ``number`` counts from 1 and ``previous`` is the seal before's ``seal_hash`` ("" for
+    the first): the unique keys on both make a second seal of the same turn impossible,
+    whoever writes it. ``seal_hash`` is the SHA-256 of the signed statement
+    (audit/seals.py), ``signature`` its Ed25519 signature (base64) by the key ``key_id``.
+    """
+
+    number = models.PositiveIntegerField()
+    sealed_at = models.DateTimeField()
+    # {"reviews.proposal": {"through": 41, "count": 40, "missing": [[7, 7]], "digest": "…"}, …}
+    covers = models.JSONField()
+    previous = models.CharField(max_length=80, blank=True)
+    seal_hash = models.CharField(max_length=80)
+    key_id = models.CharField(max_length=64)
+    signature = models.CharField(max_length=128)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["number"], name="seal_unique_number"),
+            models.UniqueConstraint(fields=["previous"], name="seal_unique_previous"),
+            models.CheckConstraint(condition=models.Q(number__gte=1), name="seal_number_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"seal {self.number}"

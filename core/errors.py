@@ -453,6 +453,32 @@ class AuditMismatch(DecisionflowError):
             "verify with the public key of the key that signed it"
         )
 
+    @classmethod
+    def chain_broken(cls, first, *, count: int) -> AuditMismatch:
+        """The live database's chain: ``first`` names the first broken row or seal."""
+        more = f" ({count - 1} more problem{'s' if count > 2 else ''} after it)" if count > 1 else ""
+        return cls(f"audit_verify: broken: {first}{more}")
+
+    @classmethod
+    def unsealable(cls, label: str, row_id: int, problem: str) -> AuditMismatch:
+        return cls(f"audit_seal: {label} {row_id} {problem}; it is not sealed (run manage.py audit_verify)")
+
+
+class AuditNotSealed(DecisionflowError):
+    """``audit_verify`` of the live database found no seal at all: every row hashes and links
+    as written, and nothing signed says any of them existed (docs/AUDIT.md, "Seals")."""
+
+    code = "audit_not_sealed"
+    exit_code = 13
+    http_status = 409
+
+    @classmethod
+    def rows(cls, count: int) -> AuditNotSealed:
+        return cls(
+            f"audit_verify: no seal yet: {count} rows hash and link as written, and none is sealed, so deleting "
+            "one could not be proven (run manage.py audit_seal, from cron)"
+        )
+
 
 # The refusals of the pipeline's intake (docs/INTAKE.md), for the API's error table.
 INTAKE_REFUSALS: tuple[type[DecisionflowError], ...] = (OperationIdMismatch, IdempotencyMismatch, RequestInProgress)

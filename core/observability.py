@@ -169,6 +169,23 @@ class SlaAction(StrEnum):
     UNCERTAIN = "uncertain"  # the expiry's COMMIT failed and may have been applied
 
 
+class AuditScope(StrEnum):
+    """What a verification of the audit chain checked (the ``scope`` label; docs/AUDIT.md)."""
+
+    DATABASE = "database"  # manage.py audit_verify: every seal and every chained row
+    CASE = "case"  # the history page: one case's rows and the latest seal
+    EXPORT = "export"  # manage.py audit_verify FILE: an export against its signature
+
+
+class AuditResult(StrEnum):
+    """How a verification ended (the ``verdict`` label)."""
+
+    VERIFIED = "verified"  # everything chains and matches the latest seal
+    NOT_SEALED = "not_sealed"  # everything chains, and no seal covers any of it yet
+    BROKEN = "broken"  # a row or a seal does not match: tampering, or a bug to look at now
+    ERROR = "error"  # the check could not run (no key, a key that cannot be read)
+
+
 # The outcomes that count a refusal by its error code as well.
 _REFUSED = frozenset({DecisionOutcome.CONFLICT, DecisionOutcome.STALE, DecisionOutcome.REFUSED, Failure.UNCERTAIN})
 
@@ -257,6 +274,19 @@ SLA_ACTIONS = Counter(
 )
 
 
+AUDIT_VERIFICATIONS = Counter(
+    "decisionflow_audit_verifications",
+    "Verifications of the audit chain by scope (database: audit_verify; case: the history page; export: "
+    "audit_verify FILE) and verdict (verified, not_sealed, broken, error); a failure is verdict=broken.",
+    ["scope", "verdict"],
+)
+
+
+def audit_observed(*, scope: str, result: str) -> None:
+    """One verification of the audit chain, counted by what it checked and how it ended."""
+    AUDIT_VERIFICATIONS.labels(scope=scope, verdict=result).inc()
+
+
 def metrics_initialise(*, channels: Iterable[str]) -> None:
     """Make every counter and histogram now, each labelled series at zero for every known
     label value, so that a fresh process's /metrics shows them (a dashboard then has a line
@@ -276,6 +306,8 @@ def metrics_initialise(*, channels: Iterable[str]) -> None:
         "result": tuple(ReconcileResult),
         "state": RECONCILE_STATES,
         "action": tuple(SlaAction),
+        "scope": tuple(AuditScope),
+        "verdict": tuple(AuditResult),
     }
     for metric in _ALL:
         if metric.kind == "Gauge":

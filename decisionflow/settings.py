@@ -140,6 +140,9 @@ DECISIONFLOW_METRICS_TOKEN = env.str("DECISIONFLOW_METRICS_TOKEN", default="")
 DECISIONFLOW_AUDIT_SIGNING_KEY = env.str("DECISIONFLOW_AUDIT_SIGNING_KEY", default="")
 DECISIONFLOW_AUDIT_SIGNING_KEY_FILE = env.str("DECISIONFLOW_AUDIT_SIGNING_KEY_FILE", default="")
 DECISIONFLOW_AUDIT_DEV_KEY_FILE = BASE_DIR / "var" / "audit-signing-key.dev.pem" if DEBUG else None
+# The public keys that verify the chain's seals (docs/AUDIT.md, "Verifying"): PEM files, every
+# key that signed a seal still kept; empty: the signing key's own public half.
+DECISIONFLOW_AUDIT_PUBLIC_KEY_FILES = env.list("DECISIONFLOW_AUDIT_PUBLIC_KEY_FILES", default=[])
 
 INSTALLED_APPS = [
     # Admin modules are imported by decisionflow/urls.py, not at start-up: the admin pages

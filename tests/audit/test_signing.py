@@ -134,12 +134,6 @@ def test_audit_keygen_writes_a_pair_and_never_overwrites(tmp_path, capsys):
     assert private.read_bytes() == before
 
 
-def test_audit_verify_without_a_file_says_live_verification_is_not_there_yet():
-    with pytest.raises(CommandError, match="live verification not available yet") as caught:
-        call_command("audit_verify")
-    assert caught.value.returncode == 1
-
-
 def test_the_error_classes_carry_their_codes():
     assert (AuditMismatch.exit_code, AuditMismatch.code) == (12, "audit_mismatch")
 

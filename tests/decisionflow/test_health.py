@@ -228,6 +228,11 @@ def test_a_fresh_server_shows_every_series_of_ours_at_zero(tmp_path):
     assert all(has("decisionflow_reconcile_operations_total", state=s) for s in observability.RECONCILE_STATES)
     assert all(has("decisionflow_sla_reviews_total", action=a) for a in observability.SlaAction)
     assert has("decisionflow_checkpoint_loads_refused_total")
+    assert all(
+        has("decisionflow_audit_verifications_total", scope=s, verdict=v)
+        for s in observability.AuditScope
+        for v in observability.AuditResult
+    )
     # Every counter and histogram of ours is there; no gauge claims a run that never happened.
     names = {name for name, _ in samples}
     for metric in observability._ALL:
