@@ -25,6 +25,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from audit.verify import case_chain
 from cases.models import Case, SourceVersion
 from cases.selectors import case_text_fields
 from core import identity
@@ -754,6 +755,7 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             "status_label": selectors.STATUS_LABELS[status],
             "can_review": can_review(request.user),
             "picture": workflow_picture.picture_for(case, workflow_picture.path_from_history(history)),
+            "chain": case_chain(case.pk),
             "delivery_panels": case_delivery_panels(
                 case_pk=case.pk,
                 decisions={
