@@ -3,7 +3,7 @@
 The hashes themselves are core/chain.py's; this says which tables the seals cover, in the
 order they are sealed and verified, and reads each one back with what its rows link to, in
 one statement per table: a correlated subquery for the row a link names (NULL when it is
-gone), or for the previous row of the same delivery or notification.
+gone), or for the earlier rows of the same delivery or notification.
 """
 
 from __future__ import annotations
@@ -70,17 +70,17 @@ class Table:
             annotations = {"linked_hash": Subquery(linked.values("row_hash")[:1]), "linked_exists": Exists(linked)}
             extra = [self.follows_fk, "linked_hash", "linked_exists"]
         elif self.partition:
-            # The row before in the same partition, as a correlated subquery (not a window
-            # function, which a WHERE on the ids would cut short).
+            # The rows before it in the same partition (correlated subqueries, which a WHERE
+            # on the ids does not cut short as it would a window function).
             before = self.model._default_manager.filter(
                 **{self.partition: OuterRef(self.partition)}, id__lt=OuterRef("id")
             )
-            before = before.order_by("-id")
             annotations = {
-                "before_id": Subquery(before.values("id")[:1]),
-                "before_hash": Subquery(before.values("row_hash")[:1]),
+                "before_any": Exists(before),
+                "follows_before": Exists(before.filter(row_hash=OuterRef("prev_hash"))),
+                "before_unhashed": Exists(before.filter(row_hash__isnull=True)),
             }
-            extra = ["before_id", "before_hash"]
+            extra = ["before_any", "follows_before", "before_unhashed"]
             if self.model is DeliveryTry:
                 delivery = Delivery.objects.filter(pk=OuterRef("delivery_id"))
                 annotations["linked_hash"] = Subquery(delivery.values("effect__row_hash")[:1])
@@ -95,7 +95,7 @@ class Table:
                 prev_hash=stored.get("prev_hash"),
                 row_hash=stored["row_hash"],
                 values=tuple(values[len(head) : width]),
-                **self._link(dict(zip(extra, values[width:], strict=True))),
+                **self._link({**dict(zip(extra, values[width:], strict=True)), "prev_hash": stored.get("prev_hash")}),
             )
 
     def _link(self, found: dict[str, Any]) -> dict[str, Any]:
@@ -109,12 +109,22 @@ class Table:
             name = self.follows_model._meta.verbose_name  # type: ignore[union-attr]  # set with follows_fk
             return {"expected_prev": None, "gone": f"{name} {fk}"}
         if self.partition:
-            if found["before_id"] is not None:
-                return {"expected_prev": found["before_hash"] or ""}
+            # A row follows the partition's latest row its writer saw: an earlier row, or the
+            # partition's root when it saw none. Two writers at once (a worker whose claim
+            # lapsed still records its try) may follow the same row: a fork, not a break.
+            # A row whose link names no earlier row (it was deleted) is a break.
+            root = ""
             if self.model is DeliveryTry:
-                if found["linked_exists"]:
-                    return {"expected_prev": found["linked_hash"] or ""}
-                return {"expected_prev": None, "gone": "the effect of its delivery"}
+                if not found["linked_exists"]:
+                    return {"expected_prev": None, "gone": "the effect of its delivery"}
+                root = found["linked_hash"] or ""
+            prev = found["prev_hash"]
+            if prev == root or found["follows_before"] or (prev == "" and found["before_unhashed"]):
+                return {"expected_prev": prev}
+            if found["before_any"]:
+                name, owner = self.model._meta.verbose_name, self.partition.removesuffix("_id")
+                return {"expected_prev": None, "gone": f"an earlier {name} of its {owner}"}
+            return {"expected_prev": root}
         return {"expected_prev": ""}
 
 

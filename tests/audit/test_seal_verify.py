@@ -11,13 +11,14 @@ from contextlib import contextmanager
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from audit.models import Seal
 from audit.seals import seal_write
 from audit.verify import case_verify, database_verify
 from core import chain, signing
 from core.errors import AuditMismatch
-from effects.models import CommitAttempt, EffectRecord
+from effects.models import CommitAttempt, Delivery, DeliveryTry, EffectRecord
 from effects.services import effect_commit
 from reviews.models import ReviewDecision
 from reviews.services import proposal_create
@@ -287,3 +288,42 @@ def test_the_case_check_sees_its_rows_and_the_seal(decided, reviewer):
     with triggers_off() as cursor:
         cursor.execute("UPDATE reviews_reviewdecision SET approved = %s WHERE id = %s", [False, decision.pk])
     assert first(case_verify(decided.case_id, public_keys=keys())).startswith(f"reviews.reviewdecision {decision.pk}")
+
+
+def _tries(effect, outcomes):
+    delivery = Delivery.objects.create(
+        operation_id=effect.operation_id,
+        case_id=effect.case_id,
+        decision_id=effect.decision_id,
+        effect=effect,
+        next_try_at=timezone.now(),
+    )
+    return [
+        DeliveryTry.objects.create(
+            delivery=delivery, operation_id=effect.operation_id, kind="send", outcome=o, started_at=timezone.now()
+        )
+        for o in outcomes
+    ]
+
+
+def test_two_tries_after_the_same_one_are_a_fork_and_a_deleted_try_breaks_the_next(decided):
+    """A worker whose claim lapsed still records its try: two tries may follow the same one."""
+    first, second = _tries(EffectRecord.objects.get(), ("unknown", "unknown"))
+    fork = DeliveryTry(
+        delivery_id=first.delivery_id,
+        operation_id=first.operation_id,
+        kind="send",
+        outcome="delivered",
+        started_at=timezone.now(),
+        prev_hash=first.row_hash,
+    )
+    fork.save()
+    seal_write()
+    assert database_verify(public_keys=keys()).ok
+    with triggers_off() as cursor:
+        cursor.execute("DELETE FROM effects_deliverytry WHERE id = %s", [first.pk])
+    problems = list(map(str, database_verify(public_keys=keys()).problems))
+    assert f"effects.deliverytry {first.pk} was sealed by seal 1 and is missing: deleted" in problems
+    assert (
+        f"effects.deliverytry {fork.pk} follows an earlier delivery try of its delivery, which is missing: deleted"
+    ) in problems
