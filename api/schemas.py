@@ -171,7 +171,7 @@ class WithdrawIn(Strict):
 
 class ErrorOut(Schema):
     code: str = Field(
-        description="stable, machine-readable: invalid_request, unauthorized, forbidden, four_eyes, not_in_group, not_found, "
+        description="stable, machine-readable: invalid_request, unauthorized, forbidden, four_eyes, not_in_group, not_assignee, not_found, "
         "method_not_allowed, stale_proposal, conflicting_decision, already_decided, workflow_incompatible, "
         "case_busy (with Retry-After), too_large, outcome_uncertain, internal_error; for the intake "
         "(docs/INTAKE.md): operation_id_mismatch, idempotency_mismatch, in_progress (with Retry-After); "

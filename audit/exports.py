@@ -269,7 +269,7 @@ HISTORY_COLUMNS = (
         "event",
         "event",
         TEXT,
-        "proposal, review_begun, claim, attempt, decision, effect, delivery, delivery_try, notification",
+        "proposal, review_begun, assignment, claim, attempt, decision, effect, delivery, delivery_try, notification",
     ),
     Column("row", "row", INT, "the row's number in its own table"),
     Column("operation_id", "operation_id", TEXT, "the operation it is about"),
@@ -287,7 +287,12 @@ HISTORY_COLUMNS = (
         TEXT,
         "a proposal's origin, a review's status, an attempt's outcome, approved/declined, a delivery's or a try's or a notification's state",
     ),
-    Column("reason", "reason", TEXT, "a refusal's reason, a decline reason, a notification's kind"),
+    Column(
+        "reason",
+        "reason",
+        TEXT,
+        "a refusal's reason, a decline reason, a notification's kind, whom an assignment moved the review to",
+    ),
     Column(
         "detail",
         "detail",
@@ -310,6 +315,11 @@ def _history_row(event: selectors.HistoryEvent) -> dict:
         row |= {"actor": _name(obj.begun_by), "channel": obj.begun_channel, "outcome": obj.status}
     elif event.kind == "claim":
         row |= {"actor": _name(obj.user), "outcome": obj.kind}
+    elif event.kind == "assignment":
+        to = _name(obj.to_user) or f"group {obj.to_group}"
+        if obj.meant_for is not None:
+            to += f" (for {_name(obj.meant_for)}, away)"
+        row |= {"actor": _name(obj.by) or "sla-escalation", "outcome": obj.kind, "reason": to, "detail": obj.note}
     elif event.kind == "attempt":
         row |= {
             "actor": _name(obj.reviewer),

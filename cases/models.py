@@ -13,6 +13,9 @@ from core.append_only import AppendOnlyModel
 # policy's identity is what it was before groups existed (docs/PROTOCOL.md).
 REVIEWER_GROUPS = "reviewer_groups"
 GROUP_SEPARATOR = ","
+# The policy parameter that lets only a review's assignee decide it (``bool:true``). Absent:
+# "assignee first", the default: others may decide too, and it is shown.
+ASSIGNEE_ONLY = "assignee_only"
 
 
 def reviewer_groups(parameters) -> tuple[str, ...]:

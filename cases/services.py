@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
 from cases.models import (
+    ASSIGNEE_ONLY,
     GROUP_SEPARATOR,
     REVIEWER_GROUPS,
     Case,
@@ -279,6 +280,12 @@ def validate_policy_data(policy: Any, field: str = "policy") -> None:
             _fail(f"{field}.parameters.{key}", str(exc))
     if REVIEWER_GROUPS in policy["parameters"]:
         _check_reviewer_groups(policy["parameters"][REVIEWER_GROUPS], f"{field}.parameters.{REVIEWER_GROUPS}")
+    if ASSIGNEE_ONLY in policy["parameters"] and policy["parameters"][ASSIGNEE_ONLY] is not True:
+        # One spelling for the default too: "assignee first" is said by leaving it out.
+        _fail(
+            f"{field}.parameters.{ASSIGNEE_ONLY}",
+            f"must be true; a policy where others may decide too (assignee first) leaves {ASSIGNEE_ONLY} out",
+        )
 
 
 def _check_reviewer_groups(value: Any, field: str) -> None:

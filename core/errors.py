@@ -26,6 +26,7 @@ class RefusalReason(models.TextChoices):
     NO_PERMISSION = "no_permission", "No permission"
     FOUR_EYES = "four_eyes", "Four eyes"
     NOT_IN_GROUP = "not_in_group", "Not in the policy's groups"
+    NOT_ASSIGNEE = "not_assignee", "Not the assignee"
     STALE = "stale", "Stale proposal"
     CHECKPOINT = "checkpoint", "Corrupt or incompatible checkpoint"
     BUSY = "busy", "Case busy"
@@ -159,6 +160,26 @@ class NotInGroup(DecisionflowError):
             f"that may decide {short(operation_id)} under policy {policy}; a member must decide it; "
             "nothing was written",
             groups=list(groups),
+            operation_id=operation_id,
+        )
+
+
+class NotAssignee(DecisionflowError):
+    """The policy lets only the assignee decide (``assignee_only``), and the review is
+    assigned to somebody else (docs/QUEUE.md, "Assignment"). 403 like ``not_in_group``:
+    the assignee, or whoever it is handed over to, can decide it."""
+
+    code = "not_assignee"
+    exit_code = 14  # 12 and 13 are audit_verify's
+    http_status = 403
+    reason = RefusalReason.NOT_ASSIGNEE
+
+    @classmethod
+    def of(cls, *, username: str, assignee: str, policy: str, operation_id: str) -> NotAssignee:
+        return cls(
+            f"not the assignee: {short(operation_id)} is assigned to {assignee}, and policy {policy} lets only the "
+            f"assignee decide; {username} may ask for it to be handed over; nothing was written",
+            assignee=assignee,
             operation_id=operation_id,
         )
 
@@ -489,6 +510,7 @@ REFUSALS: tuple[type[DecisionflowError], ...] = (
     PermissionRefused,
     FourEyesRefused,
     NotInGroup,
+    NotAssignee,
     NotFound,
     StaleProposal,
     EvidenceChanged,

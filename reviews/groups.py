@@ -34,8 +34,10 @@ def ensure_review_groups(Group, Permission):
     reviewers.permissions.add(*view, review)
     # Support leads own the team's rules: they publish policy versions; reviewers do not.
     publish = Permission.objects.get(content_type__app_label="cases", codename="publish_policy")
+    # And they assign reviews to a person or a group (workflow/assignment.py).
+    assign = Permission.objects.get(content_type__app_label="reviews", codename="assign_review")
     leads, _ = Group.objects.get_or_create(name=SUPPORT_LEADS)
-    leads.permissions.add(*view, publish)
+    leads.permissions.add(*view, publish, assign)
     ensure_pipeline_group(Group, Permission)
     return reviewers, leads
 

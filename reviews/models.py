@@ -270,6 +270,8 @@ class PendingReview(models.Model):
     # Not a column either: the proposal's policy snapshot, read in that same query (the
     # reviewer groups of the policy it was prepared under). None: not read.
     policy_snapshot: dict | None = None
+    # Not a column: the groups its policy named when it was begun, for the history.
+    begun_groups: list[str] | None = None
 
     case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="pending_reviews")
     proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="pending_reviews")
@@ -302,6 +304,13 @@ class PendingReview(models.Model):
     )
     claimed_at = models.DateTimeField(null=True, blank=True)
     claim_expires_at = models.DateTimeField(null=True, blank=True)
+    # Whose it is (docs/QUEUE.md, "Assignment"), when a move said so: a person, or a group.
+    # Neither: the groups its policy names (as begun), or nobody. The moves are
+    # ``ReviewAssignment`` rows; these columns are the last one's result.
+    assigned_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    assigned_group = models.ForeignKey("auth.Group", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -325,6 +334,12 @@ class PendingReview(models.Model):
                 fields=["claimed_by"],
                 condition=models.Q(status="pending", claimed_by__isnull=False),
                 name="pending_review_claims",
+            ),
+            # The queue's "assigned to me": the few pending reviews moved to a person.
+            models.Index(
+                fields=["assigned_to"],
+                condition=models.Q(status="pending", assigned_to__isnull=False),
+                name="pending_review_assignees",
             ),
         ]
 
@@ -369,6 +384,73 @@ class ReviewClaimEvent(AppendOnlyModel):
 
     def __str__(self):
         return f"{self.kind} {short(self.operation_id)}"
+
+
+class AssignmentKind(models.TextChoices):
+    """How a review moved to someone (docs/QUEUE.md, "Assignment")."""
+
+    ASSIGNED = "assigned", "Assigned"  # by a support lead
+    HANDED_OVER = "handed_over", "Handed over"  # by a reviewer who may decide it
+    ESCALATED = "escalated", "Escalated"  # by the SLA escalation, at risk or breached
+
+
+class ReviewAssignment(AppendOnlyModel):
+    """One move of a pending review to a person or a group: who moved it, to whom, when, why.
+    Never updated; the pending review's ``assigned_to``/``assigned_group`` are the last move's.
+
+    ``meant_for``: the person the move named when they were away (out of office); ``to_user``
+    is then their substitute. ``by`` is None for the SLA escalation (the system).
+    """
+
+    pending_review = models.ForeignKey(PendingReview, on_delete=models.PROTECT, related_name="assignments")
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="+")
+    operation_id = models.CharField(max_length=80)
+    kind = models.CharField(max_length=20, choices=AssignmentKind.choices)
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    to_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    # The group's name as it was (a group renamed or deleted later does not rewrite history).
+    to_group = models.CharField(max_length=150, blank=True, default="")
+    meant_for = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    note = models.TextField(blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        permissions = [("assign_review", "Can assign reviews to a person or a group")]
+        indexes = [models.Index(fields=["case", "at"], name="assignment_by_case")]
+        constraints = [
+            # A move names exactly one person or one group.
+            models.CheckConstraint(
+                condition=(models.Q(to_user__isnull=False) & models.Q(to_group=""))
+                | (models.Q(to_user__isnull=True) & ~models.Q(to_group="")),
+                name="assignment_one_target",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {short(self.operation_id)} to {self.to_group or self.to_user_id}"
+
+
+class ReviewerAway(models.Model):
+    """Out of office: ``user`` is away until ``until``, and new assignments meant for them go
+    to ``substitute`` (workflow/assignment.py). One row per user; an ended absence is simply
+    past, or removed when they say they are back."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    until = models.DateTimeField()
+    substitute = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "out of office"
+        verbose_name_plural = "out of office"
+
+    def __str__(self):
+        return f"{self.user_id} away until {self.until:%Y-%m-%d %H:%M}"
 
 
 class WorkflowCheckpoint(models.Model):

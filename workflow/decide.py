@@ -10,7 +10,8 @@ A decision, in order, on one screen:
 2. Begin if needed: the named operation is the case's decidable one (its current proposal,
    or the one ``begin`` would prepare) and has no pending review yet. Only this takes the
    case lock, waited for at most ``DECISIONFLOW_DECISION_LOCK_TIMEOUT`` seconds.
-3. Who may decide: the reviewer groups of the operation's policy (``group_check``); four eyes
+3. Who may decide: the reviewer groups of the operation's policy (``group_check``), and, where
+   the policy lets only the assignee decide, the assignee (``assignee_check``); four eyes
    comes after the binding, also before anything runs.
 4. Bind before running: the pending review's pause checkpoint is loaded, its HMAC checked,
    and it must hold exactly one pending request, for this case and this operation, from
@@ -65,6 +66,7 @@ from effects.services import (
 from engine.graph import FAULTS
 from reviews.models import PendingReview
 from workflow.answer import answering
+from workflow.assignment import assignee_check
 from workflow.begin import review_begin
 from workflow.bind import bound_checkpoint, no_pending_review, pause_pruned, pending_with_checkpoint
 from workflow.four_eyes import four_eyes_check
@@ -120,7 +122,8 @@ def decision_record(
     class carrying its exit code and HTTP status: ``StaleProposal``, ``NotFound``,
     ``PermissionRefused``, ``InvalidInput``, ``WorkflowIncompatible`` (the pause fails a
     binding check: nothing ran), ``NotInGroup`` (the operation's policy names reviewer groups
-    and ``reviewer`` is in none), ``CaseBusy`` (another action held the case past the
+    and ``reviewer`` is in none), ``NotAssignee`` (the policy lets only the assignee decide,
+    and the review is somebody else's), ``CaseBusy`` (another action held the case past the
     timeout), ``ConflictingDecision`` (the opposite decision stands; it carries the
     receipt), ``Withdrawn`` (an approval of a review the pipeline withdrew) and ``OutcomeUncertain`` (the commit may have happened: ask reconcile).
 
@@ -149,6 +152,7 @@ def decision_record(
                 if pending is None:
                     raise no_pending_review(case, operation_id)
                 group_check(policy_snapshot=pending.policy_snapshot, reviewer=reviewer, operation_id=operation_id)
+                assignee_check(pending=pending, policy_snapshot=pending.policy_snapshot, reviewer=reviewer)
                 # Decided, and its pause checkpoint pruned since (reviews/retention.py): the decision
                 # stands, so the review core answers a retry (replay or conflict) without the engine,
                 # exactly as the answered run's commit step would.

@@ -13,13 +13,21 @@ from typing import TYPE_CHECKING, TypedDict
 from django.db.models import Case as Conditional
 from django.db.models import CharField, Exists, Model, OuterRef, QuerySet, Subquery, Value, When
 
-from cases.models import Case, EvidenceChange
+from cases.models import Case, EvidenceChange, reviewer_groups
 from core.errors import EvidenceChanged
 from core.outcomes import DecisionOutcome
 from core.text import when
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, evidence_refusal, operations_reconcile
-from reviews.models import Notification, Origin, PendingReview, Proposal, ReviewClaimEvent, ReviewDecision
+from reviews.models import (
+    Notification,
+    Origin,
+    PendingReview,
+    Proposal,
+    ReviewAssignment,
+    ReviewClaimEvent,
+    ReviewDecision,
+)
 from reviews.selectors import RECHECK_FLAG, evidence_moves, policy_change, proposal_diff
 from reviews.services import prepared_content
 
@@ -100,7 +108,7 @@ def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[WithAn
 @dataclass(frozen=True)
 class HistoryEvent:
     at: datetime
-    kind: str  # proposal, pending_review, claim, attempt, decision, effect, notification
+    kind: str  # proposal, pending_review, assignment, claim, attempt, decision, effect, notification
     obj: Model
     # For proposals: the body diff and the evidence moves against the parent.
     diff: list[str] = field(default_factory=list)
@@ -114,7 +122,16 @@ class CaseHistory:
     reconcile: list[ReconcileRow]
 
 
-_ORDER = {"proposal": 0, "pending_review": 1, "claim": 2, "attempt": 3, "decision": 4, "effect": 5, "notification": 6}
+_ORDER = {
+    "proposal": 0,
+    "pending_review": 1,
+    "assignment": 2,
+    "claim": 3,
+    "attempt": 4,
+    "decision": 5,
+    "effect": 6,
+    "notification": 7,
+}
 
 
 def case_history(case: Case) -> CaseHistory:
@@ -131,9 +148,13 @@ def case_history(case: Case) -> CaseHistory:
     for review in (
         PendingReview.objects.filter(case=case)
         .select_related("proposal", "begun_by")
-        .defer("proposal__body", "proposal__passages", "proposal__findings", "proposal__policy_snapshot")
+        .defer("proposal__body", "proposal__passages", "proposal__findings")
     ):
+        # Where it stood at begin: the groups its policy names (no row is written for that).
+        review.begun_groups = list(reviewer_groups(review.proposal.policy_snapshot.get("parameters")))
         events.append(HistoryEvent(review.created_at, "pending_review", review))
+    for move in ReviewAssignment.objects.filter(case=case).select_related("by", "to_user", "meant_for"):
+        events.append(HistoryEvent(move.at, "assignment", move))
     for attempt in CommitAttempt.objects.filter(case=case).select_related("reviewer"):
         events.append(HistoryEvent(attempt.attempted_at, "attempt", attempt))
     for decision in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer"):

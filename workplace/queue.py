@@ -16,18 +16,20 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 
-from cases.models import REVIEWER_GROUPS, Policy, reviewer_groups
+from cases.models import ASSIGNEE_ONLY, REVIEWER_GROUPS, Policy, reviewer_groups
 from cases.selectors import case_text_fields
 from core import text as text_policy
-from core.errors import ClaimHeld, DecisionflowError
-from reviews.models import Origin, PendingReview
+from core.errors import ClaimHeld, DecisionflowError, InvalidInput
+from reviews.models import Origin, PendingReview, ReviewAssignment
 from reviews.selectors import proposal_text_fields
-from workflow import queue
-from workflow.reviewer_groups import member_of
+from workflow import assignment, queue
+from workflow.reviewer_groups import may_decide, member_of
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when, when_html
 from workplace.links import can_review, review_url
 from workplace.listing import LargeListAdminMixin
@@ -104,19 +106,23 @@ class ClaimantFilter(admin.SimpleListFilter):
 
 
 class GroupFilter(admin.SimpleListFilter):
-    """Reviews of the policies that name one of my groups ("my groups"), or that name none
-    (every reviewer's). The policies are few (one row per version): which of them name which
-    group is read from them, and the queue is filtered on its proposals' policy identities."""
+    """Whose reviews: assigned to me; my groups' (moved to one of my groups, or still on the
+    groups its policy names, one of them mine); nobody's (neither moved nor under a policy
+    that names groups: every reviewer's). Which policies name which group is read from the
+    policy versions (few rows), and the queue filtered on its proposals' policy identities."""
 
-    title = "reviewer groups"
+    title = "assigned to"
     parameter_name = "groups"
+    ME = "me"
     MINE = "mine"
     ANYONE = "anyone"
 
     def lookups(self, request, model_admin):
-        return [(self.MINE, "My groups"), (self.ANYONE, "Any reviewer (no group)")]
+        return [(self.ME, "Me"), (self.MINE, "My groups"), (self.ANYONE, "Any reviewer (no group)")]
 
     def queryset(self, request, queryset):
+        if self.value() == self.ME:
+            return queryset.filter(assigned_to=request.user)
         if self.value() not in (self.MINE, self.ANYONE):
             return queryset
         grouped = {
@@ -125,13 +131,14 @@ class GroupFilter(admin.SimpleListFilter):
                 "policy_id", "parameters"
             )
         }
+        unmoved = Q(assigned_to__isnull=True, assigned_group__isnull=True)
         if self.value() == self.MINE:
             mine = member_of(request.user)
             ids = [policy_id for policy_id, groups in grouped.items() if mine & set(groups)]
-            return queryset.filter(proposal__policy_id__in=ids)
-        if self.value() == self.ANYONE:
-            return queryset.exclude(proposal__policy_id__in=list(grouped))
-        return queryset
+            return queryset.filter(
+                Q(assigned_to__isnull=True, assigned_group__name__in=mine) | unmoved & Q(proposal__policy_id__in=ids)
+            )
+        return queryset.filter(unmoved).exclude(proposal__policy_id__in=list(grouped))
 
 
 class PolicyFilter(admin.SimpleListFilter):
@@ -151,7 +158,7 @@ class PolicyFilter(admin.SimpleListFilter):
 class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     """Pending reviews, oldest first, with their age, SLA state, claim, and what to watch for."""
 
-    list_display = ("case_link", "subject", "age", "sla", "policy", "groups", "claim", "human_edit", "text_warnings")
+    list_display = ("case_link", "subject", "age", "sla", "policy", "assignee", "claim", "human_edit", "text_warnings")
     list_display_links = None
     list_filter = (SlaFilter, ClaimantFilter, GroupFilter, PolicyFilter)
     # The index order only: a sortable column would sort a million rows.
@@ -162,7 +169,7 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     def get_queryset(self, request):
         return (
             queue.review_queue()
-            .select_related("case__policy", "proposal", "claimed_by")
+            .select_related("case__policy", "proposal", "claimed_by", "assigned_to", "assigned_group")
             # The texts the warnings column checks are read; the case's draft is not.
             .defer("case__draft", "case__import_digest")
         )
@@ -226,8 +233,12 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     def policy(self, obj):
         return obj.case.policy.name
 
-    @admin.display(description="decided by")
-    def groups(self, obj):
+    @admin.display(description="assigned to")
+    def assignee(self, obj):
+        if obj.assigned_to_id is not None:
+            return format_html('<span class="df-assignee">{}</span>', obj.assigned_to.get_username())
+        if obj.assigned_group_id is not None:
+            return format_html('<span class="df-group">{}</span>', obj.assigned_group.name)
         named = reviewer_groups(obj.proposal.policy_snapshot.get("parameters"))
         if not named:
             return format_html('<span class="df-muted">{}</span>', "any reviewer")
@@ -271,6 +282,9 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             path("<int:pk>/claim/", wrap(self.claim_view), name="reviews_reviewqueueitem_claim"),
             path("<int:pk>/claim/renew/", wrap(self.renew_view), name="reviews_reviewqueueitem_renew"),
             path("<int:pk>/claim/release/", wrap(self.release_view), name="reviews_reviewqueueitem_release"),
+            path("<int:pk>/assign/", wrap(self.assign_view), name="reviews_reviewqueueitem_assign"),
+            path("<int:pk>/handover/", wrap(self.handover_view), name="reviews_reviewqueueitem_handover"),
+            path("away/", wrap(self.away_view), name="reviews_reviewqueueitem_away"),
         ] + super().get_urls()
 
     def _pending(self, request, pk) -> PendingReview:
@@ -317,6 +331,140 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
         else:
             self.message_user(request, "You held no claim on this review; nothing was written.", messages.INFO)
         return HttpResponseRedirect(review_url(pending.proposal_id))
+
+    # --- assignment: the review page's forms, and out of office ---------------------------
+
+    def _chosen(self, request, pending: PendingReview):
+        """The person and group a form names, among those it offered (anything else: None)."""
+        snapshot = pending.proposal.policy_snapshot
+        user_pk, group_pk = request.POST.get("to_user", ""), request.POST.get("to_group", "")
+        to_user = assignment.assignable_people(snapshot).filter(pk=user_pk).first() if user_pk.isdigit() else None
+        to_group = assignment.assignable_groups(snapshot).filter(pk=group_pk).first() if group_pk.isdigit() else None
+        if user_pk and to_user is None or group_pk and to_group is None:
+            raise InvalidInput("that person or group cannot take this review; nothing was written")
+        return to_user, to_group
+
+    def _moved(self, request, pending: PendingReview, act) -> HttpResponseRedirect:
+        try:
+            move = act()
+        except DecisionflowError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+        else:
+            to = move.to_user.get_username() if move.to_user else f"group {move.to_group}"
+            away = f" ({move.meant_for.get_username()} is away: their substitute takes it)" if move.meant_for else ""
+            self.message_user(request, f"{pending.case.case_id} is now assigned to {to}{away}.", messages.SUCCESS)
+        return HttpResponseRedirect(review_url(pending.proposal_id))
+
+    def _assignable(self, request, pk) -> PendingReview:
+        if not (can_review(request.user) or assignment.can_assign(request.user)):
+            raise PermissionDenied
+        return get_object_or_404(PendingReview.objects.select_related("case", "proposal"), pk=pk)
+
+    def assign_view(self, request, pk):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not assignment.can_assign(request.user):
+            raise PermissionDenied
+        pending = self._assignable(request, pk)
+
+        def act():
+            to_user, to_group = self._chosen(request, pending)
+            return assignment.review_assign(
+                pending=pending, by=request.user, to_user=to_user, to_group=to_group, note=request.POST.get("note", "")
+            )
+
+        return self._moved(request, pending, act)
+
+    def handover_view(self, request, pk):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not can_review(request.user):
+            raise PermissionDenied
+        pending = self._assignable(request, pk)
+
+        def act():
+            to_user, _group = self._chosen(request, pending)
+            return assignment.review_hand_over(
+                pending=pending, by=request.user, to_user=to_user, note=request.POST.get("note", "")
+            )
+
+        return self._moved(request, pending, act)
+
+    def away_view(self, request):
+        """Out of office: until when, and who takes the new assignments meanwhile."""
+        if not can_review(request.user):
+            raise PermissionDenied
+        if request.method == "POST":
+            try:
+                if "back" in request.POST:
+                    ended = assignment.away_clear(user=request.user)
+                    said = "Welcome back: new assignments come to you again." if ended else "You were not away."
+                else:
+                    until = parse_datetime(request.POST.get("until", ""))
+                    if until is None:
+                        raise InvalidInput("away until: give a date and time; nothing was written")
+                    if timezone.is_naive(until):
+                        until = timezone.make_aware(until)
+                    pk = request.POST.get("substitute", "")
+                    substitute = get_user_model().objects.filter(pk=pk).first() if pk.isdigit() else None
+                    away = assignment.away_set(user=request.user, until=until, substitute=substitute)
+                    said = (
+                        f"You are away until {when(away.until)}; new assignments go to "
+                        f"{away.substitute.get_username()}."
+                    )
+            except DecisionflowError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+            else:
+                self.message_user(request, said, messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:reviews_reviewqueueitem_away"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Out of office",
+            "is_nav_sidebar_enabled": False,
+            "opts": self.model._meta,
+            "away": assignment.away_of(request.user),
+            "people": assignment.assignable_people({}).exclude(pk=request.user.pk),
+        }
+        return TemplateResponse(request, "admin/reviews/reviewqueueitem/away.html", context)
+
+
+def assignment_context(pending: PendingReview | None, request) -> dict:
+    """What the review page shows about whose the review is, and the forms to move it."""
+    if pending is None or pending.status != PendingReview.Status.PENDING:
+        return {"assign_pending": None}
+    user = request.user
+    pending = PendingReview.objects.select_related("proposal", "assigned_to", "assigned_group").get(pk=pending.pk)
+    snapshot = pending.proposal.policy_snapshot
+    last = (
+        ReviewAssignment.objects.filter(pending_review=pending)
+        .select_related("by", "to_user", "meant_for")
+        .order_by("-at", "-id")
+        .first()
+    )
+    groups = reviewer_groups(snapshot.get("parameters"))
+    can_hand_over = (
+        can_review(user)
+        and may_decide(groups=groups, user=user)
+        and assignment.assignee_refusal(pending=pending, policy_snapshot=snapshot, reviewer=user) is None
+    )
+    lead = assignment.can_assign(user)
+    people = list(assignment.assignable_people(snapshot)) if lead or can_hand_over else []
+    # A hand-over goes to somebody else who could decide it: no form when there is nobody.
+    others = [person for person in people if person.pk != user.pk]
+    return {
+        "assign_pending": pending,
+        "assignee": assignment.assignee_of(pending, snapshot),
+        "assignee_only": snapshot.get("parameters", {}).get(ASSIGNEE_ONLY) is True,
+        "yours": assignment.is_assignee(pending=pending, user=user) is True,
+        "last_move": last,
+        "can_assign": lead,
+        "can_hand_over": can_hand_over and bool(others),
+        "people": people,
+        "others": others,
+        "groups": list(assignment.assignable_groups(snapshot)) if lead else [],
+        "assign_url": reverse("admin:reviews_reviewqueueitem_assign", args=[pending.pk]),
+        "handover_url": reverse("admin:reviews_reviewqueueitem_handover", args=[pending.pk]),
+    }
 
 
 def claim_context(pending: PendingReview | None, user) -> dict:

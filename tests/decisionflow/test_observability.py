@@ -36,6 +36,7 @@ EXPECTED = {
     "not_found": ("refused", "not_found"),
     "forbidden": ("refused", "forbidden"),
     "not_in_group": ("refused", "not_in_group"),
+    "not_assignee": ("refused", "not_assignee"),
     "incompatible": ("refused", "workflow_incompatible"),
     "busy": ("refused", "case_busy"),
     "uncertain": ("outcome_uncertain", "outcome_uncertain"),

@@ -86,6 +86,7 @@ def via_admin(user, case: Case, op: str, approved: bool, fault: str | None = Non
         (r"^conflicting decision:", "conflict"),
         (r"^stale:", "stale"),
         (r"^not in group:", "not_in_group"),
+        (r"^not the assignee:", "not_assignee"),
         (r"^another action on case \S+ is in progress; try again", "busy"),
         (r"^outcome uncertain:", "uncertain"),
         (r"review permission", "forbidden"),
@@ -116,6 +117,7 @@ def via_api(user, case: Case, op: str, approved: bool, fault: str | None = None)
         "conflicting_decision": "conflict",
         "stale_proposal": "stale",
         "not_in_group": "not_in_group",
+        "not_assignee": "not_assignee",
         "forbidden": "forbidden",
         "not_found": "not_found",
         "workflow_incompatible": "incompatible",
@@ -142,9 +144,15 @@ def via_command(user, case: Case, op: str, approved: bool, fault: str | None = N
         return "forbidden"
     if code == 1 and "no pending review" in err.getvalue():
         return "not_found"
-    return {3: "conflict", 4: "stale", 5: "incompatible", 6: "busy", 11: "not_in_group", 42: "uncertain"}.get(
-        code, f"unclassified exit {code}: {err.getvalue()!r}"
-    )
+    return {
+        3: "conflict",
+        4: "stale",
+        5: "incompatible",
+        6: "busy",
+        11: "not_in_group",
+        14: "not_assignee",
+        42: "uncertain",
+    }.get(code, f"unclassified exit {code}: {err.getvalue()!r}")
 
 
 CHANNELS = {"admin": via_admin, "api": via_api, "command": via_command}
@@ -263,6 +271,30 @@ def scenario_in_group(world, decide):
     return decide(world["reviewer"], case, _op(case), True)
 
 
+def _assigned_to_other(world) -> Case:
+    """T-1042 under a policy that lets only the assignee decide, assigned to "other" by a lead."""
+    from cases.services import case_import
+    from workflow.assignment import review_assign
+
+    data = load_fixture("t1042.json")
+    data["policy"]["parameters"]["assignee_only"] = True
+    case = case_import(data=data).case
+    pending = review_begin(case=case).pending_review
+    review_assign(pending=pending, by=world["lead"], to_user=world["other"])
+    case.refresh_from_db()
+    return case
+
+
+def scenario_not_the_assignee(world, decide):
+    case = _assigned_to_other(world)
+    return decide(world["reviewer"], case, _op(case), True)
+
+
+def scenario_the_assignee(world, decide):
+    case = _assigned_to_other(world)
+    return decide(world["other"], case, _op(case), True)
+
+
 def scenario_checkpoint_of_another_case(world, decide):
     case, other = _begun(), _begun("t1077.json")
     theirs = PendingReview.objects.get(case=other).checkpoint_id
@@ -301,6 +333,8 @@ SCENARIOS = {
     "an approval from outside the policy's groups": (scenario_not_in_group_approves, "not_in_group", 0),
     "a decline from outside the policy's groups": (scenario_not_in_group_declines, "not_in_group", 0),
     "an approval by a member of the policy's group": (scenario_in_group, "committed", 1),
+    "an approval by another than the assignee, assignee only": (scenario_not_the_assignee, "not_assignee", 0),
+    "an approval by the assignee, assignee only": (scenario_the_assignee, "committed", 1),
     "a checkpoint of another case": (scenario_checkpoint_of_another_case, "incompatible", 0),
     "another action holds the case": (scenario_busy, "busy", 0),
     "connection lost after the commit": (scenario_lost_connection, "uncertain", 1),

@@ -2,7 +2,7 @@
 
 from django import template
 
-from workplace.queue import VIEW_PENDING, claim_context, queue_summary
+from workplace.queue import VIEW_PENDING, assignment_context, claim_context, queue_summary
 
 register = template.Library()
 
@@ -10,6 +10,11 @@ register = template.Library()
 @register.inclusion_tag("admin/reviews/proposal/claim.html", takes_context=True)
 def review_claim(context, pending):
     return claim_context(pending, context["request"].user)
+
+
+@register.inclusion_tag("admin/reviews/proposal/assignment.html", takes_context=True)
+def review_assignment(context, pending):
+    return assignment_context(pending, context["request"])
 
 
 @register.inclusion_tag("admin/reviews/queue_summary.html", takes_context=True)

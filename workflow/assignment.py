@@ -1,0 +1,303 @@
+"""Assignment and hand-over (docs/QUEUE.md, "Assignment"): who a pending review is waiting on.
+
+- **At begin** a review is assigned to the groups its policy names (``reviewer_groups``), or
+  to nobody when it names none. Nothing is written for that: it is the policy's, read from
+  the proposal's snapshot, until a move says otherwise.
+- **A move** puts it on a person or a group, and is a ``ReviewAssignment`` row (who, to whom,
+  when, why), never updated: a support lead assigns (``reviews.assign_review``), a reviewer
+  who may decide it hands it over to another, with a note; the SLA escalation reassigns.
+- **Out of office**: a user away (``ReviewerAway``: until when, and a substitute) gets no new
+  assignment; it goes to the substitute (followed while they are away too), and the move
+  says for whom.
+- **Who may decide**: a move never widens it. The target must be able to decide under the
+  policy's groups. Under the default, *assignee first*, others may decide too, and the
+  review page and the queue show whose it is. A policy with ``assignee_only`` lets only the
+  assignee (the person, else a member of the group) decide: ``NotAssignee``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from cases.models import ASSIGNEE_ONLY, reviewer_groups
+from core import text
+from core.errors import InvalidInput, NotAssignee, PermissionRefused
+from effects.services import REVIEW_PERMISSION, reviewer_check
+from reviews.models import AssignmentKind, PendingReview, ReviewAssignment, ReviewerAway
+from workflow.reviewer_groups import may_decide, member_of
+
+ASSIGN_PERMISSION = "reviews.assign_review"
+NOTE_MAX = 2000
+# How far a chain of substitutes is followed (each away, naming the next).
+SUBSTITUTE_HOPS = 5
+
+
+def can_assign(user) -> bool:
+    """Whether ``user`` may assign reviews to anyone (support leads)."""
+    return bool(getattr(user, "is_active", False) and user.has_perm(ASSIGN_PERMISSION))
+
+
+@dataclass(frozen=True)
+class Assignee:
+    """Whose a pending review is now. ``user`` or ``group`` when a move put it there; else
+    ``policy_groups`` (as begun) or nobody."""
+
+    user_pk: int | None
+    username: str | None
+    group: str | None
+    policy_groups: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        if self.username is not None:
+            return self.username
+        if self.group is not None:
+            return f"group {self.group}"
+        if self.policy_groups:
+            return (
+                "the policy's "
+                + ("group " if len(self.policy_groups) == 1 else "groups ")
+                + ", ".join(self.policy_groups)
+            )
+        return "nobody"
+
+    @property
+    def anyone(self) -> bool:
+        return self.username is None and self.group is None and not self.policy_groups
+
+
+def assignee_of(pending: PendingReview, policy_snapshot: dict | None = None) -> Assignee:
+    """Whose ``pending`` is (reads ``assigned_to`` and ``assigned_group``: select them related)."""
+    snapshot = policy_snapshot if policy_snapshot is not None else pending.proposal.policy_snapshot
+    user = pending.assigned_to if pending.assigned_to_id is not None else None
+    group = pending.assigned_group if pending.assigned_group_id is not None else None
+    return Assignee(
+        user_pk=user.pk if user else None,
+        username=user.get_username() if user else None,
+        group=group.name if group else None,
+        policy_groups=reviewer_groups(snapshot.get("parameters")),
+    )
+
+
+def is_assignee(*, pending: PendingReview, user, member_names: set[str] | None = None) -> bool | None:
+    """Whether ``user`` is whom ``pending`` was moved to; None when no move names anyone."""
+    if pending.assigned_to_id is not None:
+        return pending.assigned_to_id == getattr(user, "pk", None)
+    if pending.assigned_group_id is not None:
+        names = member_of(user) if member_names is None else member_names
+        name = Group.objects.filter(pk=pending.assigned_group_id).values_list("name", flat=True).first()
+        return name in names
+    return None
+
+
+def assignee_refusal(*, pending: PendingReview, policy_snapshot: dict | None, reviewer) -> NotAssignee | None:
+    """The refusal a decision by ``reviewer`` gets when the policy lets only the assignee
+    decide (``assignee_only``) and ``reviewer`` is not the assignee; None otherwise (the
+    default, assignee first: anyone the groups allow may decide)."""
+    snapshot = policy_snapshot or {}
+    if snapshot.get("parameters", {}).get(ASSIGNEE_ONLY) is not True or getattr(reviewer, "is_superuser", False):
+        return None
+    if is_assignee(pending=pending, user=reviewer) is not False:
+        return None
+    assignee = assignee_of(pending, snapshot)
+    return NotAssignee.of(
+        username=text.shown(reviewer.get_username()),
+        assignee=assignee.label,
+        policy=f"{text.shown(snapshot.get('name', ''))} {text.shown(snapshot.get('label', ''))}",
+        operation_id=pending.operation_id,
+    )
+
+
+def assignee_check(*, pending: PendingReview, policy_snapshot: dict | None, reviewer) -> None:
+    refusal = assignee_refusal(pending=pending, policy_snapshot=policy_snapshot, reviewer=reviewer)
+    if refusal is not None:
+        raise refusal
+
+
+# --- out of office ------------------------------------------------------------------------
+
+
+def away_set(*, user, until: datetime, substitute, now: datetime | None = None) -> ReviewerAway:
+    """``user`` is away until ``until``, and ``substitute`` takes their new assignments. One row
+    per user, replaced by the next call. Refused (``InvalidInput``, nothing written): a time
+    not in the future, no substitute, the user themself, a substitute who cannot review."""
+    now = now or timezone.now()
+    if until <= now:
+        raise InvalidInput(f"away until {text.when(until)} is not in the future; nothing was written")
+    if substitute is None:
+        raise InvalidInput("out of office needs a substitute, who gets the new assignments; nothing was written")
+    if substitute.pk == user.pk:
+        raise InvalidInput("you cannot be your own substitute; nothing was written")
+    if not (substitute.is_active and substitute.has_perm(REVIEW_PERMISSION)):
+        raise InvalidInput(
+            f"{text.shown(substitute.get_username())} cannot be a substitute: they do not have the review "
+            "permission; nothing was written"
+        )
+    away, _ = ReviewerAway.objects.update_or_create(user=user, defaults={"until": until, "substitute": substitute})
+    return away
+
+
+def away_clear(*, user) -> bool:
+    """Back in the office: whether there was an absence to end."""
+    return ReviewerAway.objects.filter(user=user).delete()[0] > 0
+
+
+def away_of(user, now: datetime | None = None) -> ReviewerAway | None:
+    """``user``'s absence if it has not ended."""
+    now = now or timezone.now()
+    return ReviewerAway.objects.select_related("substitute").filter(user=user, until__gt=now).first()
+
+
+def substitute_for(user, now: datetime | None = None):
+    """Who gets an assignment meant for ``user`` now: ``user``, or their substitute (and theirs,
+    while each is away, at most ``SUBSTITUTE_HOPS`` and never in a circle). Returns the person
+    and the one it was meant for when that was not them (None otherwise)."""
+    now = now or timezone.now()
+    seen, current = {user.pk}, user
+    for _ in range(SUBSTITUTE_HOPS):
+        away = away_of(current, now)
+        if away is None or away.substitute_id in seen:
+            break
+        seen.add(away.substitute_id)
+        current = away.substitute
+    return current, (user if current.pk != user.pk else None)
+
+
+# --- moves --------------------------------------------------------------------------------
+
+
+def _note(note: str | None, *, required: bool) -> str:
+    note = (note or "").strip()
+    if required and not note:
+        raise InvalidInput("a hand-over needs a note: say why, for whoever takes it; nothing was written")
+    if len(note) > NOTE_MAX:
+        raise InvalidInput(f"the note is {len(note)} characters; at most {NOTE_MAX}; nothing was written")
+    return text.check_text(note, field="note")
+
+
+def target_check(*, snapshot: dict, to_user, to_group: Group | None) -> None:
+    """A move never widens who may decide: its target can decide under the policy's groups."""
+    groups = reviewer_groups(snapshot.get("parameters"))
+    if to_user is not None:
+        if not (to_user.is_active and to_user.has_perm(REVIEW_PERMISSION)):
+            raise InvalidInput(
+                f"{text.shown(to_user.get_username())} cannot review (no review permission, or inactive); "
+                "nothing was written"
+            )
+        if not may_decide(groups=groups, user=to_user):
+            raise InvalidInput(
+                f"{text.shown(to_user.get_username())} is not in {', '.join(groups)}, the group(s) that decide this "
+                "policy, so they could not decide it; nothing was written"
+            )
+    elif to_group is not None and groups and to_group.name not in groups:
+        raise InvalidInput(
+            f"the policy is decided by {', '.join(groups)} only, so it cannot be assigned to "
+            f"{text.shown(to_group.name)}; nothing was written"
+        )
+
+
+def assignment_move(
+    *, pending: PendingReview, kind: AssignmentKind, by, to_user, to_group: Group | None, note: str, now
+) -> ReviewAssignment:
+    if (to_user is None) == (to_group is None):
+        raise InvalidInput("assign to one person or one group; nothing was written")
+    snapshot = pending.proposal.policy_snapshot
+    meant_for = None
+    if to_user is not None:
+        to_user, meant_for = substitute_for(to_user, now)
+    target_check(snapshot=snapshot, to_user=to_user, to_group=to_group)
+    with transaction.atomic():
+        moved = PendingReview.objects.filter(pk=pending.pk, status=PendingReview.Status.PENDING).update(
+            assigned_to=to_user, assigned_group=to_group
+        )
+        if not moved:
+            raise InvalidInput(
+                f"the review of {pending.operation_id[:19]}… is no longer pending: there is nothing to assign; "
+                "nothing was written"
+            )
+        row = ReviewAssignment.objects.create(
+            pending_review_id=pending.pk,
+            case_id=pending.case_id,
+            operation_id=pending.operation_id,
+            kind=kind,
+            by=by,
+            to_user=to_user,
+            to_group=to_group.name if to_group is not None else "",
+            meant_for=meant_for,
+            note=note,
+            at=now,
+        )
+    pending.assigned_to, pending.assigned_group = to_user, to_group
+    return row
+
+
+def review_assign(
+    *, pending: PendingReview, by, to_user=None, to_group: Group | None = None, note: str = "", now=None
+) -> ReviewAssignment:
+    """A support lead assigns ``pending`` to one person or one group (``reviews.assign_review``,
+    else ``PermissionRefused``), with an optional note. A person away gets it through their
+    substitute. Refused (``InvalidInput``, nothing written): a target who could not decide it,
+    a review no longer pending. One transaction: the pending review's assignment and its row."""
+    if not can_assign(by):
+        raise PermissionRefused(f"{text.shown(by.get_username())} does not have the assign permission (support leads)")
+    return assignment_move(
+        pending=pending,
+        kind=AssignmentKind.ASSIGNED,
+        by=by,
+        to_user=to_user,
+        to_group=to_group,
+        note=_note(note, required=False),
+        now=now or timezone.now(),
+    )
+
+
+def review_hand_over(*, pending: PendingReview, by, to_user, note: str, now=None) -> ReviewAssignment:
+    """A reviewer who may decide ``pending`` hands it over to another reviewer, saying why
+    (the note is required). The same rules and transaction as ``review_assign``."""
+    reviewer_check(by)
+    snapshot = pending.proposal.policy_snapshot
+    if not may_decide(groups=reviewer_groups(snapshot.get("parameters")), user=by) or assignee_refusal(
+        pending=pending, policy_snapshot=snapshot, reviewer=by
+    ):
+        raise PermissionRefused(
+            f"{text.shown(by.get_username())} may not decide this review, so cannot hand it over; nothing was written"
+        )
+    if to_user is not None and to_user.pk == by.pk:
+        raise InvalidInput("a hand-over goes to somebody else; nothing was written")
+    return assignment_move(
+        pending=pending,
+        kind=AssignmentKind.HANDED_OVER,
+        by=by,
+        to_user=to_user,
+        to_group=None,
+        note=_note(note, required=True),
+        now=now or timezone.now(),
+    )
+
+
+def assignable_people(snapshot: dict):
+    """Who a review under this policy may be assigned or handed to: active users with the
+    review permission (through a group or their own) who may decide it, by username."""
+    app, codename = REVIEW_PERMISSION.split(".")
+    reviewing = Q(groups__permissions__codename=codename, groups__permissions__content_type__app_label=app) | Q(
+        user_permissions__codename=codename, user_permissions__content_type__app_label=app
+    )
+    people = get_user_model().objects.filter(reviewing, is_active=True)
+    groups = reviewer_groups(snapshot.get("parameters"))
+    if groups:
+        people = people.filter(pk__in=get_user_model().objects.filter(groups__name__in=groups).values("pk"))
+    return people.distinct().order_by("username")
+
+
+def assignable_groups(snapshot: dict):
+    """The groups a review under this policy may be assigned to: the policy's, or any."""
+    groups = reviewer_groups(snapshot.get("parameters"))
+    found = Group.objects.order_by("name")
+    return found.filter(name__in=groups) if groups else found
