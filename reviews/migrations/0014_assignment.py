@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("auth", "0012_alter_user_first_name_max_length"),
         ("cases", "0007_source_versions"),
-        ("reviews", "0012_proposal_list_order"),
+        ("reviews", "0013_chain"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

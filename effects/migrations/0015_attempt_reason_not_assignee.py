@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("effects", "0013_attempt_reason_not_in_group"),
+        ("effects", "0014_chain"),
     ]
 
     operations = [
