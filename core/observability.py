@@ -36,6 +36,7 @@ from django.conf import settings
 from core.errors import REFUSALS as REFUSAL_CLASSES
 from core.errors import CaseBusy, DecisionflowError, LockBusy
 from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
+from core.tracing import Attr, SpanName, span_begin
 
 events = logging.getLogger("decisionflow.events")
 
@@ -361,6 +362,16 @@ def decision_observed(*, case, operation_id, channel, reviewer, approved):
     seen = Observed()
     started = time.perf_counter()
     error = None
+    channel = str(channel or "service")[:20]
+    span = span_begin(
+        SpanName.DECISION,
+        {
+            Attr.OPERATION: str(operation_id)[:100],
+            Attr.CASE: getattr(case, "case_id", None),
+            Attr.CHANNEL: channel,
+            Attr.APPROVED: approved if isinstance(approved, bool) else None,
+        },
+    )
     try:
         yield seen
     except BaseException as exc:
@@ -369,7 +380,8 @@ def decision_observed(*, case, operation_id, channel, reviewer, approved):
     finally:
         seconds = time.perf_counter() - started
         outcome = outcome_of(seen.result if error is None else None, error)
-        channel = str(channel or "service")[:20]
+        span.set({Attr.OUTCOME: outcome, Attr.BEGUN: getattr(seen.result, "begun", None) if error is None else None})
+        span.end(error)
         DECISIONS.labels(channel=channel, outcome=outcome).inc()
         DECISION_SECONDS.labels(outcome=outcome).observe(seconds)
         if outcome in _REFUSED:
@@ -392,12 +404,15 @@ def decision_observed(*, case, operation_id, channel, reviewer, approved):
 
 
 @contextmanager
-def commit_observed(*, approved):
-    """Time one ``effect_commit``, whose body is the block, by outcome; a busy case row
-    counts as a busy refusal. The commit sets ``result`` on what it yields before it returns."""
+def commit_observed(*, approved, operation_id=None):
+    """Time one ``effect_commit``, whose body is the block, by outcome (and trace it); a busy
+    case row counts as a busy refusal. The commit sets ``result`` on what it yields before it
+    returns."""
     seen = Observed()
     started = time.perf_counter()
     outcome: str = Failure.ERROR
+    error = None
+    span = span_begin(SpanName.COMMIT, {Attr.OPERATION: str(operation_id)[:100] if operation_id else None})
     try:
         yield seen
         if getattr(seen.result, "status", None) == ReceiptStatus.CONFLICTING:
@@ -407,12 +422,14 @@ def commit_observed(*, approved):
         else:
             outcome = DecisionOutcome.COMMITTED if approved is True else DecisionOutcome.DECLINED
     except BaseException as exc:
-        outcome = outcome_of(exc=exc)
+        outcome, error = outcome_of(exc=exc), exc
         if isinstance(exc, CaseBusy):
             BUSY_REFUSALS.labels(lock=LockName.CASE_ROW).inc()
         raise
     finally:
         COMMIT_SECONDS.labels(outcome=outcome).observe(time.perf_counter() - started)
+        span.set({Attr.OUTCOME: outcome})
+        span.end(error)
 
 
 def counts_refusals(counter: Any, refusal: type[BaseException]) -> Callable:

@@ -126,6 +126,15 @@ DECISIONFLOW_IDEMPOTENCY_LEASE = env.str("DECISIONFLOW_IDEMPOTENCY_LEASE", defau
 # for a single process. Off, nothing imports prometheus_client (a faster command start).
 DECISIONFLOW_METRICS = env.bool("DECISIONFLOW_METRICS", default=bool(env.str("PROMETHEUS_MULTIPROC_DIR", default="")))
 
+# Traces (core/tracing.py; docs/DEPLOY.md, "Tracing"): on, the web server and the task
+# workers send OpenTelemetry spans over OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT (the SDK reads
+# it and the other OTEL_* variables itself). On when that is set, or with
+# DECISIONFLOW_TRACING=1 (the SDK's default endpoint, localhost:4318). Off, nothing imports
+# the OpenTelemetry SDK or its instrumentations.
+DECISIONFLOW_TRACING = env.bool(
+    "DECISIONFLOW_TRACING", default=bool(env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default=""))
+)
+
 # /metrics (docs/DEPLOY.md): served only to these addresses or networks (comma-separated, e.g.
 # "10.0.0.0/8,127.0.0.1") and to requests carrying this bearer token: each one that is set must
 # pass; with neither, to nobody (loopback only with DEBUG). REMOTE_ADDR is the peer: behind a proxy on the same host, that is

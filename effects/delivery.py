@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -53,6 +54,7 @@ from cases.models import Case
 from core.durations import duration_setting
 from core.faults import crash_point
 from core.outbound import Deadline, DeadlinePassed, read_capped
+from core.tracing import Attr, SpanName, annotate, outbound_headers, traced
 from effects.models import Delivery, DeliveryState, DeliveryTry, EffectRecord
 
 if TYPE_CHECKING:
@@ -254,7 +256,8 @@ def _exchange(method: str, url: str, operation_id: str, *, lookup: bool, body: b
     sent = False
     try:
         timeout = httpx.Timeout(**until.timeouts(connect=connect, read=read, write=write, pool=pool))
-        request = client.build_request(method, url, headers=_headers(operation_id), content=body, timeout=timeout)
+        headers = outbound_headers(_headers(operation_id))
+        request = client.build_request(method, url, headers=headers, content=body, timeout=timeout)
         sent = True  # from here on, bytes may have reached the helpdesk
         response = client.send(request, stream=True)
         try:
@@ -282,12 +285,26 @@ def _exchange(method: str, url: str, operation_id: str, *, lookup: bool, body: b
     return classify(response.status_code, data, operation_id, lookup=lookup, retry_after=_retry_after(response))
 
 
+def _traced_exchange(name: SpanName, method: str, path: str, operation_id: str, **kwargs: Any) -> Answer:
+    """One request as a client span, whose context the request carries (``traceparent``)."""
+    url = _url(path)
+    try:
+        where = urlsplit(url)
+        server = {Attr.SERVER: where.hostname, Attr.PORT: where.port}
+    except ValueError:  # a malformed URL: the request itself says so, as a try not stored
+        server = {}
+    with traced(name, {Attr.HTTP_METHOD: method, **server}) as span:
+        answer = _exchange(method, url, operation_id, **kwargs)
+        span.set({Attr.HTTP_STATUS: answer.http_status, Attr.TRY_OUTCOME: answer.outcome})
+        return answer
+
+
 def helpdesk_send(*, operation_id: str, body: bytes) -> Answer:
-    return _exchange("POST", _url("/replies"), operation_id, lookup=False, body=body)
+    return _traced_exchange(SpanName.SEND, "POST", "/replies", operation_id, lookup=False, body=body)
 
 
 def helpdesk_lookup(*, operation_id: str) -> Answer:
-    answer = _exchange("GET", _url(f"/replies/{operation_id}"), operation_id, lookup=True)
+    answer = _traced_exchange(SpanName.LOOKUP, "GET", f"/replies/{operation_id}", operation_id, lookup=True)
     if answer.outcome == Outcome.NOT_STORED:
         # A lookup that never reached the helpdesk says nothing about the reply either way.
         return Answer(Outcome.UNKNOWN, answer.http_status, answer.error)
@@ -417,6 +434,8 @@ def delivery_attempt(
     claim = delivery_claim(operation_id=operation_id, worker=worker, due_only=due_only)
     if claim is None:
         return "not_claimed", None
+    case_label = Case.objects.filter(pk=claim.delivery.case_id).values_list("case_id", flat=True).get()
+    annotate({Attr.CASE: case_label})  # the try's spans name the case
     if claim.from_unknown:
         found, record = _timed(DeliveryTry.Kind.LOOKUP, claim, lambda: helpdesk_lookup(operation_id=operation_id))
         if found.outcome == Outcome.DELIVERED:
@@ -425,7 +444,6 @@ def delivery_attempt(
                 return _settle(claim, found)
         record()  # the try happened; the send below decides the state
     effect = EffectRecord.objects.get(pk=claim.delivery.effect_id)
-    case_label = Case.objects.filter(pk=claim.delivery.case_id).values_list("case_id", flat=True).get()
     body = request_body(effect, case_label)
     crash_point("deliver-before-send")
     answer, record = _timed(DeliveryTry.Kind.SEND, claim, lambda: helpdesk_send(operation_id=operation_id, body=body))

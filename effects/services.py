@@ -38,6 +38,7 @@ from core.locks import decision_lock_timeout, lock_timeout_ms
 from core.observability import commit_observed
 from core.outcomes import OperationState, ReceiptStatus
 from core.statements import refused_by_server, stored
+from core.tracing import Attr, annotate
 from effects.delivery import delivery_attempt, delivery_configured, duration_setting, worker_name
 from effects.models import REPAIR_CHANNEL, CommitAttempt, Delivery, DeliveryState, EffectRecord
 from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store
@@ -476,7 +477,7 @@ def effect_commit(
     caller has checked what that actor may do.
     """
     call = _Call(operation_id, approved, reviewer, channel, decline_reason, decline_note, system_actor)
-    with commit_observed(approved=approved) as seen:  # commit latency by outcome
+    with commit_observed(approved=approved, operation_id=operation_id) as seen:  # latency by outcome, and its span
         try:
             _arguments_check(call)
             # Read, decide, write: the write goes ahead only while the case is as read. A
@@ -491,6 +492,7 @@ def effect_commit(
                         if target is None:
                             raise _not_found(operation_id)
                         call.case_pk = target.proposal.case_id
+                        annotate({Attr.CASE: target.case_label})
                         if _is_stale(target):
                             raise StaleProposal.superseded(
                                 operation_id=operation_id,

@@ -14,31 +14,39 @@ from datetime import timedelta
 from django.utils import timezone
 from django_tasks import task, task_backends
 
+from core.tracing import Attr, SpanName, carrier, traced
 from effects import delivery
 
 log = logging.getLogger(__name__)
 
 
 @task()
-def deliver(operation_id: str) -> str:
-    """One try of one delivery; returns what it did (the task result keeps it)."""
-    done, delay = delivery.delivery_attempt(operation_id=operation_id)
-    if delay is not None:
-        delivery_enqueue(operation_id, delay=delay)
+def deliver(operation_id: str, trace: dict[str, str] | None = None) -> str:
+    """One try of one delivery; returns what it did (the task result keeps it). ``trace`` is
+    the enqueuer's trace context (core.tracing.carrier): the try joins that trace."""
+    with traced(SpanName.DELIVER, {Attr.OPERATION: operation_id}, parent=trace) as span:
+        done, delay = delivery.delivery_attempt(operation_id=operation_id)
+        span.set({Attr.DELIVERY: done})
+        if delay is not None:
+            delivery_enqueue(operation_id, delay=delay)  # in this trace too
     return done
 
 
 def delivery_enqueue(operation_id: str, *, delay: timedelta | None = None) -> None:
-    """Enqueue one try. Never raises: a lost enqueue only delays the delivery (the sweep
-    finds it), and the commit that called it has already succeeded."""
-    try:
-        if delay is None:
-            deliver.enqueue(operation_id)
-        elif task_backends[deliver.backend].supports_defer:
-            deliver.using(run_after=timezone.now() + delay).enqueue(operation_id)
-        # A backend that cannot defer (the immediate one): the sweep enqueues it when due.
-    except Exception:
-        log.exception("could not enqueue the delivery of %s; the sweep will", operation_id)
+    """Enqueue one try, with the current trace context in its arguments when tracing is on.
+    Never raises: a lost enqueue only delays the delivery (the sweep finds it), and the
+    commit that called it has already succeeded."""
+    with traced(SpanName.ENQUEUE, {Attr.OPERATION: operation_id}):
+        context = carrier()
+        traced_args = {"trace": context} if context else {}
+        try:
+            if delay is None:
+                deliver.enqueue(operation_id, **traced_args)
+            elif task_backends[deliver.backend].supports_defer:
+                deliver.using(run_after=timezone.now() + delay).enqueue(operation_id, **traced_args)
+            # A backend that cannot defer (the immediate one): the sweep enqueues it when due.
+        except Exception:
+            log.exception("could not enqueue the delivery of %s; the sweep will", operation_id)
 
 
 def delivery_sweep_and_enqueue() -> dict[str, int]:

@@ -34,6 +34,8 @@ MAX_BODY_BYTES = 256 * 1024
 DRAIN_LIMIT = 8 * 1024 * 1024
 # decisionflow's operation ids (op-v1- and 64 hex digits); a bare 64-hex key is accepted too.
 KEY_RE = re.compile(r"(?:op-v1-)?[0-9a-f]{64}")
+# W3C Trace Context (version 00): the sender's trace, logged and counted; nothing else reads it.
+TRACEPARENT_RE = re.compile(r"00-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 REQUIRED_STRINGS = ("case_id", "operation_id", "body", "evidence_id", "policy_id")
 FIELDS = frozenset({*REQUIRED_STRINGS, "source_versions"})
 
@@ -88,12 +90,15 @@ class Counters:
         self.posts = 0
         self.posts_by_key: collections.Counter[str] = collections.Counter()
         self.outcomes: collections.Counter[str] = collections.Counter()
+        self.traceparents_by_key: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
 
-    def post(self, key: str | None) -> None:
+    def post(self, key: str | None, traceparent: str | None = None) -> None:
         with self.lock:
             self.posts += 1
             if key:
                 self.posts_by_key[key] += 1
+                if traceparent:
+                    self.traceparents_by_key[key].append(traceparent)
 
     def outcome(self, name: str) -> None:
         with self.lock:
@@ -101,7 +106,12 @@ class Counters:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"posts": self.posts, "posts_by_key": dict(self.posts_by_key), "outcomes": dict(self.outcomes)}
+            return {
+                "posts": self.posts,
+                "posts_by_key": dict(self.posts_by_key),
+                "outcomes": dict(self.outcomes),
+                "traceparents_by_key": {key: list(values) for key, values in self.traceparents_by_key.items()},
+            }
 
 
 class HelpdeskServer(ThreadingHTTPServer):
@@ -150,12 +160,15 @@ class Handler(BaseHTTPRequestHandler):
         self._note = ""
         self._key: str | None = None
         self._body_read = False
+        given = (self.headers.get("traceparent") or "").strip().lower()
+        self._traceparent = given if TRACEPARENT_RE.fullmatch(given) else None
 
     def _finish(self, status: int | str) -> None:
         elapsed = (time.perf_counter() - self._started) * 1000
         key = f" key={self._key[:12]}" if self._key else ""
         note = f" {self._note}" if self._note else ""
-        _log(f"{self.command} {self.path} {status}{note}{key} {elapsed:.1f}ms")
+        trace = f" trace={self._traceparent[3:35]}" if self._traceparent else ""
+        _log(f"{self.command} {self.path} {status}{note}{key}{trace} {elapsed:.1f}ms")
 
     def _send_json(self, status: int, data: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         body = json.dumps(data).encode("utf-8")
@@ -305,7 +318,7 @@ class Handler(BaseHTTPRequestHandler):
     def _create(self) -> None:
         key = self.headers.get("Idempotency-Key")
         self._key = key if key and KEY_RE.fullmatch(key) else None
-        self.server.counters.post(self._key)
+        self.server.counters.post(self._key, self._traceparent)
         self._check_available()
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         raw = self._read_body()

@@ -19,6 +19,7 @@ from django.db import close_old_connections, connections
 from django.utils.autoreload import DJANGO_AUTORELOAD_ENV
 from django_tasks_db.management.commands import db_worker
 
+from core.tracing import tracing_start, tracing_stop
 from effects.delivery import delivery_configured
 from effects.tasks import delivery_sweep_and_enqueue
 
@@ -54,6 +55,8 @@ class Command(db_worker.Command):
         # Under --reload the parent only restarts the child: the child sweeps.
         in_worker = not reloading or os.environ.get(DJANGO_AUTORELOAD_ENV) == "true"
         stop = threading.Event()
+        if in_worker:
+            tracing_start(service="decisionflow-worker")  # when tracing is on (docs/DEPLOY.md)
         if delivery_configured() and in_worker:
             _sweep_once()
             close_old_connections()
@@ -66,3 +69,4 @@ class Command(db_worker.Command):
             return super().handle(*args, **options)
         finally:
             stop.set()
+            tracing_stop()  # the last spans are sent before the process ends
