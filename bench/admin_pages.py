@@ -70,16 +70,13 @@ def _pages_case():
     """The paused case whose review and history pages are measured: made once per database
     and kept, so that every round and both sizes measure the same kind of case."""
     from bench.data import make_cases
-    from bench.measures import workflow_available
     from cases.models import Case
+    from workflow.begin import review_begin
 
     case = Case.objects.filter(case_id__startswith=f"{PAGES_CASE_PREFIX}-").first()
     if case is None:
         (case,) = make_cases(1, prefix=PAGES_CASE_PREFIX, proposals=False)
-        if workflow_available():
-            from workflow.begin import review_begin
-
-            review_begin(case=case)
+        review_begin(case=case)
         case.refresh_from_db()
     return case
 
@@ -179,7 +176,7 @@ def bench_pages(*, requests: int) -> dict:
     for key, label, url in pages:
         row = {"key": key, "label": label, "url": url}
         if url is None:
-            row["error"] = "no review page: the workflow is not available"
+            row["error"] = "no review page: the paused case has no current proposal"
         else:
             try:
                 row.update(_measure(client, url, requests, posts.get(key)))

@@ -108,18 +108,6 @@ def run_suite(*, scale: dict, only: set[str] | None = None, log=print) -> list[d
     for name, fn in plan:
         if only and name not in only:
             continue
-        if name in ("begin", "resume", "resume_floor", "storage", "retention") and not measures.workflow_available():
-            out.append(
-                {
-                    "key": f"{name}_{vendor}",
-                    "kind": "missing",
-                    "bench": name,
-                    "vendor": vendor,
-                    "error": "workflow (review_begin/decision_record) is not available yet",
-                }
-            )
-            log(f"bench {name} ({vendor}): skipped, the workflow is not available")
-            continue
         t = time.perf_counter()
         log(f"bench {name} ({vendor}) ...")
         try:

@@ -507,14 +507,6 @@ def bench_commit_concurrent(*, runs: int, n_per_worker: int, workers: int = 8) -
 # --- 5 and 6: the workflow --------------------------------------------------------------
 
 
-def workflow_available() -> bool:
-    try:
-        from workflow import begin, decide
-    except ImportError:
-        return False
-    return hasattr(begin, "review_begin") and hasattr(decide, "decision_record")
-
-
 def bench_begin(*, runs: int, n: int, vendor: str) -> dict:
     """``review_begin`` (prepare, pause at the human step, checkpoint, pending review) vs
     ``proposal_create`` alone, both on fresh cases."""

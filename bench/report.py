@@ -242,11 +242,18 @@ def _not_measured(by_key: dict, *keys: str) -> str:
     return "not measured in this run"
 
 
+def _failed(by_key: dict, *keys: str) -> str:
+    """The met? cell of a goal whose measure did not give a figure: missed when the measure
+    ran and failed (never a quiet dash), a dash when this run left it out."""
+    failed = any((by_key.get(key) or {}).get("kind") in ("error", "missing") for key in keys)
+    return "**missed** (not measured)" if failed else "—"
+
+
 def _ratio_goal_row(by_key: dict, label: str, goal: tuple[str, float], key: str, *also: str) -> str:
     op, value = goal
     r = by_key.get(key)
     if not r or r.get("kind") not in ("speed", "cost") or not r.get("ratios"):
-        return f"| {label} | {_not_measured(by_key, key, *also)} | {op} {value:g}× | — |"
+        return f"| {label} | {_not_measured(by_key, key, *also)} | {op} {value:g}× | {_failed(by_key, key, *also)} |"
     s = summary(r["ratios"])
     sv, bv = summary(r["subject_values"]), summary(r["baseline_values"])
     ok = s["median"] >= value if op == "≥" else s["median"] <= value
@@ -261,9 +268,10 @@ def _count_goal_rows(by_key: dict) -> list[str]:
     c = by_key.get("side_counts")
     if not c or c.get("kind") != "counts":
         why = _not_measured(by_key, "side_counts", "side_resume")
+        met = _failed(by_key, "side_counts", "side_resume")
         return [
-            f"| statements per resume, with durable commits | {why} | ≤ 12 statements, ≤ 2 durable commits | — |",
-            f"| checkpoint rows written per resume | {why} | ≤ 1 | — |",
+            f"| statements per resume, with durable commits | {why} | ≤ 12 statements, ≤ 2 durable commits | {met} |",
+            f"| checkpoint rows written per resume | {why} | ≤ 1 | {met} |",
         ]
     g, r = c["goals"], c["resume"]
     st, dc, ck = r["statements"]["max"], r["durable_commits"]["max"], r["checkpoint_rows"]["max"]
@@ -327,7 +335,8 @@ def goals_table(by_key: dict) -> list[str]:
 def _intake_goal_row(r: dict | None) -> str:
     label = "| intake through the API, 8 clients, ÷ the services in-process (new cases/s, review begun)"
     if not r or r.get("kind") != "intake":
-        return f"{label} | not measured in this run | ≥ 0.5× | — |"
+        failed = r is not None and r.get("kind") in ("error", "missing")
+        return f"{label} | not measured in this run | ≥ 0.5× | {'**missed** (not measured)' if failed else '—'} |"
     lo, hi = r["ratio_range"]["8"]
     met = "**met**" if r["ratio"]["8"] >= r["goal"] else "**missed**"
     return (

@@ -258,3 +258,15 @@ def test_the_audit_export_runs_once_and_its_section_renders():
     assert result["verified"] and result["ratios"][0] > 0 and result["rss_kib"][0] > 0
     text = audit_export.section([result], {"command": "test", "date": "now"})
     assert "## 20. Audit export" in text and "peak RSS" in text and "`audit_verify` accepted it" in text
+
+
+def test_a_goal_whose_measure_failed_is_missed_not_a_dash():
+    """A measure that ran and failed (an exception, a missing part) misses its goal in the
+    table; one this run left out (a partial run) shows a dash."""
+    failed = {"side_resume": {"key": "side_resume", "kind": "error", "error": "Traceback ...\nImportError: boom"}}
+    rows = [line for line in report.goals_table(failed) if line.startswith("| resume + approve + commit, ours ÷ L")]
+    assert rows and "not measured: ImportError: boom" in rows[0] and rows[0].endswith("**missed** (not measured) |")
+    rows = [line for line in report.goals_table({}) if line.startswith("| resume + approve + commit, ours ÷ L")]
+    assert rows[0].endswith("| — |")
+    intake = [line for line in report.goals_table({"intake": {"kind": "error"}}) if "intake through" in line]
+    assert intake[0].endswith("**missed** (not measured) |")
