@@ -6,6 +6,7 @@ import pytest
 from django_tasks import default_task_backend
 
 from helpdesk.testing import running_helpdesk
+from tests.otlp import collector, spans  # noqa: F401 (fixtures, used by the tracing tests)
 from tests.workflow.conftest import manage  # noqa: F401 (a fixture, used by the worker tests)
 
 DUMMY = {"default": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"}}

@@ -7,39 +7,24 @@ the case, and never carry the reply's text."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from django_tasks import default_task_backend
 from django_tasks_db.management.commands.db_worker import Worker
 from django_tasks_db.models import DBTaskResult
 from opentelemetry import trace
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.util._once import Once
 
 from core import tracing
 from core.tracing import Attr, SpanName
 from effects.models import Delivery, DeliveryState, EffectRecord
 from reviews.models import PendingReview
 from tests.api.conftest import Api
+from tests.reliability.conftest import ROOT, child_env
 from workflow.begin import review_begin
 
 DB_TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
-
-
-@pytest.fixture
-def spans():
-    """Tracing on in this process, into memory, with the Django instrumentation; afterwards
-    off again, and OpenTelemetry's global provider unset (it may be set once per process, so
-    the test restores what it found: the tests of opentelemetry-python do the same)."""
-    found = trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE
-    trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = None, Once()
-    exporter = InMemorySpanExporter()
-    assert tracing.tracing_start(service="decisionflow-test", django=True, exporter=exporter)
-    try:
-        yield exporter
-    finally:
-        tracing.tracing_stop()
-        trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = found
 
 
 def _walk_up(span, by_id) -> list:
@@ -174,3 +159,37 @@ def test_attributes_are_named_by_the_vocabulary(spans):
     not_ours = {"decisionflow.body": "text"}  # a name outside the vocabulary: refused
     with pytest.raises(TypeError, match="not a core.tracing.Attr"), tracing.traced(SpanName.DECISION, not_ours):  # type: ignore[arg-type]
         pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_process_joins_the_trace_and_exports_it(proposal, reviewer, delivering, settings, spans, collector):
+    """Across processes for real: the approval here, ``manage.py db_worker`` as another host,
+    sending its spans over OTLP/HTTP to the collector (a stand-in), in the approval's trace."""
+    from effects.services import effect_commit
+
+    settings.TASKS = DB_TASKS
+    with tracing.traced(SpanName.DECISION, {Attr.OPERATION: proposal.operation_id}):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    (enqueue,) = [span for span in spans.get_finished_spans() if span.name == SpanName.ENQUEUE]
+    worker = subprocess.run(
+        [sys.executable, "manage.py", "db_worker", "--batch", "--no-startup-delay"],
+        cwd=ROOT,
+        env=child_env(
+            DECISIONFLOW_DELIVERY_URL=delivering.url,
+            DECISIONFLOW_DELIVERY_TOKEN="t",
+            OTEL_EXPORTER_OTLP_ENDPOINT=collector.url,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    assert Delivery.objects.get().state == DeliveryState.DELIVERED
+    sent = {span.name: (resource, span) for resource, span in collector.spans()}
+    (resource, deliver), (_, send) = sent[SpanName.DELIVER], sent[SpanName.SEND]
+    assert resource["service.name"] == "decisionflow-worker" and resource["host.name"]
+    assert deliver.trace_id == send.trace_id == enqueue.context.trace_id.to_bytes(16, "big")
+    assert deliver.parent_span_id == enqueue.context.span_id.to_bytes(8, "big")
+    assert send.parent_span_id == deliver.span_id
+    (received,) = delivering.stats()["traceparents_by_key"][proposal.operation_id]
+    assert received.startswith(f"00-{deliver.trace_id.hex()}-{send.span_id.hex()}-")
