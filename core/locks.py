@@ -37,7 +37,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, connection, transaction
-from filelock import FileLock, Timeout
 
 from core.errors import CaseBusy, DecisionflowError, LockBusy
 from core.observability import LockName, lock_waited
@@ -80,6 +79,10 @@ def lock_dir() -> Path:
 
 @contextmanager
 def _file_lock(name: str, *, timeout: float | None, busy: DecisionflowError):
+    # Imported here: only SQLite takes file locks, and on PostgreSQL every command's start
+    # would pay for it (~6 ms of cron start, python -X importtime).
+    from filelock import FileLock, Timeout
+
     kind = name.split(":", 1)[0]  # the metric's label, a LockName
     started = time.monotonic()
     path = lock_dir() / f"{_key(name).hex()[:32]}.lock"
