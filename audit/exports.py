@@ -269,7 +269,7 @@ HISTORY_COLUMNS = (
         "event",
         "event",
         TEXT,
-        "proposal, review_begun, assignment, claim, attempt, decision, effect, delivery, delivery_try, notification",
+        "proposal, review_begun, escalation, assignment, claim, attempt, decision, effect, delivery, delivery_try, notification",
     ),
     Column("row", "row", INT, "the row's number in its own table"),
     Column("operation_id", "operation_id", TEXT, "the operation it is about"),
@@ -291,7 +291,8 @@ HISTORY_COLUMNS = (
         "reason",
         "reason",
         TEXT,
-        "a refusal's reason, a decline reason, a notification's kind, whom an assignment moved the review to",
+        "a refusal's reason, a decline reason, a notification's kind, whom an assignment moved the review to, "
+        "an escalation's step and action",
     ),
     Column(
         "detail",
@@ -315,6 +316,13 @@ def _history_row(event: selectors.HistoryEvent) -> dict:
         row |= {"actor": _name(obj.begun_by), "channel": obj.begun_channel, "outcome": obj.status}
     elif event.kind == "claim":
         row |= {"actor": _name(obj.user), "outcome": obj.kind}
+    elif event.kind == "escalation":
+        row |= {
+            "actor": "sla-escalation",
+            "outcome": obj.outcome,
+            "reason": f"{obj.step}:{obj.action}",
+            "detail": obj.detail,
+        }
     elif event.kind == "assignment":
         to = _name(obj.to_user) or f"group {obj.to_group}"
         if obj.meant_for is not None:

@@ -55,6 +55,9 @@ DECISIONFLOW_REVIEW_AT_RISK = env.float("DECISIONFLOW_REVIEW_AT_RISK", default=0
 DECISIONFLOW_REVIEW_CLAIM_LEASE = env.str("DECISIONFLOW_REVIEW_CLAIM_LEASE", default="15m")
 DECISIONFLOW_REVIEW_ON_BREACH = env.str("DECISIONFLOW_REVIEW_ON_BREACH", default="stay_pending")
 DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY", default={})
+# Escalation steps per policy name (docs/QUEUE.md, "Escalation"): at_risk / breached ->
+# notify:GROUP, reassign:GROUP or (breached) expire. Outside the policy's identity.
+DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY", default={})
 
 # Notifications (docs/QUEUE.md): a review begun, at risk or breached, sent by the task
 # workers by email (Django's mail framework, EMAIL_* below) and/or a Slack incoming webhook.

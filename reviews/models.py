@@ -453,6 +453,52 @@ class ReviewerAway(models.Model):
         return f"{self.user_id} away until {self.until:%Y-%m-%d %H:%M}"
 
 
+class EscalationStep(models.TextChoices):
+    """When a pending review escalates (docs/QUEUE.md, "Escalation"): its SLA states past within."""
+
+    AT_RISK = "at_risk", "At risk"
+    BREACHED = "breached", "Breached"
+
+
+class EscalationAction(models.TextChoices):
+    """What an escalation step does. Never an approval."""
+
+    NOTIFY = "notify", "Notify a group"
+    REASSIGN = "reassign", "Reassign to a group"
+    EXPIRE = "expire", "Decline as expired (fail closed)"
+
+
+class ReviewEscalation(AppendOnlyModel):
+    """One escalation step of one pending review, written once: (operation, step) is unique,
+    and the row is inserted in the transaction that does the step (workflow/escalation.py),
+    so two runs at once escalate once. ``outcome``: done, or refused with why (``detail``)."""
+
+    class Outcome(models.TextChoices):
+        DONE = "done", "Done"
+        REFUSED = "refused", "Refused"
+
+    pending_review = models.ForeignKey(PendingReview, on_delete=models.PROTECT, related_name="escalations")
+    case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="+")
+    operation_id = models.CharField(max_length=80)
+    step = models.CharField(max_length=20, choices=EscalationStep.choices)
+    action = models.CharField(max_length=20, choices=EscalationAction.choices)
+    group = models.CharField(max_length=150, blank=True, default="")
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    detail = models.TextField(blank=True, default="")
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        constraints = [
+            # The atomic step: a second escalation of one review at one step cannot be inserted.
+            models.UniqueConstraint(fields=["operation_id", "step"], name="escalation_unique_operation_step"),
+        ]
+        indexes = [models.Index(fields=["case", "at"], name="escalation_by_case")]
+
+    def __str__(self):
+        return f"{self.step} {self.action} {short(self.operation_id)}"
+
+
 class WorkflowCheckpoint(models.Model):
     """One agent-framework checkpoint, stored as JSON only (nothing is ever unpickled).
 
@@ -515,6 +561,9 @@ class Notification(models.Model):
     state = models.CharField(max_length=10, choices=NotificationState.choices, default=NotificationState.QUEUED)
     # Where it goes, fixed when the row is written: "email", "webhook" or "email,webhook".
     channels = models.CharField(max_length=40)
+    # The group whose members' addresses the email goes to, when an escalation named one
+    # (workflow/escalation.py); "": the policy's reviewer groups, else the configured list.
+    group = models.CharField(max_length=150, blank=True, default="")
     # The channels that accepted it already, so a retry after a partial failure skips them.
     accepted = models.CharField(max_length=40, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)

@@ -73,11 +73,12 @@ def message_id(operation_id: str, kind: str) -> str:
     return f"<notify-{digest}@decisionflow>"
 
 
-def notify(*, case, operation_id: str, kind: NotificationKind | str) -> Notification | None:
+def notify(*, case, operation_id: str, kind: NotificationKind | str, group: str = "") -> Notification | None:
     """Record the notification (once per key) and enqueue its send after commit.
 
     Call it inside the transaction that makes the event durable: the row commits with it,
     and the task is only enqueued once it did. With no channel configured: nothing at all.
+    ``group``: the email goes to that group's members (an escalation's ``notify:GROUP``).
     """
     wanted = channels()
     if not wanted:
@@ -85,7 +86,7 @@ def notify(*, case, operation_id: str, kind: NotificationKind | str) -> Notifica
     notification, created = Notification.objects.get_or_create(
         operation_id=operation_id,
         kind=str(kind),
-        defaults={"case": case, "channels": ",".join(wanted)},
+        defaults={"case": case, "channels": ",".join(wanted), "group": group},
     )
     if created:
         pk = notification.pk
@@ -113,13 +114,16 @@ def _text(notification: Notification) -> str:
     return f"decisionflow: case {shown(case_id)} {what} (operation {notification.operation_id})."
 
 
-def recipients(operation_id: str) -> list[str]:
+def recipients(operation_id: str, group: str = "") -> list[str]:
     """Where the email of an operation's notification goes: the email addresses of the active
-    members of the groups its policy names (``reviewer_groups``), sorted; the configured
-    ``DECISIONFLOW_NOTIFY_EMAIL_TO`` when the policy names none, or when no member has an
-    address (so that a notification never goes nowhere)."""
-    snapshot = Proposal.objects.filter(operation_id=operation_id).values_list("policy_snapshot", flat=True).first()
-    groups = reviewer_groups((snapshot or {}).get("parameters"))
+    members of ``group`` (an escalation named it), else of the groups its policy names
+    (``reviewer_groups``), sorted; the configured ``DECISIONFLOW_NOTIFY_EMAIL_TO`` when
+    there are none, or when no member has an address (so a notification never goes nowhere)."""
+    if group:
+        groups: tuple[str, ...] = (group,)
+    else:
+        snapshot = Proposal.objects.filter(operation_id=operation_id).values_list("policy_snapshot", flat=True).first()
+        groups = reviewer_groups((snapshot or {}).get("parameters"))
     if groups:
         members = (
             get_user_model()
@@ -142,7 +146,7 @@ def _send_email(notification: Notification, text: str) -> None:
     EmailMessage(
         subject=text.split(" (operation", 1)[0],
         body=text,
-        to=recipients(notification.operation_id),
+        to=recipients(notification.operation_id, notification.group),
         headers=headers,
     ).send(fail_silently=False)
 

@@ -27,6 +27,7 @@ from reviews.models import (
     ReviewAssignment,
     ReviewClaimEvent,
     ReviewDecision,
+    ReviewEscalation,
 )
 from reviews.selectors import RECHECK_FLAG, evidence_moves, policy_change, proposal_diff
 from reviews.services import prepared_content
@@ -108,7 +109,7 @@ def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[WithAn
 @dataclass(frozen=True)
 class HistoryEvent:
     at: datetime
-    kind: str  # proposal, pending_review, assignment, claim, attempt, decision, effect, notification
+    kind: str  # proposal, pending_review, escalation, assignment, claim, attempt, decision, effect, notification
     obj: Model
     # For proposals: the body diff and the evidence moves against the parent.
     diff: list[str] = field(default_factory=list)
@@ -125,6 +126,7 @@ class CaseHistory:
 _ORDER = {
     "proposal": 0,
     "pending_review": 1,
+    "escalation": 2,
     "assignment": 2,
     "claim": 3,
     "attempt": 4,
@@ -155,6 +157,8 @@ def case_history(case: Case) -> CaseHistory:
         events.append(HistoryEvent(review.created_at, "pending_review", review))
     for move in ReviewAssignment.objects.filter(case=case).select_related("by", "to_user", "meant_for"):
         events.append(HistoryEvent(move.at, "assignment", move))
+    for step in ReviewEscalation.objects.filter(case=case):
+        events.append(HistoryEvent(step.at, "escalation", step))
     for attempt in CommitAttempt.objects.filter(case=case).select_related("reviewer"):
         events.append(HistoryEvent(attempt.attempted_at, "attempt", attempt))
     for decision in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer"):

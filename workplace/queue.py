@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -26,7 +26,7 @@ from cases.models import ASSIGNEE_ONLY, REVIEWER_GROUPS, Policy, reviewer_groups
 from cases.selectors import case_text_fields
 from core import text as text_policy
 from core.errors import ClaimHeld, DecisionflowError, InvalidInput
-from reviews.models import Origin, PendingReview, ReviewAssignment
+from reviews.models import EscalationStep, Origin, PendingReview, ReviewAssignment, ReviewEscalation
 from reviews.selectors import proposal_text_fields
 from workflow import assignment, queue
 from workflow.reviewer_groups import may_decide, member_of
@@ -158,7 +158,18 @@ class PolicyFilter(admin.SimpleListFilter):
 class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     """Pending reviews, oldest first, with their age, SLA state, claim, and what to watch for."""
 
-    list_display = ("case_link", "subject", "age", "sla", "policy", "assignee", "claim", "human_edit", "text_warnings")
+    list_display = (
+        "case_link",
+        "subject",
+        "age",
+        "sla",
+        "escalated",
+        "policy",
+        "assignee",
+        "claim",
+        "human_edit",
+        "text_warnings",
+    )
     list_display_links = None
     list_filter = (SlaFilter, ClaimantFilter, GroupFilter, PolicyFilter)
     # The index order only: a sortable column would sort a million rows.
@@ -170,6 +181,17 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
         return (
             queue.review_queue()
             .select_related("case__policy", "proposal", "claimed_by", "assigned_to", "assigned_group")
+            # The last escalation step (docs/QUEUE.md, "Escalation"), in the page's own query.
+            .annotate(
+                **{
+                    f"escalation_{name}": Subquery(
+                        ReviewEscalation.objects.filter(operation_id=OuterRef("operation_id"))
+                        .order_by("-at", "-id")
+                        .values(name)[:1]
+                    )
+                    for name in ("step", "action", "group", "outcome")
+                }
+            )
             # The texts the warnings column checks are read; the case's draft is not.
             .defer("case__draft", "case__import_digest")
         )
@@ -232,6 +254,21 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     @admin.display(description="policy")
     def policy(self, obj):
         return obj.case.policy.name
+
+    @admin.display(description="escalated")
+    def escalated(self, obj):
+        step = getattr(obj, "escalation_step", None)
+        if not step:
+            return ""
+        done = {"notify": "notified", "reassign": "reassigned to", "expire": "expired"}[obj.escalation_action]
+        return format_html(
+            '<span class="df-escalated df-escalated-{}">{}: {}{}{}</span>',
+            obj.escalation_outcome,
+            EscalationStep(step).label.lower(),
+            done,
+            f" {obj.escalation_group}" if obj.escalation_group else "",
+            " (refused)" if obj.escalation_outcome == ReviewEscalation.Outcome.REFUSED else "",
+        )
 
     @admin.display(description="assigned to")
     def assignee(self, obj):

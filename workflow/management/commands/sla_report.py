@@ -9,7 +9,7 @@ from core.observability import SlaAction, sla_observed
 from core.text import shown
 from effects.services import CONFLICTING
 from reviews import notifications
-from workflow import queue
+from workflow import escalation, queue
 
 # Breached reviews were found (docs/COMMANDS.md): someone should look.
 EXIT_BREACHED = 10
@@ -24,7 +24,9 @@ class Command(WorkflowCommand):
         "age_seconds, target_seconds, claimed_by, on_breach, action). What happens on breach is the setting "
         "DECISIONFLOW_REVIEW_ON_BREACH (per policy ..._BY_POLICY): stay_pending (listed only) or decline (fail "
         "closed: with --expire each such review is declined with reason expired by the system actor sla-expiry; "
-        "without --expire it is listed as would_expire). Nothing is ever approved automatically. Every run ends "
+        "without --expire it is listed as would_expire). Nothing is ever approved automatically. First, the "
+        "escalation steps due (DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY: at risk and breached, notify:GROUP, "
+        "reassign:GROUP or expire) are taken, once per review and step, one `escalated:` line each. Every run ends "
         "with one summary line, nothing breached included: `sla_report: summary: <n> pending review(s): within <a>, "
         'at_risk <b>, breached <c>[; <action> <count>, ...]` (with --json: {"summary": "sla_report", '
         '"pending": n, "states": {...}, "actions": {...}}). Exit codes: '
@@ -43,10 +45,24 @@ class Command(WorkflowCommand):
     def handle(self, *args, as_json, expire, **options):
         found = 0
         actions: dict[str, int] = {}
+        escalated: dict[str, int] = {}  # by outcome: done, refused, already, not_pending, uncertain
         # One clock for the run: the summary's counts and the listing agree.
         now = timezone.now()
         with cron_lock("sla_report"):
             states = queue.sla_counts(now)
+            # Escalations first (docs/QUEUE.md, "Escalation"): once per review and step, each
+            # said on a line of its own; a notify step's notification is then already written
+            # (to its group), and the plain SLA notification below finds it.
+            for done in escalation.escalate_due(now):
+                escalated[done.outcome] = escalated.get(done.outcome, 0) + 1
+                if as_json:
+                    self.stdout.write(json.dumps({"escalation": done.as_dict()}, separators=(",", ":")))
+                else:
+                    self.stdout.write(
+                        f"escalated: case={shown(done.case_id)} op={shown(done.operation_id)} step={done.step} "
+                        f"escalation={shown(done.escalation.label)} outcome={done.outcome}"
+                        + (f" detail={shown(done.detail)}" if done.detail else "")
+                    )
             for pending, row in queue.breached_reviews(now):
                 found += 1
                 action: str = SlaAction.REPORTED
@@ -67,7 +83,7 @@ class Command(WorkflowCommand):
             # and the sweep: a dead worker's Sending row becomes Unknown and is sent again.
             queue.sla_notifications(now)
             notifications.notify_sweep()
-            self.summary(states, actions, as_json=as_json)
+            self.summary(states, actions, escalated, as_json=as_json)
         # For /metrics (docs/DEPLOY.md): still breached after this run, i.e. not expired now.
         sla_observed(
             breached=found - actions.get(SlaAction.EXPIRED, 0) - actions.get(SlaAction.REPLAY, 0), actions=actions
@@ -75,16 +91,23 @@ class Command(WorkflowCommand):
         if found:
             self.fail(EXIT_BREACHED, f"sla_report: {found} review(s) past their SLA target")
 
-    def summary(self, states: dict[str, int], actions: dict[str, int], *, as_json: bool) -> None:
+    def summary(
+        self, states: dict[str, int], actions: dict[str, int], escalated: dict[str, int], *, as_json: bool
+    ) -> None:
         """One line on every run, nothing breached included: how many pending reviews are in
-        each SLA state (before this run's expiries), and what was done to the breached ones."""
+        each SLA state (before this run's expiries and escalations), what was done to the
+        breached ones, and the escalation steps this run took, by outcome."""
         done = {str(action): actions[action] for action in SlaAction if action in actions}
         if as_json:
             line = {"summary": "sla_report", "pending": sum(states.values()), "states": states, "actions": done}
+            if escalated:
+                line["escalations"] = escalated
             self.stdout.write(json.dumps(line, separators=(",", ":")))
             return
         counts = ", ".join(f"{state} {count}" for state, count in states.items())
         did = "; " + ", ".join(f"{action} {count}" for action, count in done.items()) if done else ""
+        if escalated:
+            did += "; escalations " + ", ".join(f"{outcome} {count}" for outcome, count in escalated.items())
         self.stdout.write(f"sla_report: summary: {sum(states.values())} pending review(s): {counts}{did}")
 
     def _expire(self, pending) -> str:
