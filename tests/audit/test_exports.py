@@ -299,3 +299,23 @@ def test_help():
 
     assert Command.help.startswith("Run by a support lead or from cron")
     assert Delivery  # the deliveries export reads this model
+
+
+def test_the_demo_cases_history_reads_back_with_nothing_to_run_and_verifies(transactional_db, tmp_path):
+    """The issue's goal as a support lead meets it: the demo (manage.py load_demo), its case's
+    history exported as CSV, read back as a spreadsheet would (every cell), no cell that a
+    spreadsheet would run as a formula, and audit_verify accepts the file with the public key."""
+    code, _, err = command_run("load_demo")
+    assert code == 0, err
+    case = Case.objects.order_by("pk").first()
+    code, _, err, path = run(tmp_path, "history", "--case", case.case_id)
+    assert code == 0, err
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert len(rows) > 2  # the header, and the case's events
+    cells = [cell for row in rows for cell in row]
+    assert not [cell for cell in cells if cell[:1] in FORMULA_START], "a cell a spreadsheet would run"
+    public = tmp_path / "public.pem"
+    public.write_bytes(signing.public_key_pem())
+    code, out, err = command_run("audit_verify", str(path), "--public-key", str(public))
+    assert code == 0 and out.startswith("audit_verify: ok"), err
