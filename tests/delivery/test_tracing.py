@@ -193,3 +193,25 @@ def test_the_worker_process_joins_the_trace_and_exports_it(proposal, reviewer, d
     assert send.parent_span_id == deliver.span_id
     (received,) = delivering.stats()["traceparents_by_key"][proposal.operation_id]
     assert received.startswith(f"00-{deliver.trace_id.hex()}-{send.span_id.hex()}-")
+
+
+def test_an_approval_in_the_admin_is_one_trace_too(client, case, reviewer, delivering, spans):
+    from django.urls import reverse
+
+    review_begin(case=case)
+    pending = PendingReview.objects.get()
+    spans.clear()
+    client.force_login(reviewer)
+    decided = client.post(
+        reverse("admin:reviews_proposal_decide", args=[pending.proposal_id]),
+        {"operation_id": pending.operation_id, "decision": "approve"},
+    )
+    assert decided.status_code == 302 and Delivery.objects.filter(operation_id=pending.operation_id).exists()
+    finished = spans.get_finished_spans()
+    (request,) = [span for span in finished if span.kind == trace.SpanKind.SERVER]
+    (decision,) = [span for span in finished if span.name == SpanName.DECISION]
+    assert request.attributes["http.route"].endswith("decide/") and decision.parent.span_id == request.context.span_id
+    assert decision.attributes[Attr.CHANNEL] == "admin" and decision.attributes[Attr.OUTCOME] == "committed"
+    (enqueued,) = default_task_backend.results
+    assert enqueued.kwargs["trace"]["traceparent"].split("-")[1] == f"{request.context.trace_id:032x}"
+    assert {span.context.trace_id for span in finished} == {request.context.trace_id}
