@@ -319,7 +319,8 @@ def test_the_report_says_when_the_peer_was_not_measured():
     assert "not measured: the LangGraph peer's virtual environment is missing" in goals
     dbos_rows = [line for line in goals.splitlines() if "ours ÷ DBOS" in line]
     assert len(dbos_rows) == 2 and all(
-        "not measured: the DBOS peer's virtual environment is missing" in row and row.endswith("| ≤ 0.5× | — |")
+        "not measured: the DBOS peer's virtual environment is missing" in row
+        and row.endswith("| ≤ 0.5× | **missed** (not measured) |")
         for row in dbos_rows
     ), dbos_rows
     assert "| resume + approve + commit | 30.00 ms | 33.00 ms | LangGraph | — |" in text
