@@ -137,7 +137,7 @@ def test_the_database_made_json_lines_match_json_dumps_for_every_state_and_deliv
     delivery = delivery_in(committed, DeliveryState.SENDING)
     Case.objects.filter(pk=committed.case_id).update(case_id='T-"q"\\ \\\\ \t\n\x01ü€')
     # A delivery without a reference yet, and the filters, through the service itself.
-    (line,) = "".join(operations_reconcile_lines(operation_ids=[four_cases["Committed"]])).splitlines()
+    (line,) = b"".join(operations_reconcile_lines(operation_ids=[four_cases["Committed"]])).decode().splitlines()
     (row,) = operations_reconcile(operation_ids=[four_cases["Committed"]])
     assert line == json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":"))
     assert json.loads(line)["delivery_reference"] is None and json.loads(line)["delivery"] == "Sending"

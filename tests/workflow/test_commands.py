@@ -390,3 +390,8 @@ def test_reconcile_overlap_and_repair(manage, committed_case, reviewer):
         "Committed",
     ]
     assert EffectRecord.objects.count() == 1
+    # The listing goes to standard output's binary layer, the summary after it as text.
+    listed = manage("reconcile", "--all", "--json")
+    assert listed.returncode == 0, listed.stderr
+    *lines, summary = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [line["state"] for line in lines] == ["Committed"] and summary["states"] == {"Committed": 1}

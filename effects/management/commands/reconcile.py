@@ -153,14 +153,24 @@ class Command(WorkflowCommand):
         return (found.filter(case_id__in=case_ids) if case_ids else found).count()
 
     def json_listing(self, progress: CommandProgress, case_ids, states: Counter[str]) -> None:
-        """--json: the lines as the database makes them, a chunk per write; the states are
-        counted in each chunk's text (a state key cannot occur inside a JSON string)."""
-        keys = {state: f'"state":"{state}"' for state in OperationState.values}
+        """--json: the lines as the database makes them, a chunk per write, as bytes straight
+        to standard output when it has a binary layer; the states are counted in each chunk's
+        text (a state key cannot occur inside a JSON string)."""
+        keys = {state: f'"state":"{state}"'.encode() for state in OperationState.values}
+        out = getattr(self.stdout, "_out", self.stdout)
+        binary = getattr(out, "buffer", None)
+        if binary is not None:
+            out.flush()  # what was written as text goes first
         for chunk in operations_reconcile_lines(case_ids=case_ids or None):
-            progress.write(chunk)
+            if binary is not None:
+                binary.write(chunk)
+            else:
+                out.write(chunk.decode())
             for state, key in keys.items():
                 if found := chunk.count(key):
                     states[state] += found
+        if binary is not None:
+            binary.flush()
         progress.advance(self.cases(case_ids))
 
     def text_listing(self, progress: CommandProgress, case_ids, states: Counter[str], unrepaired: list):
