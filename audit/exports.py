@@ -25,6 +25,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
+from functools import partial
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -155,18 +156,27 @@ ATTEMPT_COLUMNS = (
 )
 
 
-def _attempts(filters: Filters, selected: QuerySet | None) -> QuerySet:
-    queryset: QuerySet = (
-        CommitAttempt.objects.all() if selected is None else CommitAttempt.objects.filter(pk__in=selected.values("pk"))
-    )
-    queryset = _window(queryset, "attempted_at", filters)
+def _rows(
+    model, filters: Filters, selected: QuerySet | None, *, at: str, policy: str, state, reviewer: str
+) -> QuerySet:
+    """The rows of ``model`` an export writes: the admin's selection (or all), within the
+    date range on ``at``, of the policy named through ``policy``, in the state ``state``
+    names (a field, or a function of the value giving the filter), by the reviewer through
+    ``reviewer``; in id order."""
+    queryset: QuerySet = model.objects.all() if selected is None else model.objects.filter(pk__in=selected.values("pk"))
+    queryset = _window(queryset, at, filters)
     if filters.policy:
-        queryset = queryset.filter(case__policy__name=filters.policy)
+        queryset = queryset.filter(**{policy: filters.policy})
     if filters.state:
-        queryset = queryset.filter(outcome=filters.state)
+        queryset = queryset.filter(**(state(filters.state) if callable(state) else {state: filters.state}))
     if filters.reviewer:
-        queryset = queryset.filter(reviewer=filters.reviewer)
+        queryset = queryset.filter(**{reviewer: filters.reviewer})
     return queryset.order_by("pk")
+
+
+_attempts = partial(
+    _rows, CommitAttempt, at="attempted_at", policy="case__policy__name", state="outcome", reviewer="reviewer"
+)
 
 
 # --- deliveries -----------------------------------------------------------------------------
@@ -186,18 +196,9 @@ DELIVERY_COLUMNS = (
 )
 
 
-def _deliveries(filters: Filters, selected: QuerySet | None) -> QuerySet:
-    queryset: QuerySet = (
-        Delivery.objects.all() if selected is None else Delivery.objects.filter(pk__in=selected.values("pk"))
-    )
-    queryset = _window(queryset, "created_at", filters)
-    if filters.policy:
-        queryset = queryset.filter(case__policy__name=filters.policy)
-    if filters.state:
-        queryset = queryset.filter(state=filters.state)
-    if filters.reviewer:
-        queryset = queryset.filter(decision__reviewer=filters.reviewer)
-    return queryset.order_by("pk")
+_deliveries = partial(
+    _rows, Delivery, at="created_at", policy="case__policy__name", state="state", reviewer="decision__reviewer"
+)
 
 
 # --- proposals and decisions ----------------------------------------------------------------
@@ -216,18 +217,7 @@ PROPOSAL_COLUMNS = (
 )
 
 
-def _proposals(filters: Filters, selected: QuerySet | None) -> QuerySet:
-    queryset: QuerySet = (
-        Proposal.objects.all() if selected is None else Proposal.objects.filter(pk__in=selected.values("pk"))
-    )
-    queryset = _window(queryset, "created_at", filters)
-    if filters.policy:
-        queryset = queryset.filter(case__policy__name=filters.policy)
-    if filters.state:
-        queryset = queryset.filter(origin=filters.state)
-    if filters.reviewer:
-        queryset = queryset.filter(author=filters.reviewer)
-    return queryset.order_by("pk")
+_proposals = partial(_rows, Proposal, at="created_at", policy="case__policy__name", state="origin", reviewer="author")
 
 
 DECISION_COLUMNS = (
@@ -245,20 +235,14 @@ DECISION_COLUMNS = (
 APPROVED, DECLINED = "approved", "declined"
 
 
-def _decisions(filters: Filters, selected: QuerySet | None) -> QuerySet:
-    queryset: QuerySet = (
-        ReviewDecision.objects.all()
-        if selected is None
-        else ReviewDecision.objects.filter(pk__in=selected.values("pk"))
-    )
-    queryset = _window(queryset, "decided_at", filters)
-    if filters.policy:
-        queryset = queryset.filter(proposal__case__policy__name=filters.policy)
-    if filters.state:
-        queryset = queryset.filter(approved=filters.state == APPROVED)
-    if filters.reviewer:
-        queryset = queryset.filter(reviewer=filters.reviewer)
-    return queryset.order_by("pk")
+_decisions = partial(
+    _rows,
+    ReviewDecision,
+    at="decided_at",
+    policy="proposal__case__policy__name",
+    state=lambda value: {"approved": value == APPROVED},
+    reviewer="reviewer",
+)
 
 
 # --- a case's history -------------------------------------------------------------------------
