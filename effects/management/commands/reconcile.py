@@ -1,7 +1,6 @@
 import json
 from collections import Counter
 from itertools import islice
-from json.encoder import encode_basestring
 
 from django.utils import timezone
 
@@ -209,14 +208,9 @@ class Command(WorkflowCommand):
 
     def line(self, row, repaired=False) -> str:
         if self.as_json:
-            # The same compact JSON as json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":")),
-            # built directly: this runs once per operation.
-            return (
-                f'{{"case":{encode_basestring(row.case_id)},"operation_id":{encode_basestring(row.operation_id)},'
-                f'"state":"{row.state}","effects":{row.effects},"decline_reason":'
-                f"{'null' if row.decline_reason is None else encode_basestring(row.decline_reason)}"
-                f"{_json_delivery(row)}}}"
-            )
+            # Only the rows printed after a repair come here (the listing's lines are the
+            # database's): the same text, from the row's own dict.
+            return json.dumps(row.as_dict(), ensure_ascii=False, separators=(",", ":"))
         verb = "repaired" if repaired else "reconcile"
         # Values are quoted when they are not plain tokens: a case id stored before ids had a
         # pattern (or any value) cannot end this line and forge another one.
@@ -229,14 +223,6 @@ class Command(WorkflowCommand):
 
     def report(self, row, repaired=False):
         self.stdout.write(self.line(row, repaired))
-
-
-def _json_delivery(row) -> str:
-    # Only an operation with a delivery has these keys: without a helpdesk, lines are as before.
-    if row.delivery is None:
-        return ""
-    reference = encode_basestring(row.delivery_reference) if row.delivery_reference else "null"
-    return f',"delivery":"{row.delivery}","delivery_reference":{reference}'
 
 
 def _add(a: DeliveryAlert, b: DeliveryAlert) -> DeliveryAlert:
