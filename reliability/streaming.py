@@ -1,6 +1,7 @@
 """A private PostgreSQL streaming pair (primary and hot standby), for the replica proofs.
 
-``streaming_pair(workdir)`` makes a small primary with Debian's ``initdb`` in a temporary
+``streaming_pair(workdir)`` (a folder the ``postgres`` user can reach; the system's temporary
+folder by default) makes a small primary with Debian's ``initdb`` in a temporary
 folder under ``workdir``, starts it with ``pg_ctl`` on a free loopback port (``wal_level
 replica``, trust authentication on 127.0.0.1 only), makes its standby from it with
 ``pg_basebackup -R`` (which writes ``standby.signal`` and ``primary_conninfo``), starts that on
