@@ -11,13 +11,16 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 4. the same load through a private PgBouncer (reliability/pooler.py, 4 server
    connections), once in transaction mode and once in session mode, each on its own
    database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
-5. this file writes docs/RELIABILITY.md from the figures the tests recorded
+5. reliability/replica.py: the same load (6 clients, 40 s) against a private streaming pair
+   (reliability/streaming.py: its own primary from initdb, its standby from pg_basebackup)
+   with DATABASE_REPLICA_URL on, the standby stopped mid-run;
+6. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-TEST_POSTGRES_URL.
+RELIABILITY_REPLICA_SECONDS (40), TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import pooler  # noqa: E402
+from reliability import pooler, streaming  # noqa: E402
 
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -48,6 +51,7 @@ LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
+REPLICA_SECONDS = os.environ.get("RELIABILITY_REPLICA_SECONDS", "40")
 
 POINTS = {
     "begin-after-proposal": (
@@ -227,6 +231,27 @@ def pooler_step(mode: str) -> dict:
     return run(step, argv, env, OUT / f"pooler-{mode}.log")
 
 
+def replica_step() -> dict:
+    step = f"load with a streaming replica, the standby stopped mid-run, {REPLICA_SECONDS} s"
+    if streaming.bin_dir() is None:
+        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
+        verdict = "FAILED" if required else "SKIPPED"
+        note = f"{verdict}: PostgreSQL's server binaries are missing (`make postgresql-server`, as root)"
+        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+    argv = [
+        sys.executable,
+        "-m",
+        "reliability.replica",
+        "--seconds",
+        REPLICA_SECONDS,
+        "--json",
+        str(OUT / "replica.json"),
+        "--log-dir",
+        str(OUT / "replica-logs"),
+    ]
+    return run(step, argv, dict(os.environ, DEBUG="1"), OUT / "replica.log")
+
+
 # --- the report ----------------------------------------------------------------------------
 
 
@@ -355,6 +380,55 @@ def pooler_report() -> list[str]:
                 f"{f['server_errors']} 5xx, {f['effects']} effects, {f['duplicates']} duplicates, "
                 f"{f['advisory_locks_left']} advisory locks left.",
             ]
+    return lines
+
+
+def replica_report() -> list[str]:
+    """The load with a real streaming replica, and the standby stopped mid-run."""
+    lines = [
+        "",
+        "## Load with a read replica, the standby stopped mid-run",
+        "",
+        "The two-host load against a streaming pair of its own (reliability/streaming.py: a primary made "
+        "with `initdb` on a free port, `wal_level replica`, and its standby made with `pg_basebackup -R`, "
+        "both run as the `postgres` user and removed afterwards; the shared server is never copied), with "
+        "`DATABASE_REPLICA_URL` naming the standby: every scenario's first read, `GET /api/cases/{id}`, "
+        "reads the replica while it is within `DECISIONFLOW_REPLICA_MAX_LAG` (5 s). Once the clients "
+        "decide, the standby is stopped (fast shutdown) at the middle of the timed window; from then on "
+        "the hosts read the primary. Decisions, `GET /api/operations/...` and reconcile read the primary "
+        "throughout. Stale answers: decision answers that disagree with what reconcile reads from the "
+        "effect store. The lag is sampled every half second with the router's own query "
+        "(core/replicas.py `LAG_SQL`). Script: `python -m reliability.replica`.",
+        "",
+    ]
+    path = OUT / "replica.json"
+    if not path.exists():
+        return lines + ["Not run (see Steps)."]
+    s = json.loads(path.read_text())
+    reads = s.get("standby_reads_before_stop") or {}
+    lines += md_table(
+        ["measure", "value"],
+        [
+            ["clients, timed seconds", f"{s['clients']}, {s['seconds']:.0f}"],
+            ["requests (per second)", f"{s['requests']} ({s['requests_per_second']})"],
+            ["answers by status", ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))],
+            ["errors (5xx, unexpected, lost in transport)", s["errors"]],
+            ["stale answers on the primary-only paths", s["stale_answers"]],
+            ["duplicates", s["duplicates"]],
+            ["operations told Committed / effects", f"{s['operations_told_committed']} / {s['effects']}"],
+            [
+                "reads served by the standby before it stopped",
+                f"{reads.get('transactions', 0)} transactions, {reads.get('rows_returned', 0)} rows",
+            ],
+            ["standby stopped after (s from the load's start)", s["standby_stopped_after_seconds"]],
+            [
+                "lag while it ran: median / max (s, samples)",
+                f"{s['lag_p50_seconds']} / {s['lag_max_seconds']} ({s['lag_samples']})",
+            ],
+            ["pair ready in / whole step (s)", f"{s['pair_ready_seconds']} / {s['total_seconds']}"],
+            ["verdict", "ok" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
+        ],
+    )
     return lines
 
 
@@ -543,6 +617,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             ]
 
     lines += pooler_report()
+    lines += replica_report()
 
     # bad input
     lines += [
@@ -735,10 +810,12 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
+        ".venv/bin/python -m reliability.replica --seconds 40   # its own streaming pair; the standby stopped mid-run",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
+        "`RELIABILITY_REPLICA_SECONDS` (40), "
         "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
@@ -756,6 +833,7 @@ def main() -> int:
         steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
         steps.append(load_step())
         steps += [pooler_step(mode) for mode in POOLER_MODES]
+        steps.append(replica_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(
             {
