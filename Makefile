@@ -164,7 +164,7 @@ bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
 # decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
-# in session mode, then 40 s of it with a private streaming replica whose standby stops mid-run;
+# in session mode, then 30 s of it with a private streaming replica whose standby stops mid-run;
 # writes docs/RELIABILITY.md (~15-25 minutes on 2 cores).
 reliability: $(VENV)/.bench pgbouncer postgresql-server
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py

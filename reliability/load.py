@@ -658,6 +658,18 @@ def pooler_probes(ports: list[int], tokens: list[str], tally: Tally, database_ur
 # --- checks --------------------------------------------------------------------------------
 
 
+def summary_written(summary: dict, failures: list[str], json_path: str | None) -> int:
+    """Print the summary (and write it to ``json_path``); the exit status: 0 when nothing failed."""
+    summary["failures"] = failures
+    summary["ok"] = not failures
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    print(text)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(text + "\n")
+    return 0 if not failures else 1
+
+
 def settle(database_url: str, tally: Tally, summary: dict) -> list[str]:
     """Reconcile, compare with what the clients were told; returns the failed checks."""
     from django.db.models import Count

@@ -11,7 +11,7 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 4. the same load through a private PgBouncer (reliability/pooler.py, 4 server
    connections), once in transaction mode and once in session mode, each on its own
    database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
-5. reliability/replica.py: the same load (6 clients, 40 s) against a private streaming pair
+5. reliability/replica.py: the same load (6 clients, 30 s) against a private streaming pair
    (reliability/streaming.py: its own primary from initdb, its standby from pg_basebackup)
    with DATABASE_REPLICA_URL on, the standby stopped mid-run;
 6. this file writes docs/RELIABILITY.md from the figures the tests recorded
@@ -20,7 +20,7 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-RELIABILITY_REPLICA_SECONDS (40), TEST_POSTGRES_URL.
+RELIABILITY_REPLICA_SECONDS (30), TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
-REPLICA_SECONDS = os.environ.get("RELIABILITY_REPLICA_SECONDS", "40")
+REPLICA_SECONDS = os.environ.get("RELIABILITY_REPLICA_SECONDS", "30")
 
 POINTS = {
     "begin-after-proposal": (
@@ -202,13 +202,17 @@ def load_step() -> dict:
     return run(f"load: two gunicorn hosts, one PostgreSQL, {LOAD_SECONDS} s", argv, env, OUT / "load.log")
 
 
+def not_installed(step: str, why: str) -> dict:
+    """A step whose Debian package is missing: skipped, or failed in CI (DECISIONFLOW_REQUIRE_POSTGRES=1)."""
+    required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
+    note = f"{'FAILED' if required else 'SKIPPED'}: {why}"
+    return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+
+
 def pooler_step(mode: str) -> dict:
     step = f"load through PgBouncer, {mode} mode, {POOLER_SECONDS} s"
     if pooler.binary() is None:
-        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
-        verdict = "FAILED" if required else "SKIPPED"
-        note = f"{verdict}: pgbouncer is not installed (`make pgbouncer`, as root)"
-        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+        return not_installed(step, "pgbouncer is not installed (`make pgbouncer`, as root)")
     env = dict(os.environ, DEBUG="1")
     argv = [
         sys.executable,
@@ -234,10 +238,7 @@ def pooler_step(mode: str) -> dict:
 def replica_step() -> dict:
     step = f"load with a streaming replica, the standby stopped mid-run, {REPLICA_SECONDS} s"
     if streaming.bin_dir() is None:
-        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
-        verdict = "FAILED" if required else "SKIPPED"
-        note = f"{verdict}: PostgreSQL's server binaries are missing (`make postgresql-server`, as root)"
-        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+        return not_installed(step, "PostgreSQL's server binaries are missing (`make postgresql-server`, as root)")
     argv = [
         sys.executable,
         "-m",
@@ -810,12 +811,12 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
-        ".venv/bin/python -m reliability.replica --seconds 40   # its own streaming pair; the standby stopped mid-run",
+        ".venv/bin/python -m reliability.replica --seconds 30   # its own streaming pair; the standby stopped mid-run",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
-        "`RELIABILITY_REPLICA_SECONDS` (40), "
+        "`RELIABILITY_REPLICA_SECONDS` (30), "
         "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",

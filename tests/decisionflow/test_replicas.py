@@ -20,7 +20,7 @@ from django.urls import reverse
 from cases.models import Case
 from core import replicas
 from core.outcomes import ReadSource
-from tests.api.conftest import Api, demo_case  # noqa: F401  (a fixture)
+from tests.api.conftest import Api
 
 pytestmark = pytest.mark.django_db
 
@@ -55,6 +55,16 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.fixture
+def demo_case(case):
+    """T-1042 with its review begun: a current proposal to read and to decide."""
+    from workflow.begin import review_begin
+
+    review_begin(case=case)
+    case.refresh_from_db()
+    return case
 
 
 @pytest.fixture
