@@ -114,6 +114,7 @@ def test_every_named_list_reads_the_replica(replica_on, staff_client, demo_case)
             page = staff_client.get(reverse(name))
             assert page.status_code == 200, name
             assert page[replicas.READS_HEADER] == ReadSource.REPLICA, name
+            assert "Read from the replica, 0.0 s behind the primary." in page.text, name
         export = staff_client.get(reverse("admin:cases_case_history_export", args=[case.pk]) + "?format=jsonl")
         assert export.status_code == 200 and export[replicas.READS_HEADER] == ReadSource.REPLICA
         assert b"".join(export.streaming_content)
