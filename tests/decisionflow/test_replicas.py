@@ -9,6 +9,9 @@ test that runs the real lag query on PostgreSQL. The real standby is in `make re
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -21,6 +24,7 @@ from cases.models import Case
 from core import replicas
 from core.outcomes import ReadSource
 from tests.api.conftest import Api
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -213,3 +217,38 @@ def test_the_real_lag_query_reads_zero_on_a_server_that_replays_nothing():
         cursor.execute(replicas.LAG_SQL)
         (lag,) = cursor.fetchone()
         assert isinstance(lag, float)
+
+
+def _settings_with(env: dict) -> subprocess.CompletedProcess:
+    """The served settings (not the test ones) read in a child with ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "DJANGO_SETTINGS"))}
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "r = s.DATABASES.get('replica'); "
+        "print(r and r['OPTIONS'], s.DATABASE_ROUTERS, 'core.replicas.OwnWritesMiddleware' in s.MIDDLEWARE)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**base, "DEBUG": "1", "DJANGO_SETTINGS_MODULE": "decisionflow.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_replica_settings_need_postgresql_and_set_a_bounded_connect():
+    on_sqlite = _settings_with({"DATABASE_REPLICA_URL": "postgres://postgres@127.0.0.1:5/replica"})
+    assert on_sqlite.returncode != 0
+    assert "DATABASE_REPLICA_URL: a read replica needs DATABASE_URL on PostgreSQL" in on_sqlite.stderr
+    on = _settings_with(
+        {
+            "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/decisionflow",
+            "DATABASE_REPLICA_URL": "postgres://postgres@127.0.0.1:5433/decisionflow",
+            "DATABASE_REPLICA_CONNECT_TIMEOUT": "3",
+        }
+    )
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.split() == ["{'connect_timeout':", "3}", "['core.replicas.ReplicaRouter']", "True"]
+    off = _settings_with({"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/decisionflow"})
+    assert off.stdout.split() == ["None", "[]", "False"]
