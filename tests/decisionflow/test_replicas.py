@@ -252,3 +252,15 @@ def test_replica_settings_need_postgresql_and_set_a_bounded_connect():
     assert on.stdout.split() == ["{'connect_timeout':", "3}", "['core.replicas.ReplicaRouter']", "True"]
     off = _settings_with({"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/decisionflow"})
     assert off.stdout.split() == ["None", "[]", "False"]
+
+
+def test_the_docs_name_every_read_source_and_no_other():
+    import re
+
+    deploy = (ROOT / "docs" / "DEPLOY.md").read_text(encoding="utf-8")
+    row = next(line for line in deploy.splitlines() if line.startswith("| `decisionflow_replica_reads_total`"))
+    labels = set(re.findall(r"`([a-z_]+)`", row.split("|")[3])) - {"source"}
+    assert labels == set(ReadSource.values)
+    section = deploy.split("## Read replicas", 1)[1].split("\n## ", 1)[0]
+    shown = {line.rsplit("`", 2)[1] for line in section.splitlines() if line.startswith("| ") and line.endswith("` |")}
+    assert shown == set(ReadSource.values)
