@@ -11,6 +11,10 @@ stopped (fast shutdown, then immediate) and their folders removed.
 It never touches the shared server on 5432, which holds other databases: the pair is a
 cluster of its own, made from nothing, and copies only from its own primary.
 
+``pg_ctl`` starts each server detached, so a harness killed outright (SIGKILL) leaves its
+pair running: stop it with ``runuser -u postgres -- pg_ctl -D /tmp/decisionflow-streaming-*/standby
+stop`` (then ``primary``) and remove the folder.
+
 The PostgreSQL binaries refuse to run as root: as root, every one of them is run as the
 ``postgres`` OS user (``runuser``), and the folder is given to that user.
 
