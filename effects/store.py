@@ -15,7 +15,8 @@ write are the same.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextvars
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -146,7 +147,8 @@ class _Query:
         self.sql, self.params = f"{sql} {lock}" if lock else sql, tuple(params)
         # What results_iter() would look up on every call, looked up once (a statement that
         # selects nothing has none).
-        selected = [s[0] for s in (self.compiler.select or [])[: getattr(self.compiler, "col_count", 0)]]
+        self.width = getattr(self.compiler, "col_count", 0)
+        selected = [s[0] for s in (self.compiler.select or [])[: self.width]]
         self.converters = self.compiler.get_converters(selected) if selected else {}
 
     def params_for(self, places: dict[str, Any]) -> list:
@@ -325,6 +327,74 @@ def _target(read: _Query, raw: list) -> Target | None:
     )
 
 
+# -- the read, made ahead ---------------------------------------------------------------------
+
+
+@dataclass
+class ReadAhead:
+    """A commit's read of ``operation_id``, made by an earlier statement of the same call
+    (``read_beside``), for the store's next read of that operation to take once."""
+
+    operation_id: str
+    target: Target | None
+    taken: bool = False
+
+
+# Set by the caller around the work that ends in the commit (workflow/answer.py); a mutable
+# holder, so that the engine's copied contexts see it taken.
+_AHEAD: contextvars.ContextVar[ReadAhead | None] = contextvars.ContextVar("decisionflow_read_ahead", default=None)
+
+
+def read_beside(sql: str, params: Sequence[Any], operation_id: str) -> tuple[tuple | None, ReadAhead | None]:
+    """Run ``sql`` (one row at most, plain columns) and, on PostgreSQL, the commit's read of
+    ``operation_id`` with it, as one statement: ``sql``'s row (None: none) and the read, for
+    ``read_ahead``. Elsewhere only ``sql`` runs, and the read is None: SQLite's store must read
+    inside its write transaction, where the database's write lock keeps the case as read.
+
+    A read made ahead is as good as one made at the commit: the store's read takes no lock,
+    and the write goes ahead only while the case row is as read (the guard) and no decision
+    or effect was written since (their unique keys); otherwise the commit reads again."""
+    db = database()
+    if db.vendor != "postgresql":
+        with db.cursor() as cursor:
+            cursor.execute(sql, list(params))
+            return cursor.fetchone(), None
+    read = _read()
+    combined = _beside(sql)
+    with bound_cursor() as cursor:
+        cursor.execute(combined, [*params, *read.params_for({_OPERATION: operation_id})])
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    own, found = tuple(row[: len(row) - read.width]), row[len(row) - read.width :]
+    # The LEFT JOIN's empty side: no proposal of that operation (its id is never NULL).
+    target = _target(read, [found]) if found[0] is not None else None
+    return own, ReadAhead(operation_id, target)
+
+
+@cache
+def _beside(sql: str) -> str:
+    return f"SELECT * FROM ({sql}) own LEFT JOIN ({_read().sql}) ahead ON true"
+
+
+@contextmanager
+def read_ahead(ahead: ReadAhead | None) -> Iterator[None]:
+    """Within the block, the store's first read of ``ahead``'s operation is ``ahead``'s."""
+    token = _AHEAD.set(ahead)
+    try:
+        yield
+    finally:
+        _AHEAD.reset(token)
+
+
+def _taken_ahead(operation_id: str) -> ReadAhead | None:
+    ahead = _AHEAD.get()
+    if ahead is None or ahead.taken or ahead.operation_id != operation_id:
+        return None
+    ahead.taken = True
+    return ahead
+
+
 class _Store:
     def current_operation(self, target: Target) -> str | None:
         if target.current_proposal_id is None:
@@ -378,7 +448,8 @@ def _lock_wait_bounded() -> Iterator[None]:
 
 class PostgresCommitStore(_Store):
     """Two statements, each a transaction of its own in Django's autocommit, both bound on the
-    server (``core.statements.bound_cursor``): the read (``_read``), then the whole write
+    server (``core.statements.bound_cursor``): the read (``_read``; a decision's is made ahead,
+    with its pending review: ``read_beside``, so the commit sends only its write), then the whole write
     (``_write``), which goes ahead only while the case row is as read (``_guard``). Two round
     trips, no BEGIN and no COMMIT of their own. The settings the write makes are its
     transaction's (``set_config(…, true)``), so a pooler in transaction mode sees nothing of
@@ -389,6 +460,10 @@ class PostgresCommitStore(_Store):
 
     def write_commits(self) -> bool:
         return statement_commits()
+
+    def read(self, operation_id: str) -> Target | None:
+        ahead = _taken_ahead(operation_id)
+        return ahead.target if ahead is not None else super().read(operation_id)
 
     def write(self, writes: Writes, *, lock_timeout_ms: int) -> Written:
         new_decision, new_effect = writes.decision is not None, writes.effect is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -272,6 +273,9 @@ class PendingReview(models.Model):
     policy_snapshot: dict | None = None
     # Not a column: the groups its policy named when it was begun, for the history.
     begun_groups: list[str] | None = None
+    # Not a column: the commit's read of the operation, made in that same query on PostgreSQL
+    # (effects.store.ReadAhead). None: the commit reads for itself.
+    read_ahead: Any = None
 
     case = models.ForeignKey("cases.Case", on_delete=models.PROTECT, related_name="pending_reviews")
     proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="pending_reviews")

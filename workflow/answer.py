@@ -14,6 +14,7 @@ from agent_framework.exceptions import WorkflowCheckpointException
 from core import identity
 from core.errors import DecisionflowError, OutcomeUncertain, WorkflowIncompatible
 from effects.services import CommitResult
+from effects.store import ReadAhead, read_ahead
 from engine.checkpoints import BoundCheckpoint
 from engine.driver import hosted
 from engine.graph import Answer, resume_workflow, review_request_id, run_workflow, status_name
@@ -56,12 +57,14 @@ def answering(
     fault,
     decline_reason: str | None = None,
     decline_note: str | None = None,
+    ahead: ReadAhead | None = None,
 ) -> Iterator[CommitStep]:
     """Restore the bound checkpoint and answer its request, in one engine run, up to the
     commit step's write, which the block makes (``step.made(step.write())``): so the write
     runs on the decision service's own stack, under its frame, and the route of an approval
     is the decision service, the review core and its store. A failure once the commit step
-    has started is ``OutcomeUncertain``; silence is not success."""
+    has started is ``OutcomeUncertain``; silence is not success. ``ahead``: the commit's read,
+    made with the pending review (``pending_with_checkpoint``), taken by the commit step's write."""
     answer = Answer(reviewer=reviewer, fault=fault)
     response = conform(
         "response",
@@ -75,7 +78,7 @@ def answering(
     )
     short = identity.short(operation_id)
     # The thread's resume workflow (a fresh one after any failure): see engine.resume_workflow.
-    with resume_workflow(answer) as workflow:
+    with resume_workflow(answer) as workflow, read_ahead(ahead):
         try:
             with hosted(
                 run_workflow,

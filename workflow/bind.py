@@ -14,6 +14,7 @@ from cases.models import Case
 from core import identity
 from core.errors import DecisionflowError, NotFound, StaleProposal, WorkflowIncompatible
 from core.observability import CHECKPOINT_REFUSED, counts_refusals
+from effects.store import read_beside
 from engine.checkpoints import DatabaseCheckpointStorage
 from engine.graph import GRAPH_SIGNATURE_HASH, HUMAN_REVIEW_ID, WORKFLOW_VERSION, review_request_id
 from engine.messages import graph_fingerprint, short_fingerprint
@@ -46,14 +47,17 @@ def _pending_sql() -> tuple[str, list[str]]:
 def pending_with_checkpoint(case: Case, operation_id: str, reviewer=None) -> PendingReview | None:
     """The operation's pending review with its checkpoint row's columns, in one query; its
     ``reviewer_changed_case`` says whether ``reviewer`` made a human change in the case, its
-    ``policy_snapshot`` is its proposal's."""
+    ``policy_snapshot`` is its proposal's, its ``read_ahead`` the commit's read of the operation
+    (``effects.store.read_beside``; None on SQLite), for ``answering``."""
     sql, fields = _pending_sql()
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [Origin.PREPARED.value, getattr(reviewer, "pk", None), case.pk, operation_id])
-        row = cursor.fetchone()
+    params = [Origin.PREPARED.value, getattr(reviewer, "pk", None), case.pk, operation_id]
+    # The commit's read of the operation comes with it (PostgreSQL): a resume then sends two
+    # statements, this and the commit's write.
+    row, ahead = read_beside(sql, params, operation_id)
     if row is None:
         return None
     pending = PendingReview.from_db(connection.alias, fields, row[: len(fields)])
+    pending.read_ahead = ahead
     for name, value in zip(DatabaseCheckpointStorage.COLUMNS, row[len(fields) : -2], strict=True):
         setattr(pending, f"checkpoint_{name}", value)
     snapshot = row[-2]

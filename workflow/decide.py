@@ -180,6 +180,7 @@ def decision_record(
                         fault=fault,
                         decline_reason=decline_reason,
                         decline_note=decline_note,
+                        ahead=pending.read_ahead,
                     ) as step:
                         # The engine restored the pause and answered it; its commit step waits
                         # while its write (effect_commit, with the step's arguments) runs here.
