@@ -204,14 +204,19 @@ ANTI_JOIN_SQL = """
 """
 
 
-# The reconcile query of effects.services.operations_reconcile with every filter off,
-# spelled out for the raw baselines (the smoke test checks both list the same operations).
-RECONCILE_SQL = """
-    SELECT c.case_id, p.operation_id, d.approved, e.id
+# The reconcile query of effects.services (``_reconcile_query``) with every filter off,
+# spelled out for the raw baselines: the same joins, rows and order, and the columns that
+# ``reconcile --json`` makes each line from (the case, the operation, the decision, whether the
+# effect exists, the decline reason, the delivery's state and reference). A test holds the
+# text to the service's (tests/bench/test_bench_smoke.py).
+RECONCILE_COLUMNS = "c.case_id, p.operation_id, d.approved, e.id, d.decline_reason, dl.state, dl.reference"
+RECONCILE_SQL = f"""
+    SELECT {RECONCILE_COLUMNS}
     FROM reviews_proposal p
     JOIN cases_case c ON c.id = p.case_id
     LEFT JOIN reviews_reviewdecision d ON d.operation_id = p.operation_id
     LEFT JOIN effects_effectrecord e ON e.operation_id = p.operation_id
+    LEFT JOIN effects_delivery dl ON dl.operation_id = p.operation_id
     WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
     ORDER BY c.case_id, p.id
 """

@@ -83,6 +83,18 @@ def test_reconcile_and_process_start_run_once():
     assert start["subject_values"][0] > start["baseline_values"][0] > 0
 
 
+def test_the_raw_reconcile_baseline_is_the_commands_query():
+    """Like for like: the raw COPY reads the rows of reconcile's own query, in its order,
+    with the columns its lines are made from."""
+    from bench.bigdata import RECONCILE_COLUMNS, RECONCILE_SQL
+    from effects.services import _reconcile_query
+
+    query = _reconcile_query(RECONCILE_COLUMNS, case_ids=None, operation_ids=None)
+    assert query is not None
+    assert " ".join(RECONCILE_SQL.split()) == " ".join(query[0].split())
+    assert query[1] == []
+
+
 def test_pages_report_and_partial_write(tmp_path):
     """The pages of two sizes are pooled and judged; a partial run (``--only pages``)
     replaces its own section and summary row and keeps the rest of the document."""
