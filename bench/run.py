@@ -409,7 +409,8 @@ def measure_reconcile(url: str, n: int, *, runs: int) -> dict:
         "key": "reconcile_command",
         "title": f"8. reconcile: {n:,} operations, `reconcile --all --json > /dev/null`",
         "subject": "`python manage.py reconcile --all --json > /dev/null` (process start included)",
-        "baseline": "the same left/anti-join SQL, raw, streamed to the client with COPY ... TO STDOUT (psycopg)",
+        "baseline": "the same query raw (its joins, rows and order; the columns the lines are made from), "
+        "streamed to the client with COPY ... TO STDOUT (psycopg, the server's defaults)",
         "kind": "cost",
         "unit": "s",
         "goal": ("≤", 1.5),
