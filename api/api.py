@@ -26,6 +26,7 @@ from api.parser import StrictJsonParser
 from api.schemas import (
     DEMO_OPERATION_ID,
     OPERATION_ID_PATTERN,
+    AssignIn,
     CaseIn,
     CaseOut,
     DecisionIn,
@@ -35,8 +36,10 @@ from api.schemas import (
     EditIn,
     EditOut,
     ErrorOut,
+    HandOverIn,
     IntakeOut,
     JobOut,
+    MoveOut,
     OperationOut,
     PolicyPublishIn,
     PolicyPublishOut,
@@ -50,6 +53,7 @@ from cases.idempotency import idempotent
 from core import errors
 from core.replicas import replica_reads
 from reviews.models import Channel
+from workflow.assignment import move_target, pending_for_move, review_assign, review_hand_over
 from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.intake import case_intake as intake_service
@@ -356,6 +360,44 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
         "operation_id": commit.operation_id,
         "outcome": decided.outcome.value,
     }
+
+
+@api.post(
+    "/cases/{case_id}/assignment",
+    response={200: MoveOut, **_errors(400, 401, 403, 404, 409, 413, 500)},
+    tags=["cases"],
+    operation_id="case_assign",
+)
+def case_assign(request, payload: AssignIn, case_id: str = CaseId):
+    """Assign the pending review to one person or one group, as a support lead (the
+    "assign reviews" permission; 403 otherwise), with an optional note: the review page's
+    Assign form. A person who is away gets it through their substitute; a person or group who
+    could not decide it under the policy's groups is 400. The same move again (the review is
+    already there) answers 200 with ``replay: true`` and writes nothing. See docs/QUEUE.md,
+    "Assignment"."""
+    case = selectors.case_get(case_id)
+    pending = pending_for_move(case=case, operation_id=payload.operation_id)
+    to_user, to_group = move_target(to_user=payload.to_user, to_group=payload.to_group)
+    moved = review_assign(pending=pending, by=request.auth, to_user=to_user, to_group=to_group, note=payload.note)
+    return moved.as_dict(case.case_id)
+
+
+@api.post(
+    "/cases/{case_id}/hand-over",
+    response={200: MoveOut, **_errors(400, 401, 403, 404, 409, 413, 500)},
+    tags=["cases"],
+    operation_id="case_hand_over",
+)
+def case_hand_over(request, payload: HandOverIn, case_id: str = CaseId):
+    """Hand the pending review over to another reviewer, saying why (the note is required):
+    the review page's Hand over form. Only a reviewer who may decide it may hand it over (403
+    otherwise). The same hand-over again answers 200 with ``replay: true`` and writes nothing.
+    See docs/QUEUE.md, "Assignment"."""
+    case = selectors.case_get(case_id)
+    pending = pending_for_move(case=case, operation_id=payload.operation_id)
+    to_user, _group = move_target(to_user=payload.to_user, to_group=None)
+    moved = review_hand_over(pending=pending, by=request.auth, to_user=to_user, note=payload.note)
+    return moved.as_dict(case.case_id)
 
 
 @api.post(

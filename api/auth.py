@@ -3,8 +3,8 @@
 Reads follow the admin's permissions: they need the view permission on cases
 (``cases.view_case``, which the Reviewers and Support leads groups have), as every admin
 page does. ``is_staff`` is not needed: it only opens the admin's login. Unsafe methods need
-the review permission, but for the pipeline's intake and withdrawal and a policy's publish,
-which need their own. Checking both here, before the body is parsed, means a caller
+the review permission, but for the pipeline's intake and withdrawal, a policy's publish and
+an assignment, which need their own. Checking both here, before the body is parsed, means a caller
 without the permission learns nothing from validation errors and the services are never
 reached; a refused decision is still recorded as a commit attempt.
 """
@@ -28,6 +28,7 @@ from core.errors import PermissionRefused
 from effects.services import REVIEW_PERMISSION
 from reviews.groups import INTAKE_PERMISSION, WITHDRAW_PERMISSION, can_intake
 from reviews.models import Channel
+from workflow.assignment import assign_refusal, can_assign
 from workflow.decide import refusal_record
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS", "TRACE"}
@@ -39,6 +40,8 @@ PUBLISH_PATH = "/policies/publish"
 INTAKE_PATH = re.compile(r"/api/(cases(/[^/]+/drafts)?|sources/[^/]+/versions)/?$")
 # A withdrawal needs the withdraw permission, not the review one (docs/INTAKE.md, "Withdrawals").
 WITHDRAW_PATH = re.compile(r"/api/cases/[^/]+/withdraw/?$")
+# An assignment needs the assign permission (support leads), not the review one.
+ASSIGN_PATH = re.compile(r"/api/cases/[^/]+/assignment/?$")
 
 
 def _permitted(request: HttpRequest, user):
@@ -66,6 +69,9 @@ def _permitted(request: HttpRequest, user):
             )
             _record_refused_call(request, user, message)
             raise AuthorizationError(message=message)
+    elif ASSIGN_PATH.search(request.path):
+        if not can_assign(user):
+            raise AuthorizationError(message=assign_refusal(user).message)
     elif not user.has_perm(REVIEW_PERMISSION):
         message = f"{user.get_username()} does not have the review permission"
         _record_refused_call(request, user, message)

@@ -15,7 +15,8 @@ from core import text
 from core.identity import OPERATION_ID_RE
 from core.outcomes import DECIDED, OperationState, ReceiptStatus
 from effects.models import DeliveryState, DeliveryTry
-from reviews.models import HUMAN_DECLINE_REASONS, Channel, Origin, PendingReview
+from reviews.models import HUMAN_DECLINE_REASONS, AssignmentKind, Channel, Origin, PendingReview
+from workflow.assignment import NOTE_MAX
 from workflow.withdraw import WITHDRAW_REASON_MAX
 
 OPERATION_ID_PATTERN = OPERATION_ID_RE.pattern
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     CaseStatusOut = str
     TextWarningKindOut = str
     JobStateOut = str
+    AssignmentKindOut = str
 else:
     DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never a system actor's reason
     ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
@@ -81,6 +83,7 @@ else:
     CaseStatusOut = one_of([NOT_STARTED, *OperationState.values])
     TextWarningKindOut = one_of(text.MarkerKind)
     JobStateOut = one_of(SourceVersionJob.State.values)
+    AssignmentKindOut = one_of(AssignmentKind.values)
 
 
 class Strict(Schema):
@@ -166,7 +169,49 @@ class WithdrawIn(Strict):
     )
 
 
+Username = Annotated[StrictStr, Field(min_length=1, max_length=150)]
+MoveNote = Annotated[StrictStr, Field(max_length=NOTE_MAX)]
+
+
+class AssignIn(Strict):
+    operation_id: OperationId = Field(
+        description="the operation whose review you saw (the case's current proposal); another one is 409 "
+        "stale_proposal"
+    )
+    to_user: Username | None = Field(
+        default=None, description="a username: the person to assign it to (their substitute when they are away)"
+    )
+    to_group: Username | None = Field(default=None, description="a group's name; give to_user or to_group, not both")
+    note: MoveNote = Field(default="", description="optional: why; the text policy applies (docs/TEXT.md)")
+
+
+class HandOverIn(Strict):
+    operation_id: OperationId = Field(
+        description="the operation whose review you saw (the case's current proposal); another one is 409 "
+        "stale_proposal"
+    )
+    to_user: Username = Field(description="a username: the reviewer who takes it (their substitute when away)")
+    note: MoveNote = Field(description="required: why, for whoever takes it; the text policy applies (docs/TEXT.md)")
+
+
 # Responses --------------------------------------------------------------------------------
+
+
+class MoveOut(Schema):
+    case: str
+    operation_id: str
+    replay: bool = Field(
+        description="true: the review was already on this person or group; nothing was written, and the move "
+        "that put it there is shown"
+    )
+    kind: AssignmentKindOut = Field(description="assigned (by a lead), handed_over (by a reviewer), escalated")
+    by: str | None = Field(description="who moved it; null for the SLA escalation")
+    to_user: str | None = Field(description="the person it is on now (a substitute, when meant_for is set)")
+    to_group: str | None = Field(description="the group it is on now")
+    meant_for: str | None = Field(description="the person the move named, when they were away")
+    note: str
+    at: datetime
+    said: str = Field(description="the one line every channel shows, e.g. `T-1077 is now assigned to anna.`")
 
 
 class ErrorOut(Schema):

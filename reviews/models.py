@@ -541,6 +541,7 @@ class NotificationKind(models.TextChoices):
     REVIEW_BEGUN = "review_begun", "Review begun"
     AT_RISK = "at_risk", "At risk"
     BREACHED = "breached", "Breached"
+    ASSIGNED = "assigned", "Assigned"  # one per move, to whom it moved (docs/QUEUE.md)
 
 
 class NotificationState(models.TextChoices):
@@ -556,8 +557,9 @@ class NotificationState(models.TextChoices):
 
 
 class Notification(models.Model):
-    """One notification per (operation, kind): the key that keeps a retry or a second worker
-    from starting a second send. The task worker moves its state (reviews/notifications.py)."""
+    """One notification per (operation, kind), or per move for ``assigned``: the key that keeps
+    a retry or a second worker from starting a second send. The task worker moves its state
+    (reviews/notifications.py)."""
 
     operation_id = models.CharField(max_length=80)
     kind = models.CharField(max_length=20, choices=NotificationKind.choices)
@@ -568,6 +570,9 @@ class Notification(models.Model):
     # The group whose members' addresses the email goes to, when an escalation named one
     # (workflow/escalation.py); "": the policy's reviewer groups, else the configured list.
     group = models.CharField(max_length=150, blank=True, default="")
+    # The move an ``assigned`` notification tells of: its person (or their substitute) or its
+    # group's members get the email. Every other kind has none.
+    assignment = models.ForeignKey(ReviewAssignment, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     # The channels that accepted it already, so a retry after a partial failure skips them.
     accepted = models.CharField(max_length=40, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
@@ -583,7 +588,18 @@ class Notification(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["operation_id", "kind"], name="notification_unique_operation_kind"),
+            # A review has many moves, so an ``assigned`` notification is once per move instead.
+            models.UniqueConstraint(
+                fields=["operation_id", "kind"],
+                condition=models.Q(assignment__isnull=True),
+                name="notification_unique_operation_kind",
+            ),
+            models.UniqueConstraint(fields=["assignment"], name="notification_unique_assignment"),
+            models.CheckConstraint(
+                condition=models.Q(kind="assigned", assignment__isnull=False)
+                | (~models.Q(kind="assigned") & models.Q(assignment__isnull=True)),
+                name="notification_assignment_iff_assigned",
+            ),
             models.CheckConstraint(
                 condition=models.Q(kind__in=NotificationKind.values), name="notification_kind_valid"
             ),

@@ -1,6 +1,9 @@
-"""Notifications sent by the task workers: a review begun, at risk, breached (docs/QUEUE.md).
+"""Notifications sent by the task workers: a review begun, at risk, breached, assigned
+(docs/QUEUE.md).
 
-One ``Notification`` row per (operation, kind). ``notify`` writes it (get-or-create on the
+One ``Notification`` row per (operation, kind), and one per move for ``assigned`` (a review
+moves many times): its person, or their substitute, or its group's members get the email.
+``notify`` writes it (get-or-create on the
 key, so a retry never makes a second row) and enqueues ``send_notification`` after commit.
 The task claims the row with one conditional UPDATE (Queued or Unknown -> Sending), so a
 second worker never starts a second send, sends by email and/or a Slack incoming webhook,
@@ -37,8 +40,15 @@ from cases.models import Case, reviewer_groups
 from core.durations import duration_setting
 from core.faults import crash_point
 from core.outbound import Deadline, read_capped
-from core.text import shown
-from reviews.models import Notification, NotificationEvent, NotificationKind, NotificationState, Proposal
+from core.text import one_line, shown
+from reviews.models import (
+    Notification,
+    NotificationEvent,
+    NotificationKind,
+    NotificationState,
+    Proposal,
+    ReviewAssignment,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -67,27 +77,41 @@ def lease() -> timedelta:
     return duration_setting("DECISIONFLOW_NOTIFY_LEASE", "5m")
 
 
-def message_id(operation_id: str, kind: str) -> str:
-    """The same for every send of one (operation, kind): a resend threads and can be dropped."""
-    digest = hashlib.sha256(f"{operation_id}|{kind}".encode()).hexdigest()[:32]
+def message_id(operation_id: str, kind: str, assignment_id: int | None = None) -> str:
+    """The same for every send of one (operation, kind), or of one move: a resend threads and
+    can be dropped."""
+    key = f"{operation_id}|{kind}" + (f"|{assignment_id}" if assignment_id is not None else "")
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return f"<notify-{digest}@decisionflow>"
 
 
-def notify(*, case, operation_id: str, kind: NotificationKind | str, group: str = "") -> Notification | None:
+def notify(
+    *,
+    case,
+    operation_id: str,
+    kind: NotificationKind | str,
+    group: str = "",
+    assignment: ReviewAssignment | None = None,
+) -> Notification | None:
     """Record the notification (once per key) and enqueue its send after commit.
 
     Call it inside the transaction that makes the event durable: the row commits with it,
     and the task is only enqueued once it did. With no channel configured: nothing at all.
     ``group``: the email goes to that group's members (an escalation's ``notify:GROUP``).
+    ``assignment``: the move an ``assigned`` notification tells of, and its key.
     """
     wanted = channels()
     if not wanted:
         return None
-    notification, created = Notification.objects.get_or_create(
-        operation_id=operation_id,
-        kind=str(kind),
-        defaults={"case": case, "channels": ",".join(wanted), "group": group},
-    )
+    defaults = {"case": case, "channels": ",".join(wanted), "group": group}
+    if assignment is not None:
+        notification, created = Notification.objects.get_or_create(
+            assignment=assignment, defaults={**defaults, "operation_id": operation_id, "kind": str(kind)}
+        )
+    else:
+        notification, created = Notification.objects.get_or_create(
+            operation_id=operation_id, kind=str(kind), assignment=None, defaults=defaults
+        )
     if created:
         pk = notification.pk
         transaction.on_commit(lambda: enqueue(pk))
@@ -103,24 +127,54 @@ def enqueue(pk: int, *, delay: timedelta | None = None) -> None:
     # A backend that cannot defer (the immediate one): the sweep re-enqueues it when due.
 
 
+def assigned_to(move: ReviewAssignment) -> str:
+    """Whom a move put the review on, as a notification says it: ``anna``, ``bo (for anna,
+    who is away)``, ``group Billing reviewers``."""
+    # One line whatever the names hold: the text goes to a webhook and a mail subject.
+    if move.to_user is None:
+        return f"group {one_line(move.to_group)}"
+    said = one_line(move.to_user.get_username())
+    if move.meant_for is not None:
+        said += f" (for {one_line(move.meant_for.get_username())}, who is away)"
+    return said
+
+
+def _move(notification: Notification) -> ReviewAssignment | None:
+    if notification.assignment_id is None:
+        return None
+    return ReviewAssignment.objects.select_related("to_user", "meant_for").get(pk=notification.assignment_id)
+
+
 def _text(notification: Notification) -> str:
     case_id = Case.objects.filter(pk=notification.case_id).values_list("case_id", flat=True).first()
-    what = {
-        NotificationKind.REVIEW_BEGUN: "is waiting for a review",
-        NotificationKind.AT_RISK: "is at risk of missing its review target",
-        NotificationKind.BREACHED: "has waited past its review target",
-    }[NotificationKind(notification.kind)]
+    kind = NotificationKind(notification.kind)
+    move = _move(notification)
+    if kind == NotificationKind.ASSIGNED and move is not None:
+        what = f"was assigned to {assigned_to(move)}"
+    else:
+        what = {
+            NotificationKind.REVIEW_BEGUN: "is waiting for a review",
+            NotificationKind.AT_RISK: "is at risk of missing its review target",
+            NotificationKind.BREACHED: "has waited past its review target",
+        }[kind]
     # A case ID with hidden characters is shown quoted with escapes (docs/TEXT.md).
     return f"decisionflow: case {shown(case_id)} {what} (operation {notification.operation_id})."
 
 
-def recipients(operation_id: str, group: str = "") -> list[str]:
-    """Where the email of an operation's notification goes: the email addresses of the active
-    members of ``group`` (an escalation named it), else of the groups its policy names
-    (``reviewer_groups``), sorted; the configured ``DECISIONFLOW_NOTIFY_EMAIL_TO`` when
-    there are none, or when no member has an address (so a notification never goes nowhere)."""
-    if group:
-        groups: tuple[str, ...] = (group,)
+def recipients(operation_id: str, group: str = "", move: ReviewAssignment | None = None) -> list[str]:
+    """Where the email of an operation's notification goes: for a move to a person, their
+    address (the substitute's, when the move went to one); for a move to a group or an
+    escalation naming ``group``, the email addresses of that group's active members; else
+    of the groups its policy names (``reviewer_groups``), sorted; the configured
+    ``DECISIONFLOW_NOTIFY_EMAIL_TO`` when there are none, or when nobody has an address (so
+    a notification never goes nowhere)."""
+    if move is not None and move.to_user is not None:
+        person = move.to_user
+        return [person.email] if person.is_active and person.email else list(settings.DECISIONFLOW_NOTIFY_EMAIL_TO)
+    if move is not None:
+        groups: tuple[str, ...] = (move.to_group,)
+    elif group:
+        groups = (group,)
     else:
         snapshot = Proposal.objects.filter(operation_id=operation_id).values_list("policy_snapshot", flat=True).first()
         groups = reviewer_groups((snapshot or {}).get("parameters"))
@@ -139,14 +193,14 @@ def recipients(operation_id: str, group: str = "") -> list[str]:
 
 
 def _send_email(notification: Notification, text: str) -> None:
-    headers = {"Message-ID": message_id(notification.operation_id, notification.kind)}
+    headers = {"Message-ID": message_id(notification.operation_id, notification.kind, notification.assignment_id)}
     if notification.kind != NotificationKind.REVIEW_BEGUN:
-        # One thread per operation: at risk and breached refer to its "review begun" message.
+        # One thread per operation: the others refer to its "review begun" message.
         headers["References"] = message_id(notification.operation_id, NotificationKind.REVIEW_BEGUN)
     EmailMessage(
         subject=text.split(" (operation", 1)[0],
         body=text,
-        to=recipients(notification.operation_id, notification.group),
+        to=recipients(notification.operation_id, notification.group, _move(notification)),
         headers=headers,
     ).send(fail_silently=False)
 

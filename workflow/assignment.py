@@ -6,6 +6,12 @@
 - **A move** puts it on a person or a group, and is a ``ReviewAssignment`` row (who, to whom,
   when, why), never updated: a support lead assigns (``reviews.assign_review``), a reviewer
   who may decide it hands it over to another, with a note; the SLA escalation reassigns.
+  Whom it moved to is told (an ``assigned`` notification, in the move's transaction: once per
+  move). A move to whom the review is already on is a replay: nothing is written, so a retry
+  or two channels doing the same move at once make one move.
+- **The channels** (the review page, ``POST /api/cases/{id}/assignment`` and ``/hand-over``,
+  ``manage.py assign``) find the review and the target with ``pending_for_move`` and
+  ``move_target``, and call ``review_assign`` or ``review_hand_over``.
 - **Out of office**: a user away (``ReviewerAway``: until when, and a substitute) gets no new
   assignment; it goes to the substitute (followed while they are away too), and the move
   says for whom.
@@ -26,11 +32,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from cases.models import ASSIGNEE_ONLY, reviewer_groups
+from cases.models import ASSIGNEE_ONLY, Case, reviewer_groups
 from core import text
-from core.errors import InvalidInput, NotAssignee, PermissionRefused
+from core.errors import InvalidInput, NotAssignee, NotFound, PermissionRefused, StaleProposal
+from core.identity import short
 from effects.services import REVIEW_PERMISSION, reviewer_check
-from reviews.models import AssignmentKind, PendingReview, ReviewAssignment, ReviewerAway
+from reviews import notifications
+from reviews.models import AssignmentKind, NotificationKind, PendingReview, ReviewAssignment, ReviewerAway
 from workflow.reviewer_groups import may_decide, member_of
 
 ASSIGN_PERMISSION = "reviews.assign_review"
@@ -42,6 +50,13 @@ SUBSTITUTE_HOPS = 5
 def can_assign(user) -> bool:
     """Whether ``user`` may assign reviews to anyone (support leads)."""
     return bool(getattr(user, "is_active", False) and user.has_perm(ASSIGN_PERMISSION))
+
+
+def assign_refusal(user) -> PermissionRefused:
+    """What anyone without the assign permission is told, by every channel."""
+    return PermissionRefused(
+        f"{text.shown(user.get_username())} does not have the assign permission (support leads); nothing was written"
+    )
 
 
 @dataclass(frozen=True)
@@ -203,9 +218,51 @@ def target_check(*, snapshot: dict, to_user, to_group: Group | None) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Moved:
+    """What a move did: ``row`` is the move (on a replay, the standing one that put the
+    review where it was asked to go), ``replay`` that nothing new was written."""
+
+    row: ReviewAssignment
+    replay: bool
+
+    @property
+    def to_label(self) -> str:
+        return notifications.assigned_to(self.row)
+
+    def as_dict(self, case_id: str) -> dict:
+        """What the API answers and ``manage.py assign`` prints as its ``result=`` line."""
+        row = self.row
+        return {
+            "case": case_id,
+            "operation_id": row.operation_id,
+            "replay": self.replay,
+            "kind": row.kind,
+            "by": row.by.get_username() if row.by is not None else None,
+            "to_user": row.to_user.get_username() if row.to_user is not None else None,
+            "to_group": row.to_group or None,
+            "meant_for": row.meant_for.get_username() if row.meant_for is not None else None,
+            "note": row.note,
+            "at": row.at.isoformat(),
+            "said": self.said(case_id),
+        }
+
+    def said(self, case_id: str) -> str:
+        """The one line every channel shows."""
+        if self.replay:
+            return f"{text.shown(case_id)} is already assigned to {self.to_label}; nothing was written."
+        return f"{text.shown(case_id)} is now assigned to {self.to_label}."
+
+
+def _already_there(to_user, to_group: Group | None) -> Q:
+    user = Q(assigned_to=to_user) if to_user is not None else Q(assigned_to__isnull=True)
+    group = Q(assigned_group=to_group) if to_group is not None else Q(assigned_group__isnull=True)
+    return user & group
+
+
 def assignment_move(
     *, pending: PendingReview, kind: AssignmentKind, by, to_user, to_group: Group | None, note: str, now
-) -> ReviewAssignment:
+) -> Moved:
     if (to_user is None) == (to_group is None):
         raise InvalidInput("assign to one person or one group; nothing was written")
     snapshot = pending.proposal.policy_snapshot
@@ -214,14 +271,21 @@ def assignment_move(
         to_user, meant_for = substitute_for(to_user, now)
     target_check(snapshot=snapshot, to_user=to_user, to_group=to_group)
     with transaction.atomic():
-        moved = PendingReview.objects.filter(pk=pending.pk, status=PendingReview.Status.PENDING).update(
+        # One conditional UPDATE decides: of two identical moves at once, the second waits
+        # for the first's row lock, finds the review already there, and writes nothing.
+        still_pending = PendingReview.objects.filter(pk=pending.pk, status=PendingReview.Status.PENDING)
+        moved = still_pending.exclude(_already_there(to_user, to_group)).update(
             assigned_to=to_user, assigned_group=to_group
         )
         if not moved:
-            raise InvalidInput(
-                f"the review of {pending.operation_id[:19]}… is no longer pending: there is nothing to assign; "
-                "nothing was written"
-            )
+            standing = ReviewAssignment.objects.filter(pending_review_id=pending.pk).order_by("-at", "-id").first()
+            if standing is None or not still_pending.exists():
+                raise InvalidInput(
+                    f"the review of {pending.operation_id[:19]}… is no longer pending: there is nothing to assign; "
+                    "nothing was written"
+                )
+            pending.assigned_to, pending.assigned_group = to_user, to_group
+            return Moved(standing, replay=True)
         row = ReviewAssignment.objects.create(
             pending_review_id=pending.pk,
             case_id=pending.case_id,
@@ -234,19 +298,23 @@ def assignment_move(
             note=note,
             at=now,
         )
+        notifications.notify(
+            case=pending.case, operation_id=pending.operation_id, kind=NotificationKind.ASSIGNED, assignment=row
+        )
     pending.assigned_to, pending.assigned_group = to_user, to_group
-    return row
+    return Moved(row, replay=False)
 
 
 def review_assign(
     *, pending: PendingReview, by, to_user=None, to_group: Group | None = None, note: str = "", now=None
-) -> ReviewAssignment:
+) -> Moved:
     """A support lead assigns ``pending`` to one person or one group (``reviews.assign_review``,
     else ``PermissionRefused``), with an optional note. A person away gets it through their
     substitute. Refused (``InvalidInput``, nothing written): a target who could not decide it,
-    a review no longer pending. One transaction: the pending review's assignment and its row."""
+    a review no longer pending. One transaction: the pending review's assignment, its row and
+    the ``assigned`` notification; a move to whom it is already on is a replay (``Moved``)."""
     if not can_assign(by):
-        raise PermissionRefused(f"{text.shown(by.get_username())} does not have the assign permission (support leads)")
+        raise assign_refusal(by)
     return assignment_move(
         pending=pending,
         kind=AssignmentKind.ASSIGNED,
@@ -258,7 +326,7 @@ def review_assign(
     )
 
 
-def review_hand_over(*, pending: PendingReview, by, to_user, note: str, now=None) -> ReviewAssignment:
+def review_hand_over(*, pending: PendingReview, by, to_user, note: str, now=None) -> Moved:
     """A reviewer who may decide ``pending`` hands it over to another reviewer, saying why
     (the note is required). The same rules and transaction as ``review_assign``."""
     reviewer_check(by)
@@ -301,3 +369,46 @@ def assignable_groups(snapshot: dict):
     groups = reviewer_groups(snapshot.get("parameters"))
     found = Group.objects.order_by("name")
     return found.filter(name__in=groups) if groups else found
+
+
+# --- what the channels name ----------------------------------------------------------------
+
+
+def pending_for_move(*, case: Case, operation_id: str) -> PendingReview:
+    """The pending review of ``operation_id`` on ``case``, for a channel that names the
+    operation it saw (the API, ``manage.py assign``). ``StaleProposal`` when it is not the
+    case's current proposal; ``NotFound`` when the case's review was never begun; a review that is
+    no longer pending is the move's own refusal."""
+    pending = (
+        PendingReview.objects.select_related("case", "proposal")
+        .filter(case=case, operation_id=str(operation_id))
+        .first()
+    )
+    if pending is not None:
+        return pending
+    current = case.current_proposal.operation_id if case.current_proposal is not None else None
+    if current is not None and current != operation_id:
+        raise StaleProposal.superseded(
+            operation_id=str(operation_id), case_id=case.case_id, current_operation_id=current
+        )
+    raise NotFound(
+        f"no pending review of {short(operation_id)} on case {case.case_id}: begin it first "
+        "(`manage.py begin`, or its first decision); nothing was written"
+    )
+
+
+def move_target(*, to_user: str | None, to_group: str | None):
+    """The person and the group a channel names by username and group name; ``InvalidInput``
+    (nothing written) for both, neither, or a name that names nobody. Whether the target may
+    take the review is the move's own check."""
+    if bool(to_user) == bool(to_group):
+        raise InvalidInput("name one person or one group to move it to, not both; nothing was written")
+    if to_user:
+        user = get_user_model().objects.filter(username=to_user).first()
+        if user is None:
+            raise InvalidInput(f"no user named {text.shown(to_user)}; nothing was written", field="to_user")
+        return user, None
+    group = Group.objects.filter(name=to_group).first()
+    if group is None:
+        raise InvalidInput(f"no group named {text.shown(to_group or '')}; nothing was written", field="to_group")
+    return None, group

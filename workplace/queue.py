@@ -390,9 +390,8 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
         except DecisionflowError as exc:
             self.message_user(request, exc.message, messages.ERROR)
         else:
-            to = move.to_user.get_username() if move.to_user else f"group {move.to_group}"
-            away = f" ({move.meant_for.get_username()} is away: their substitute takes it)" if move.meant_for else ""
-            self.message_user(request, f"{pending.case.case_id} is now assigned to {to}{away}.", messages.SUCCESS)
+            level = messages.INFO if move.replay else messages.SUCCESS
+            self.message_user(request, move.said(pending.case.case_id), level)
         return HttpResponseRedirect(review_url(pending.proposal_id))
 
     def _assignable(self, request, pk) -> PendingReview:

@@ -14,6 +14,8 @@ def test_openapi_json_describes_the_endpoints(client, db):
         "/api/cases/{case_id}/drafts",
         "/api/cases/{case_id}/edits",
         "/api/cases/{case_id}/withdraw",
+        "/api/cases/{case_id}/assignment",
+        "/api/cases/{case_id}/hand-over",
         "/api/operations/{operation_id}",
         "/api/policies/publish",
         "/api/sources/{source_id}/versions",
@@ -35,6 +37,11 @@ def test_openapi_json_describes_the_endpoints(client, db):
     edited = components["EditOut"]
     assert {"review_begun", "review_error"} <= set(edited["required"])
     assert edited["properties"]["review_begun"]["type"] == "boolean"
+    # A move says whether it was a replay, and its kind from the one vocabulary.
+    moved = components["MoveOut"]
+    assert {"replay", "kind", "said"} <= set(moved["required"])
+    assert moved["properties"]["kind"]["enum"] == ["assigned", "handed_over", "escalated"]
+    assert components["HandOverIn"]["required"] == ["operation_id", "to_user", "note"]
     # The intake says what it answers, idempotency refusals included.
     intake = schema["paths"]["/api/cases"]["post"]
     assert set(intake["responses"]) == {"200", "201", "400", "401", "403", "409", "413", "422", "500"}

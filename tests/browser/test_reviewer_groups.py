@@ -112,6 +112,6 @@ def test_out_of_office_sends_new_assignments_to_the_substitute(demo, login, live
     lead.locator("#df-assign-user").select_option(label="reviewer")
     lead.locator("#df-assign").click()
     expect(lead.locator(".messagelist")).to_contain_text(
-        "T-1042 is now assigned to reviewer2 (reviewer is away: their substitute takes it)."
+        "T-1042 is now assigned to reviewer2 (for reviewer, who is away)."
     )
     expect(lead.locator("#df-assignee")).to_contain_text("for reviewer, who is away")

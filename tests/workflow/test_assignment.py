@@ -78,7 +78,7 @@ def test_at_begin_a_review_is_the_policys_groups_or_nobodys(people):
 @pytest.mark.django_db
 def test_a_lead_assigns_to_a_person_then_a_group_and_each_move_is_a_row(people):
     pending = begun()
-    first = review_assign(pending=pending, by=people["lead"], to_user=people["anna"], note="she knows the account")
+    first = review_assign(pending=pending, by=people["lead"], to_user=people["anna"], note="she knows the account").row
     assert assignee_of(fresh(pending)).label == "anna"
     billing = Group.objects.get(name=BILLING)
     review_assign(pending=pending, by=people["lead"], to_group=billing)
@@ -133,7 +133,7 @@ def test_a_reviewer_hands_over_with_a_note(people):
         review_hand_over(pending=pending, by=people["outsider"], to_user=people["bo"], note="not mine")
     with pytest.raises(InvalidInput, match="somebody else"):
         review_hand_over(pending=pending, by=people["anna"], to_user=people["anna"], note="me")
-    move = review_hand_over(pending=pending, by=people["anna"], to_user=people["bo"], note="on leave tomorrow")
+    move = review_hand_over(pending=pending, by=people["anna"], to_user=people["bo"], note="on leave tomorrow").row
     assert (move.kind, move.by, move.to_user, move.note) == (
         AssignmentKind.HANDED_OVER,
         people["anna"],
@@ -150,7 +150,7 @@ def test_an_assignment_to_someone_away_goes_to_their_substitute(people):
     pending = begun()
     soon = timezone.now() + timedelta(days=3)
     away_set(user=people["anna"], until=soon, substitute=people["bo"])
-    move = review_assign(pending=pending, by=people["lead"], to_user=people["anna"])
+    move = review_assign(pending=pending, by=people["lead"], to_user=people["anna"]).row
     assert (move.to_user, move.meant_for) == (people["bo"], people["anna"])
     assert assignee_of(fresh(pending)).label == "bo"
     # A chain is followed while each is away, and a circle ends it.
