@@ -58,6 +58,8 @@ DECISIONFLOW_REVIEW_ON_BREACH_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ON_BREAC
 # Escalation steps per policy name (docs/QUEUE.md, "Escalation"): at_risk / breached ->
 # notify:GROUP, reassign:GROUP or (breached) expire. Outside the policy's identity.
 DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY = env.json("DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY", default={})
+# How often each task worker takes the due escalation steps (seconds; sla_report does too).
+DECISIONFLOW_ESCALATION_SWEEP_INTERVAL = env.float("DECISIONFLOW_ESCALATION_SWEEP_INTERVAL", default=60.0)
 
 # Notifications (docs/QUEUE.md): a review begun, at risk or breached, sent by the task
 # workers by email (Django's mail framework, EMAIL_* below) and/or a Slack incoming webhook.

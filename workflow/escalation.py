@@ -14,7 +14,8 @@ the policy's identity (they are operational: who to tell, not what is approved):
 - ``expire`` (breached only): the fail-closed expiry of ``sla_report --expire``, declined as
   the system actor ``sla-expiry``.
 
-``sla_report`` (cron) runs the due steps. Each step is written once per review: a
+``sla_report`` (cron) and every task worker (``manage.py db_worker``, ``escalation_sweep``)
+run the due steps. Each step is written once per review: a
 ``ReviewEscalation`` row, unique on (operation, step), inserted in the same transaction as
 what the step does (the move, the notification row), so of two runs at once exactly one
 escalates and the other finds the row and does nothing. The expiry is a decision, once per
@@ -224,7 +225,7 @@ def _expire(pending, step, escalation, now) -> Escalated:
 
 def escalate_due(now: datetime | None = None):
     """Every due step of every configured policy, at risk before breached: yields what each
-    did. Run by ``sla_report``."""
+    did. Run by ``sla_report`` and, through ``escalation_sweep``, by the task workers."""
     now = now or timezone.now()
     plan = escalation_plan()
     for step in (EscalationStep.AT_RISK, EscalationStep.BREACHED):
@@ -234,3 +235,13 @@ def escalate_due(now: datetime | None = None):
                 continue
             for pending in _due(name, step, now).iterator(chunk_size=500):
                 yield review_escalate(pending=pending, step=step, escalation=escalation, now=now)
+
+
+def escalation_sweep(now: datetime | None = None) -> dict[str, int]:
+    """The task workers' round (``manage.py db_worker``): every due step, as ``sla_report``
+    takes them, counted by outcome (done, refused, already, not_pending, uncertain). No lock:
+    a worker and cron, or two workers, at once escalate each review and step once."""
+    counts: dict[str, int] = {}
+    for done in escalate_due(now):
+        counts[done.outcome] = counts.get(done.outcome, 0) + 1
+    return counts

@@ -213,3 +213,42 @@ def test_the_queue_and_the_history_show_each_escalation(escalating, make_user):
     assert history.count('<li class="df-ev-escalation">') == 2
     assert "at risk: <strong>notify a group</strong> (Escalations)" in history
     assert '<span class="df-kind">escalated</span>' in history  # the move itself
+
+
+# --- the task workers run it too -------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_task_workers_at_once_escalate_each_review_and_step_once(escalating):
+    """Two real ``manage.py db_worker --batch`` processes, started together, each take the due
+    steps once at start: one row per (review, step), one move, whoever got there first."""
+    import subprocess
+
+    from tests.workflow.conftest import child_env, manage_argv
+
+    late = begun(hours=5, case_id="W-LATE")
+    env = child_env(
+        DECISIONFLOW_REVIEW_SLA="4h",
+        DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY=json.dumps(escalating.DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY),
+    )
+    argv = manage_argv("db_worker", "--batch", "--no-startup-delay", "--no-reload", "-v0")
+    workers = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for worker in workers:
+        _out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err.decode()
+    steps = sorted(ReviewEscalation.objects.filter(operation_id=late.operation_id).values_list("step", "outcome"))
+    assert steps == [("at_risk", "done"), ("breached", "done")]
+    assert list(ReviewAssignment.objects.values_list("kind", "to_group")) == [("escalated", "Escalations")]
+    # Then cron finds nothing left to do.
+    code, lines = sla_report()
+    assert not [line for line in lines if line.startswith("escalated:")]
+
+
+def test_a_worker_without_escalations_configured_takes_none(settings):
+    from workflow.management.commands.db_worker import _sweeps
+
+    settings.DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY = {}
+    assert "escalation" not in [name for name, _interval, _sweep in _sweeps()]
+    settings.DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY = {"support-reply": {"breached": "expire"}}
+    settings.DECISIONFLOW_ESCALATION_SWEEP_INTERVAL = 7
+    assert ("escalation", 7.0) in [(name, interval) for name, interval, _sweep in _sweeps()]
