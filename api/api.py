@@ -53,7 +53,7 @@ from cases.idempotency import idempotent
 from core import errors
 from core.replicas import replica_reads
 from reviews.models import Channel
-from workflow.assignment import move_target, pending_for_move, review_assign, review_hand_over
+from workflow.assignment import review_move
 from workflow.decide import decision_record
 from workflow.edit import review_edit
 from workflow.intake import case_intake as intake_service
@@ -362,6 +362,21 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
     }
 
 
+def _moved(request, case_id: str, payload: AssignIn | HandOverIn) -> dict:
+    """Both moves: the one service, the answer every channel gives (``Moved.as_dict``)."""
+    case = selectors.case_get(case_id)
+    moved = review_move(
+        case=case,
+        operation_id=payload.operation_id,
+        by=request.auth,
+        to_user=payload.to_user,
+        to_group=payload.to_group if isinstance(payload, AssignIn) else None,
+        note=payload.note,
+        hand_over=isinstance(payload, HandOverIn),
+    )
+    return moved.as_dict(case.case_id)
+
+
 @api.post(
     "/cases/{case_id}/assignment",
     response={200: MoveOut, **_errors(400, 401, 403, 404, 409, 413, 500)},
@@ -375,11 +390,7 @@ def case_assign(request, payload: AssignIn, case_id: str = CaseId):
     could not decide it under the policy's groups is 400. The same move again (the review is
     already there) answers 200 with ``replay: true`` and writes nothing. See docs/QUEUE.md,
     "Assignment"."""
-    case = selectors.case_get(case_id)
-    pending = pending_for_move(case=case, operation_id=payload.operation_id)
-    to_user, to_group = move_target(to_user=payload.to_user, to_group=payload.to_group)
-    moved = review_assign(pending=pending, by=request.auth, to_user=to_user, to_group=to_group, note=payload.note)
-    return moved.as_dict(case.case_id)
+    return _moved(request, case_id, payload)
 
 
 @api.post(
@@ -393,11 +404,7 @@ def case_hand_over(request, payload: HandOverIn, case_id: str = CaseId):
     the review page's Hand over form. Only a reviewer who may decide it may hand it over (403
     otherwise). The same hand-over again answers 200 with ``replay: true`` and writes nothing.
     See docs/QUEUE.md, "Assignment"."""
-    case = selectors.case_get(case_id)
-    pending = pending_for_move(case=case, operation_id=payload.operation_id)
-    to_user, _group = move_target(to_user=payload.to_user, to_group=None)
-    moved = review_hand_over(pending=pending, by=request.auth, to_user=to_user, note=payload.note)
-    return moved.as_dict(case.case_id)
+    return _moved(request, case_id, payload)
 
 
 @api.post(

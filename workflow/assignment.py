@@ -9,9 +9,9 @@
   Whom it moved to is told (an ``assigned`` notification, in the move's transaction: once per
   move). A move to whom the review is already on is a replay: nothing is written, so a retry
   or two channels doing the same move at once make one move.
-- **The channels** (the review page, ``POST /api/cases/{id}/assignment`` and ``/hand-over``,
-  ``manage.py assign``) find the review and the target with ``pending_for_move`` and
-  ``move_target``, and call ``review_assign`` or ``review_hand_over``.
+- **The channels** call ``review_assign`` or ``review_hand_over``: the review page with the
+  review and the target it offered; ``POST /api/cases/{id}/assignment`` and ``/hand-over``
+  and ``manage.py assign`` through ``review_move``, which finds them by operation and names.
 - **Out of office**: a user away (``ReviewerAway``: until when, and a substitute) gets no new
   assignment; it goes to the substitute (followed while they are away too), and the move
   says for whom.
@@ -412,3 +412,20 @@ def move_target(*, to_user: str | None, to_group: str | None):
     if group is None:
         raise InvalidInput(f"no group named {text.shown(to_group or '')}; nothing was written", field="to_group")
     return None, group
+
+
+def review_move(
+    *, case: Case, operation_id: str, by, to_user: str | None, to_group: str | None, note: str, hand_over: bool
+) -> Moved:
+    """A move a channel names by operation, username and group name (the API, ``manage.py
+    assign``): the review of ``operation_id`` (``pending_for_move``), the target
+    (``move_target``), then ``review_hand_over`` or ``review_assign`` with their rules and
+    their transaction. A hand-over goes to a person only."""
+    pending = pending_for_move(case=case, operation_id=operation_id)
+    if hand_over:
+        if to_group:
+            raise InvalidInput("a hand-over goes to a person, not a group; nothing was written", field="to_group")
+        person, _group = move_target(to_user=to_user, to_group=None)
+        return review_hand_over(pending=pending, by=by, to_user=person, note=note)
+    person, group = move_target(to_user=to_user, to_group=to_group)
+    return review_assign(pending=pending, by=by, to_user=person, to_group=group, note=note)

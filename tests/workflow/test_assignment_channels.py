@@ -241,7 +241,7 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(people):
             "assign", pending.case.case_id, "--operation-id", pending.operation_id, "--user", "lead",
             "--hand-over", "--to-group", BILLING, "--note", "x", stdout=io.StringIO(), stderr=err,
         )  # fmt: skip
-    assert "a hand-over goes to a person" in err.getvalue()
+    assert "a hand-over goes to a person, not a group" in err.getvalue()
     assert not ReviewAssignment.objects.exists() and not Notification.objects.filter(kind="assigned").exists()
 
 

@@ -2,10 +2,9 @@ import json
 
 from cases.selectors import case_by_id
 from core.commandline import WorkflowCommand
-from core.errors import InvalidInput
 from core.identity import short
 from core.text import shown
-from workflow.assignment import NOTE_MAX, move_target, pending_for_move, review_assign, review_hand_over
+from workflow.assignment import NOTE_MAX, review_move
 
 
 class Command(WorkflowCommand):
@@ -45,15 +44,15 @@ class Command(WorkflowCommand):
     def handle(self, *args, case_id, operation_id, to_user, to_group, note, hand_over, user, **options):
         case = case_by_id(case_id)
         by = self.user(user, option="--user", role="lead or reviewer who moves it")
-        pending = pending_for_move(case=case, operation_id=operation_id)
-        if hand_over:
-            if to_group:
-                raise InvalidInput("a hand-over goes to a person (--to-user), not a group; nothing was written")
-            person, _group = move_target(to_user=to_user, to_group=None)
-            moved = review_hand_over(pending=pending, by=by, to_user=person, note=note)
-        else:
-            person, group = move_target(to_user=to_user, to_group=to_group)
-            moved = review_assign(pending=pending, by=by, to_user=person, to_group=group, note=note)
+        moved = review_move(
+            case=case,
+            operation_id=operation_id,
+            by=by,
+            to_user=to_user,
+            to_group=to_group,
+            note=note,
+            hand_over=hand_over,
+        )
         self.stdout.write(
             f"assign: {shown(case.case_id)} op={short(moved.row.operation_id)} kind={moved.row.kind} "
             f"to={shown(moved.to_label)} replay={moved.replay}"
