@@ -542,12 +542,16 @@ def prepare_rounds(clients: int, rounds_per_client: int, seed: int) -> list[list
     return plans
 
 
-def client_loop(index, ports, tokens, tally, deadline, seed, plan=None):
+def client_loop(index, ports, tokens, tally, deadline, seed, plan=None, client_class=None):
+    """One client thread's rounds until ``deadline``. ``client_class`` (default ``Client``)
+    is how a request is sent and its answer read: behind a load balancer, its own error page
+    is a lost answer, not the application's (reliability/balancer.py)."""
     from django.db import connections
 
+    make = client_class or Client
     rng = random.Random(seed + index)
-    here = Client(ports[index % len(ports)], tokens[index % len(tokens)], tally)
-    there = Client(ports[(index + 1) % len(ports)], tokens[(index + 1) % len(tokens)], tally)
+    here = make(ports[index % len(ports)], tokens[index % len(tokens)], tally)
+    there = make(ports[(index + 1) % len(ports)], tokens[(index + 1) % len(tokens)], tally)
     prepared = iter(plan or ())
     try:
         for _ in range(MAX_ROUNDS_PER_CLIENT):
