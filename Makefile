@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer screenshots bench reliability clean helpdesk
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer haproxy screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -86,6 +86,20 @@ pgbouncer:
 		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install pgbouncer"; \
 	fi
 
+# `make reliability` puts three hosts behind Debian's haproxy (reliability/balancer.py, its
+# config rendered from deploy/haproxy.cfg), started as a private child process (never the
+# system service). Without it that step fails and says so; tests/reliability/test_balancer.py
+# checks the rendered config with it when it is there.
+haproxy:
+	@if [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's haproxy for the load balancer step of make reliability..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null; \
+	else \
+		echo "NOTE: haproxy is missing and cannot be installed here (not root): the load balancer step of"; \
+		echo "      make reliability will fail. To add it: sudo apt-get install haproxy"; \
+	fi
+
 # Rerun the browser tests and keep their screenshots for the README and docs/ (docs/screenshots/).
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
@@ -150,8 +164,9 @@ bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
 # decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
-# in session mode; writes docs/RELIABILITY.md (~12-22 minutes on 2 cores).
-reliability: $(VENV)/.bench pgbouncer
+# in session mode, then 45 s of three hosts behind haproxy and PgBouncer with one host killed
+# (reliability/balancer.py); writes docs/RELIABILITY.md (~15-25 minutes on 2 cores).
+reliability: $(VENV)/.bench pgbouncer haproxy
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:

@@ -337,7 +337,10 @@ def main(argv=None) -> int:
     }
     problems: list[str] = []
     bouncer = PgBouncer(
-        server_url=database_url, mode="transaction", default_pool_size=args.pool_size, log_path=log_dir / "pgbouncer.log"
+        server_url=database_url,
+        mode="transaction",
+        default_pool_size=args.pool_size,
+        log_path=log_dir / "pgbouncer.log",
     ).start()
     restarted: load.Servers | None = None
     balancer: HAProxy | None = None
@@ -451,7 +454,9 @@ def main(argv=None) -> int:
         )
         if "summary" not in r
     }
-    read_back_disagree = {op: (state, reconciled.get(op)) for op, state in read_back.items() if state != reconciled.get(op)}
+    read_back_disagree = {
+        op: (state, reconciled.get(op)) for op, state in read_back.items() if state != reconciled.get(op)
+    }
     summary["lost_operations_read_back_disagreeing"] = len(read_back_disagree)
     if read_back_disagree:
         problems.append(f"GET /api/operations disagrees with reconcile for {len(read_back_disagree)} lost answer(s)")
@@ -460,7 +465,9 @@ def main(argv=None) -> int:
             f"{lost} answer(s) lost, but haproxy logged {len(aborted_by_victim)} request(s) aborted by the killed host"
         )
     if len(aborted_by_victim) > maxconn:
-        problems.append(f"{len(aborted_by_victim)} request(s) aborted by the killed host, more than its maxconn {maxconn}")
+        problems.append(
+            f"{len(aborted_by_victim)} request(s) aborted by the killed host, more than its maxconn {maxconn}"
+        )
     if failed_elsewhere:
         problems.append(f"{len(failed_elsewhere)} request(s) failed on a host that was not killed, or after the kill")
     if down_after is None:

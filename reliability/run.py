@@ -11,13 +11,16 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 4. the same load through a private PgBouncer (reliability/pooler.py, 4 server
    connections), once in transaction mode and once in session mode, each on its own
    database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
-5. this file writes docs/RELIABILITY.md from the figures the tests recorded
+5. reliability/balancer.py: three gunicorn hosts behind Debian's haproxy (health check on
+   /readyz), then PgBouncer, then PostgreSQL (decisionflow_balancer), 8 client threads for
+   45 s, one host SIGKILLed part-way and restarted;
+6. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-TEST_POSTGRES_URL.
+RELIABILITY_BALANCER_SECONDS (45), TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import pooler  # noqa: E402
+from reliability import balancer, pooler  # noqa: E402
 
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -48,6 +51,7 @@ LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
+BALANCER_SECONDS = os.environ.get("RELIABILITY_BALANCER_SECONDS", "45")
 
 POINTS = {
     "begin-after-proposal": (
@@ -227,6 +231,21 @@ def pooler_step(mode: str) -> dict:
     return run(step, argv, env, OUT / f"pooler-{mode}.log")
 
 
+def balancer_step() -> dict:
+    step = f"three hosts behind haproxy, then PgBouncer, one host killed, {BALANCER_SECONDS} s"
+    missing = [name for name, found in (("haproxy", balancer.binary()), ("pgbouncer", pooler.binary())) if not found]
+    if missing:
+        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
+        verdict = "FAILED" if required else "SKIPPED"
+        note = f"{verdict}: {' and '.join(missing)} not installed (`make haproxy pgbouncer`, as root)"
+        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+    env = dict(os.environ, DEBUG="1")
+    argv = [sys.executable, "reliability/balancer.py", "--create-database", "decisionflow_balancer"]
+    argv += ["--admin-url", PG, "--seconds", BALANCER_SECONDS, "--clients", LOAD_CLIENTS]
+    argv += ["--json", str(OUT / "balancer.json"), "--log-dir", str(OUT / "balancer-logs")]
+    return run(step, argv, env, OUT / "balancer.log")
+
+
 # --- the report ----------------------------------------------------------------------------
 
 
@@ -355,6 +374,81 @@ def pooler_report() -> list[str]:
                 f"{f['server_errors']} 5xx, {f['effects']} effects, {f['duplicates']} duplicates, "
                 f"{f['advisory_locks_left']} advisory locks left.",
             ]
+    return lines
+
+
+def balancer_report() -> list[str]:
+    """Three hosts behind haproxy and PgBouncer, one of them killed."""
+    lines = [
+        "",
+        "## Behind a load balancer: three hosts, haproxy, PgBouncer, one host killed",
+        "",
+        'The whole picture of docs/DEPLOY.md "Scale": the clients send every request to Debian\'s haproxy, '
+        "which picks one of three gunicorn hosts (`balance leastconn`, each host at most `maxconn` = its "
+        "workers x threads requests at once) and takes a host out of rotation when `GET /readyz` fails twice "
+        "(checked every second). The hosts connect through a private PgBouncer in transaction mode; the "
+        "driver and `reconcile` connect directly. haproxy's config is rendered from deploy/haproxy.cfg, the "
+        "documented example, with loopback ports. The scenarios are the load's (above). Part-way through, "
+        "once haproxy counts a request on it, the third host's gunicorn (master and workers) gets SIGKILL; "
+        "once the health check has marked it DOWN it is started again and must come back UP. Required: every "
+        "answer the clients lost is a request haproxy logged as aborted by the killed host, no more than it "
+        "serves at once (no answer lost beyond the requests in flight on it); a request that found it gone is "
+        "resent to another host (`retry-on conn-failure`, `option redispatch`); every lost decision is read "
+        "back with `GET /api/operations/<id>` through the balancer and agrees with `reconcile`; every other "
+        "answer agrees with `reconcile --all`; 0 duplicates; no other error; no advisory lock left. "
+        "Script: `reliability/balancer.py`.",
+        "",
+    ]
+    path = OUT / "balancer.json"
+    if not path.exists():
+        return lines + ["Not run (no PostgreSQL, haproxy or pgbouncer, or the step failed before writing its summary)."]
+    s = json.loads(path.read_text())
+    lines += md_table(
+        ["figure", "value"],
+        [
+            [
+                "seconds, clients, hosts (workers x threads, maxconn)",
+                f"{s['seconds']:.0f} s, {s['clients']}, {s['hosts']} ({s['workers_per_host']} x "
+                f"{s['threads_per_worker']}, {s['maxconn_per_host']}); PgBouncer pool {s['pool_size']}",
+            ],
+            [
+                "rounds (approve / decline / stale)",
+                " / ".join(str(s["scenarios"].get(k, 0)) for k in ("approve", "decline", "stale")),
+            ],
+            ["requests (per second)", f"{s['requests']} ({s['requests_per_second']})"],
+            ["latency p50 / p95", f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"],
+            ["requests by host (haproxy's log)", ", ".join(f"{k}: {v}" for k, v in s["requests_by_host"].items())],
+            ["answers by status", ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))],
+            [
+                f"{s['killed_host']} killed at / requests on it then (haproxy's count)",
+                f"{s['killed_at_seconds']} s / {s['in_flight_on_killed_host_when_killed']}",
+            ],
+            [
+                "taken out of rotation after / back after its restart",
+                f"{s['down_after_seconds']} s / {s['rejoined_after_restart_seconds']} s "
+                f"({s['served_by_killed_host_after_restart']} requests served after)",
+            ],
+            ["requests resent to another host by haproxy", s["redispatched"]],
+            [
+                "answers lost (of which dropped connections) / aborted by the killed host",
+                f"{s['answers_lost']} ({s['of_which_dropped_connections']}) / {s['aborted_by_killed_host']}",
+            ],
+            ["**answers lost beyond the requests in flight on the killed host**", f"**{s['lost_beyond_in_flight']}**"],
+            ["requests failed on the other hosts", f"**{s['failed_on_other_hosts']}**"],
+            [
+                "lost decisions read back / disagreeing with reconcile",
+                f"{s['lost_operations_read_back']} / **{s['lost_operations_read_back_disagreeing']}**",
+            ],
+            ["unexpected answers", s["unexpected_errors"]],
+            [
+                "operations told Committed / Declined; effects",
+                f"{s['operations_told_committed']} / {s['operations_told_declined']}; {s['effects']}",
+            ],
+            ["**duplicates**", f"**{s['duplicates']}**"],
+            ["operations where reconcile disagrees with the clients", f"**{s['disagreements']}**"],
+            ["result", "passed" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
+        ],
+    )
     return lines
 
 
@@ -543,6 +637,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             ]
 
     lines += pooler_report()
+    lines += balancer_report()
 
     # bad input
     lines += [
@@ -735,11 +830,12 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
+        ".venv/bin/python reliability/balancer.py --create-database decisionflow_balancer --seconds 45 --clients 8",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
-        "`TEST_POSTGRES_URL`. Raw figures, "
+        "`RELIABILITY_BALANCER_SECONDS` (45), `TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
     ]
@@ -756,6 +852,7 @@ def main() -> int:
         steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
         steps.append(load_step())
         steps += [pooler_step(mode) for mode in POOLER_MODES]
+        steps.append(balancer_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(
             {
