@@ -282,6 +282,12 @@ def main(argv=None) -> int:
         "--kill-at", type=float, default=0.3, help="When the host is killed, as a fraction of --seconds."
     )
     parser.add_argument("--rounds-per-client", type=int, help="Rounds prepared before the clock starts.")
+    parser.add_argument(
+        "--replica",
+        action="store_true",
+        help="Run on a private streaming pair (reliability/streaming.py): the database on its primary, behind"
+        " PgBouncer, and the hosts' DATABASE_REPLICA_URL its standby.",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="FILE", help="Also write the summary here.")
     parser.add_argument("--log-dir", default=str(ROOT / "var" / "balancer"), help="gunicorn, haproxy, PgBouncer logs.")
@@ -293,6 +299,31 @@ def main(argv=None) -> int:
     if binary() is None:
         print("balancer: haproxy is not installed: `make haproxy` (Debian's package, as root)", file=sys.stderr)
         return 1
+    with contextlib.ExitStack() as stack:
+        admin_url, pair = args.admin_url, None
+        if args.replica:
+            from reliability.streaming import streaming_pair
+
+            pair = stack.enter_context(streaming_pair())
+            admin_url = pair.primary_url()
+        return run(args, admin_url, pair)
+
+
+def replica_transactions(pair, database: str) -> int | None:
+    """Transactions the standby has served in ``database`` (its own statistics), or None."""
+    import psycopg
+
+    try:
+        with psycopg.connect(pair.replica_url(database), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s", [database]
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    return int(row[0]) if row else None
+
+
+def run(args, admin_url: str, pair) -> int:
     log_dir = Path(args.log_dir)
     rounds_per_client = args.rounds_per_client
     if rounds_per_client is None:
@@ -301,7 +332,7 @@ def main(argv=None) -> int:
         rounds_per_client = int(args.seconds * 2) + 10
 
     os.environ["SECRET_KEY"] = load.SHARED_SECRET
-    database_url = load.create_database(args.admin_url, args.create_database)
+    database_url = load.create_database(admin_url, args.create_database)
     migrated = load.manage(database_url, "migrate", "--noinput")
     if migrated.returncode != 0:
         print(migrated.stderr, file=sys.stderr)
@@ -322,6 +353,8 @@ def main(argv=None) -> int:
     victim = args.hosts - 1  # the last host: web<hosts> in haproxy's config
     victim_name = f"web{victim + 1}"
     database = database_url.rsplit("/", 1)[1]
+    # The replica is read directly: PgBouncer forwards every database to one server.
+    hosts_env = {"DATABASE_REPLICA_URL": pair.replica_url(database)} if pair else {}
     tally = BalancedTally()
     summary: dict = {
         "seconds": args.seconds,
@@ -334,6 +367,7 @@ def main(argv=None) -> int:
         "rounds_prepared": rounds_per_client * args.clients,
         "prepare_seconds": round(prepare_seconds, 1),
         "killed_host": victim_name,
+        "replica": bool(pair),
     }
     problems: list[str] = []
     bouncer = PgBouncer(
@@ -347,10 +381,11 @@ def main(argv=None) -> int:
     servers: load.Servers | None = None
     try:
         hosts_url = bouncer.url(database)
-        servers = load.Servers(hosts_url, ports, args.workers, args.threads, log_dir)
+        servers = load.Servers(hosts_url, ports, args.workers, args.threads, log_dir, extra_env=hosts_env)
         servers.wait_ready()
         balancer = HAProxy(backends=ports, maxconn=maxconn, log_path=log_dir / "haproxy.log").start()
         lb = [balancer.port]
+        replica_before = replica_transactions(pair, database) if pair else None
         started = time.monotonic()
         deadline = started + args.seconds
         clients = [
@@ -376,7 +411,9 @@ def main(argv=None) -> int:
         killed_at = time.monotonic() - started
         down_after = balancer.wait_status(victim_name, "DOWN", timeout=15)
         # Back in rotation once restarted and its /readyz answers again (rise 2).
-        restarted = load.Servers(hosts_url, [ports[victim]], args.workers, args.threads, log_dir / "restarted")
+        restarted = load.Servers(
+            hosts_url, [ports[victim]], args.workers, args.threads, log_dir / "restarted", extra_env=hosts_env
+        )
         restarted.wait_ready()
         restarting = time.monotonic()
         up_after = balancer.wait_status(victim_name, "UP", timeout=30)
@@ -387,6 +424,7 @@ def main(argv=None) -> int:
         elapsed = time.monotonic() - started
         stuck = sum(t.is_alive() for t in clients)
         final_stats = balancer.stats()
+        replica_after = replica_transactions(pair, database) if pair else None
         read_back = operations_read_back(balancer.port, tokens[0], tally)
     finally:
         for group in (restarted, servers):
@@ -443,6 +481,10 @@ def main(argv=None) -> int:
         unexpected_samples=tally.unexpected,
         stuck_clients=stuck,
         haproxy_servers={name: row.get("status") for name, row in final_stats.items()},
+        # Reads the hosts' router sent to the standby during the run (0 with no router).
+        replica_transactions=(
+            replica_after - replica_before if replica_before is not None and replica_after is not None else None
+        ),
     )
     failures = load.settle(database_url, tally, summary)
     reconciled = {

@@ -13,7 +13,9 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
    database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
 5. reliability/balancer.py: three gunicorn hosts behind Debian's haproxy (health check on
    /readyz), then PgBouncer, then PostgreSQL (decisionflow_balancer), 8 client threads for
-   45 s, one host SIGKILLed part-way and restarted;
+   45 s, one host SIGKILLed part-way and restarted; with PostgreSQL's server binaries, on a
+   private primary and its streaming standby (reliability/streaming.py), the standby the
+   hosts' DATABASE_REPLICA_URL;
 6. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
@@ -40,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import balancer, pooler  # noqa: E402
+from reliability import balancer, pooler, streaming  # noqa: E402
 
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -243,6 +245,9 @@ def balancer_step() -> dict:
     argv = [sys.executable, "reliability/balancer.py", "--create-database", "decisionflow_balancer"]
     argv += ["--admin-url", PG, "--seconds", BALANCER_SECONDS, "--clients", LOAD_CLIENTS]
     argv += ["--json", str(OUT / "balancer.json"), "--log-dir", str(OUT / "balancer-logs")]
+    if streaming.bin_dir() is not None:
+        argv.append("--replica")
+        step += ", on a private primary and its streaming replica"
     return run(step, argv, env, OUT / "balancer.log")
 
 
@@ -387,7 +392,10 @@ def balancer_report() -> list[str]:
         "which picks one of three gunicorn hosts (`balance leastconn`, each host at most `maxconn` = its "
         "workers x threads requests at once) and takes a host out of rotation when `GET /readyz` fails twice "
         "(checked every second). The hosts connect through a private PgBouncer in transaction mode; the "
-        "driver and `reconcile` connect directly. haproxy's config is rendered from deploy/haproxy.cfg, the "
+        "driver and `reconcile` connect directly. With PostgreSQL's server binaries installed the database "
+        "is on a private primary made by `initdb` with a standby made by `pg_basebackup -R` "
+        "(reliability/streaming.py), and the hosts get the standby as `DATABASE_REPLICA_URL` (directly: "
+        "PgBouncer forwards to one server). haproxy's config is rendered from deploy/haproxy.cfg, the "
         "documented example, with loopback ports. The scenarios are the load's (above). Part-way through, "
         "once haproxy counts a request on it, the third host's gunicorn (master and workers) gets SIGKILL; "
         "once the health check has marked it DOWN it is started again and must come back UP. Required: every "
@@ -417,6 +425,12 @@ def balancer_report() -> list[str]:
             ],
             ["requests (per second)", f"{s['requests']} ({s['requests_per_second']})"],
             ["latency p50 / p95", f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"],
+            [
+                "database; transactions the standby served during the run",
+                "private primary and standby; " + str(s["replica_transactions"])
+                if s.get("replica")
+                else "the shared server, no replica; -",
+            ],
             ["requests by host (haproxy's log)", ", ".join(f"{k}: {v}" for k, v in s["requests_by_host"].items())],
             ["answers by status", ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))],
             [
