@@ -92,7 +92,7 @@ def _replace_once(text: str, pattern: str, replacement: str) -> str:
 
 
 def render(*, port: int, backends: list[int], maxconn: int, stats_socket: Path, example: str | None = None) -> str:
-    """deploy/haproxy.cfg with this machine's addresses: haproxy on ``port``, one ``server``
+    """deploy/haproxy.cfg with this machine's addresses: haproxy on ``port`` (no TLS), one ``server``
     line per backend port, each serving ``maxconn`` requests at once, the stats socket at
     ``stats_socket``, the log on standard output. Every other setting is the example's."""
     text = EXAMPLE.read_text() if example is None else example
@@ -100,7 +100,8 @@ def render(*, port: int, backends: list[int], maxconn: int, stats_socket: Path, 
         raise ValueError("at least one backend port")
     text = _replace_once(text, r"^(\s*)log /dev/log (\S+)$", r"\1log stdout format raw \2")
     text = _replace_once(text, r"^(\s*stats socket )\S+", rf"\g<1>{stats_socket}")
-    text = _replace_once(text, r"^(\s*bind )\S+$", rf"\g<1>{HOST}:{port}")
+    # Loopback, plain HTTP: the hosts run with SECURE_SSL_REDIRECT=0 (reliability/load.py).
+    text = _replace_once(text, r"^(\s*bind ).*$", rf"\g<1>{HOST}:{port}")
     text = _replace_once(text, r"^(\s*default-server .*\bmaxconn )\d+$", rf"\g<1>{maxconn}")
     servers = list(re.finditer(r"^(\s*)server (\S+) (\S+)(.*)\n", text, flags=re.MULTILINE))
     if not servers:
