@@ -56,11 +56,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reliability import load  # noqa: E402
-from reliability.pooler import PgBouncer, _die_with_parent, advisory_locks  # noqa: E402
+from reliability.pooler import PgBouncer, _die_with_parent, advisory_locks, debian_binary, terminate  # noqa: E402
 
 HOST = load.HOST
 EXAMPLE = ROOT / "deploy" / "haproxy.cfg"
-CANDIDATES = ("/usr/sbin/haproxy", "/usr/bin/haproxy")
 # haproxy's own error pages: the answer of a request it could not get answered by a host.
 BALANCER_STATUSES = (502, 503, 504)
 # One line of haproxy's `option httplog`, the fields this run reads.
@@ -72,10 +71,7 @@ HTTPLOG = re.compile(
 
 def binary() -> str | None:
     """The haproxy executable, or None when it is not installed (`make haproxy`)."""
-    found = shutil.which("haproxy")
-    if found:
-        return found
-    return next((path for path in CANDIDATES if os.access(path, os.X_OK)), None)
+    return debian_binary("haproxy")
 
 
 # --- the config ----------------------------------------------------------------------------
@@ -194,14 +190,8 @@ class HAProxy:
         return None
 
     def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        terminate(self.proc)
+        self.proc = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
@@ -521,15 +511,7 @@ def run(args, admin_url: str, pair) -> int:
         problems.append(f"not every host is UP at the end: {summary['haproxy_servers']}")
     if stuck:
         problems.append(f"{stuck} client thread(s) did not finish")
-    failures += problems
-    summary["failures"] = failures
-    summary["ok"] = not failures
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    print(text)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    return 0 if not failures else 1
+    return load.finish(summary, failures + problems, args.json)
 
 
 if __name__ == "__main__":

@@ -903,14 +903,19 @@ def main(argv=None) -> int:
             f"{summary['server_errors']} answer(s) 5xx with no fault injected"
             f" ({summary['outcome_uncertain']} of them outcome_uncertain)"
         )
-    failures += pooler_problems
+    return finish(summary, failures + pooler_problems, args.json)
+
+
+def finish(summary: dict, failures: list[str], json_path: str | None) -> int:
+    """Print the summary with its failed checks (and write it to ``json_path``); the exit
+    status: 0 when every check held."""
     summary["failures"] = failures
     summary["ok"] = not failures
     text = json.dumps(summary, indent=2, sort_keys=True)
     print(text)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(text + "\n")
     return 0 if not failures else 1
 
 

@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -241,15 +240,7 @@ def main(argv=None) -> int:
     summary["machine_cpu_busy_percent"] = round(
         100 * summary["machine_busy_cpu_seconds"] / (summary["machine_cpu_seconds"] or 1), 1
     )
-    failures = load.settle(database_url, tally, summary)
-    summary["failures"] = failures
-    summary["ok"] = not failures
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    print(text)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    return 0 if not failures else 1
+    return load.finish(summary, load.settle(database_url, tally, summary), args.json)
 
 
 if __name__ == "__main__":
