@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reliability import load  # noqa: E402
-from reliability.pooler import PgBouncer, _die_with_parent, advisory_locks, debian_binary, terminate  # noqa: E402
+from reliability.pooler import PgBouncer, advisory_locks, debian_binary, spawn, terminate  # noqa: E402
 
 HOST = load.HOST
 EXAMPLE = ROOT / "deploy" / "haproxy.cfg"
@@ -140,14 +140,7 @@ class HAProxy:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w") as log:
             # -db: foreground, no daemon; the log goes to standard output (the rendered config).
-            self.proc = subprocess.Popen(
-                [executable, "-db", "-f", str(config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            self.proc = spawn([executable, "-db", "-f", str(config)], log)
         try:
             deadline = time.monotonic() + timeout
             while not self.all_up():

@@ -62,6 +62,20 @@ def binary() -> str | None:
     return debian_binary("pgbouncer")
 
 
+def spawn(argv: list[str], log, **kwargs) -> subprocess.Popen:
+    """Start a child server: its output to ``log``, no input, a session of its own, and
+    SIGTERM when this process dies (``_die_with_parent``)."""
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        **kwargs,
+    )
+
+
 def terminate(proc: subprocess.Popen | None) -> None:
     """SIGTERM a child server, then SIGKILL if it has not exited within 10 s."""
     if proc is not None and proc.poll() is None:
@@ -198,15 +212,7 @@ class PgBouncer:
         log_path = self.log_path or self.folder / "pgbouncer.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [executable, str(ini)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-                **as_user,
-            )
+            self.proc = spawn([executable, str(ini)], log, **as_user)
         try:
             self._wait_ready(timeout, log_path)
         except BaseException:
