@@ -20,6 +20,8 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
+``reliability/run.py --only balancer`` runs step 5 alone and rewrites only its section of
+docs/RELIABILITY.md.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
 RELIABILITY_BALANCER_SECONDS (45), TEST_POSTGRES_URL.
@@ -844,7 +846,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
-        ".venv/bin/python reliability/balancer.py --create-database decisionflow_balancer --seconds 45 --clients 8",
+        ".venv/bin/python reliability/run.py --only balancer   # the balancer step; rewrites its section here",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
@@ -856,7 +858,42 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
     return "\n".join(lines)
 
 
+def splice(section: list[str], before: str = "## Bad input") -> None:
+    """Put ``section`` (its first non-blank line is its heading) into docs/RELIABILITY.md in
+    place of the section of that heading, or ahead of ``before``; the rest of the file is
+    left as the last full run wrote it."""
+    lines = "\n".join(section).strip("\n").splitlines()
+    heading = lines[0]
+    text = DOC.read_text()
+    new = "\n".join(lines) + "\n\n"
+    if heading + "\n" in text:
+        start = text.index(heading + "\n")
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + new + (text[end + 1 :] if end != -1 else "")
+    else:
+        at = text.index(before + "\n")
+        text = text[:at] + new + text[at:]
+    DOC.write_text(text)
+
+
+def only_balancer() -> int:
+    """`reliability/run.py --only balancer`: the balancer step alone, and its section of
+    docs/RELIABILITY.md rewritten (the other sections keep the last full run's figures)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "balancer.json").unlink(missing_ok=True)
+    step = balancer_step()
+    if (OUT / "balancer.json").exists():
+        splice(balancer_report())
+        print(f"wrote its section of {DOC.relative_to(ROOT)}")
+    return 1 if step["exit"] != 0 else 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--only", "balancer"]:
+        return only_balancer()
+    if sys.argv[1:]:
+        print("usage: reliability/run.py [--only balancer]", file=sys.stderr)
+        return 2
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     shutil.rmtree(OUT, ignore_errors=True)

@@ -116,3 +116,21 @@ def test_a_backend_gone_costs_no_answer_the_other_gives_it(haproxy_installed, tm
     ] * 6
     # Each sent to web2 first found it gone and was resent to web1, where it is logged.
     assert any(r["redispatched"] for r in logged)
+
+
+def test_run_only_balancer_rewrites_its_own_section_and_no_other(tmp_path, monkeypatch):
+    from reliability import run
+
+    doc = tmp_path / "RELIABILITY.md"
+    doc.write_text("# Reliability\n\n## Load\n\nkept\n\n## Bad input\n\nkept too\n")
+    monkeypatch.setattr(run, "DOC", doc)
+    run.splice(["", "## Behind a load balancer", "", "first"])
+    assert (
+        doc.read_text()
+        == "# Reliability\n\n## Load\n\nkept\n\n## Behind a load balancer\n\nfirst\n\n## Bad input\n\nkept too\n"
+    )
+    run.splice(["", "## Behind a load balancer", "", "second", ""])
+    assert (
+        doc.read_text()
+        == "# Reliability\n\n## Load\n\nkept\n\n## Behind a load balancer\n\nsecond\n\n## Bad input\n\nkept too\n"
+    )
