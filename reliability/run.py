@@ -436,7 +436,7 @@ def balancer_report() -> list[str]:
             ["requests by host (haproxy's log)", ", ".join(f"{k}: {v}" for k, v in s["requests_by_host"].items())],
             ["answers by status", ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))],
             [
-                f"{s['killed_host']} killed at / requests on it then (haproxy's count)",
+                f"{s['killed_host']} killed at / requests haproxy counted on it just before",
                 f"{s['killed_at_seconds']} s / {s['in_flight_on_killed_host_when_killed']}",
             ],
             [
