@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -240,7 +241,13 @@ def main(argv=None) -> int:
     summary["machine_cpu_busy_percent"] = round(
         100 * summary["machine_busy_cpu_seconds"] / (summary["machine_cpu_seconds"] or 1), 1
     )
-    return load.finish(summary, load.settle(database_url, tally, summary), args.json)
+    status = load.finish(summary, load.settle(database_url, tally, summary), args.json)
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    if status == 0:
+        shutil.rmtree(log_dir, ignore_errors=True)  # kept when a check failed, to read
+    else:
+        print(f"scale: the hosts' logs are in {log_dir}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":
