@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer haproxy screenshots bench reliability clean helpdesk
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer postgresql-server haproxy screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -84,6 +84,20 @@ pgbouncer:
 	else \
 		echo "NOTE: pgbouncer is missing and cannot be installed here (not root): the pooler tests will be skipped"; \
 		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install pgbouncer"; \
+	fi
+
+# `make reliability`'s replica step (reliability/replica.py) makes a streaming pair of its own
+# with Debian's initdb, pg_ctl and pg_basebackup (/usr/lib/postgresql/*/bin), run as the
+# postgres user; it never copies the shared server. Without them that step is skipped, or
+# fails when DECISIONFLOW_REQUIRE_POSTGRES=1 (CI).
+postgresql-server:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's postgresql server binaries for the replica step..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	else \
+		echo "NOTE: PostgreSQL's server binaries (initdb) are missing and cannot be installed here (not root): the"; \
+		echo "      replica step of make reliability will be skipped. To add them: sudo apt-get install postgresql"; \
 	fi
 
 # `make reliability` puts three hosts behind Debian's haproxy (reliability/balancer.py, its
@@ -164,9 +178,10 @@ bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
 # decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
-# in session mode, then 45 s of three hosts behind haproxy and PgBouncer with one host killed
-# (reliability/balancer.py); writes docs/RELIABILITY.md (~15-25 minutes on 2 cores).
-reliability: $(VENV)/.bench pgbouncer haproxy
+# in session mode, then 30 s of it with a private streaming replica whose standby stops mid-run,
+# then 45 s of three hosts behind haproxy, PgBouncer and a streaming pair with one host killed
+# (reliability/balancer.py); writes docs/RELIABILITY.md (~18-28 minutes on 2 cores).
+reliability: $(VENV)/.bench pgbouncer postgresql-server haproxy
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:

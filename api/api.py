@@ -48,6 +48,7 @@ from api.schemas import (
 from cases.idempotency import HEADER as IDEMPOTENCY_HEADER
 from cases.idempotency import idempotent
 from core import errors
+from core.replicas import replica_reads
 from reviews.models import Channel
 from workflow.decide import decision_record
 from workflow.edit import review_edit
@@ -235,6 +236,7 @@ OperationIdPath = Path(
     tags=["cases"],
     operation_id="case_detail",
 )
+@replica_reads
 def case_detail(request, case_id: str = CaseId):
     """The case's current proposal, its pending review, and its reconcile state."""
     return selectors.case_data(selectors.case_get(case_id))

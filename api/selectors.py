@@ -16,6 +16,7 @@ from cases.models import Case, Policy, SourceVersionJob
 from cases.selectors import case_text_fields
 from core import text
 from core.errors import NotFound
+from core.replicas import read_connection
 from effects.models import Delivery, EffectRecord
 from effects.selectors import delivery_data
 from effects.services import operation_state
@@ -76,7 +77,8 @@ def case_get(case_id: str) -> Case:
     """The case with its policy version and its current proposal, and what ``case_data``
     shows of the proposal's parent (its operation) and author (the username): one statement."""
     sql, parts = _case_sql()
-    with connection.cursor() as cursor:
+    # Raw SQL, so the router's choice is taken here: the replica for the read-only case view.
+    with read_connection().cursor() as cursor:
         cursor.execute(sql, [case_id])
         row = cursor.fetchone()
     if row is None:
@@ -191,7 +193,7 @@ def _operation_read(operation_id: str) -> _Operation:
     panel, the pending review), they would be six queries that could straddle a commit.
     """
     sql, parts = _operation_sql()
-    with connection.cursor() as cursor:
+    with read_connection().cursor() as cursor:
         cursor.execute(sql, [operation_id])
         row = cursor.fetchone()
     decision, reviewer, effect, delivery, pending, begun_by = parts.instances(row)

@@ -35,7 +35,7 @@ from django.conf import settings
 
 from core.errors import REFUSALS as REFUSAL_CLASSES
 from core.errors import CaseBusy, DecisionflowError, LockBusy
-from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
+from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReadSource, ReceiptStatus, error_outcome
 from core.tracing import Attr, SpanName, span_begin
 
 events = logging.getLogger("decisionflow.events")
@@ -283,6 +283,18 @@ AUDIT_VERIFICATIONS = Counter(
 )
 
 
+REPLICA_READS = Counter(
+    "decisionflow_replica_reads",
+    f"Read-only pages by where they read ({', '.join(ReadSource.values)}; core/replicas.py).",
+    ["source"],
+)
+REPLICA_LAG = Gauge(
+    "decisionflow_replica_lag_seconds",
+    "The read replica's lag as this host last measured it (0: it has replayed all it received).",
+    multiprocess_mode="mostrecent",
+)
+
+
 def audit_observed(*, scope: str, result: str) -> None:
     """One verification of the audit chain, counted by what it checked and how it ended."""
     AUDIT_VERIFICATIONS.labels(scope=scope, verdict=result).inc()
@@ -309,6 +321,7 @@ def metrics_initialise(*, channels: Iterable[str]) -> None:
         "action": tuple(SlaAction),
         "scope": tuple(AuditScope),
         "verdict": tuple(AuditResult),
+        "source": tuple(ReadSource.values),
     }
     for metric in _ALL:
         if metric.kind == "Gauge":

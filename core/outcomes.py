@@ -87,3 +87,14 @@ class ReceiptStatus(models.TextChoices):
     COMMITTED = OperationState.COMMITTED.value, OperationState.COMMITTED.label
     DECLINED = OperationState.DECLINED.value, OperationState.DECLINED.label
     CONFLICTING = "ConflictingDecision", "ConflictingDecision"
+
+
+class ReadSource(models.TextChoices):
+    """Where a read-only page read its rows (core/replicas.py): the replica, or the primary
+    and why. The ``source`` label of ``decisionflow_replica_reads`` and the staff footer."""
+
+    REPLICA = "replica"
+    OWN_WRITE = "primary_own_write"  # this session wrote within the lag window
+    LAGGING = "primary_lagging"  # the replica is further behind than allowed
+    UNREACHABLE = "primary_unreachable"  # the replica did not answer
+    NOT_YET = "primary_not_yet_replicated"  # the replica did not have it (yet): read again

@@ -247,15 +247,39 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
         int(_prepare_threshold) if _prepare_threshold else None
     )
+# A streaming replica for the read-only pages (core/replicas.py; docs/DEPLOY.md, "Read
+# replicas"): the case, proposal and queue lists, the history pages, the history export and
+# the API's case view read it while it is at most DECISIONFLOW_REPLICA_MAX_LAG behind (a
+# duration); everything that answers "did it commit?" reads the primary. A replica that does
+# not answer within DATABASE_REPLICA_CONNECT_TIMEOUT seconds is left for the primary.
+DATABASE_REPLICA_URL = env.str("DATABASE_REPLICA_URL", default="")
+DECISIONFLOW_REPLICA_MAX_LAG = env.str("DECISIONFLOW_REPLICA_MAX_LAG", default="5s")
+if DATABASE_REPLICA_URL:
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL: a read replica needs DATABASE_URL on PostgreSQL")
+    DATABASES["replica"] = env.db_url_config(DATABASE_REPLICA_URL)
+    if DATABASES["replica"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_REPLICA_URL: name a PostgreSQL standby (postgres://...)")
+    DATABASES["replica"].update(
+        CONN_MAX_AGE=DATABASES["default"]["CONN_MAX_AGE"],
+        CONN_HEALTH_CHECKS=True,
+        # Read-only pages are plain reads: never the primary's prepared statements.
+        OPTIONS={"connect_timeout": env.int("DATABASE_REPLICA_CONNECT_TIMEOUT", default=2)},
+        TEST={"MIRROR": "default"},
+    )
+    DATABASE_ROUTERS = ["core.replicas.ReplicaRouter"]
+    MIDDLEWARE.insert(
+        MIDDLEWARE.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
+        "core.replicas.OwnWritesMiddleware",
+    )
 # The same backends, counting queries, errors and their durations for /metrics.
 _PROMETHEUS_BACKENDS = {
     "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",
     "django.db.backends.postgresql": "django_prometheus.db.backends.postgresql",
 }
 if DECISIONFLOW_METRICS:
-    DATABASES["default"]["ENGINE"] = _PROMETHEUS_BACKENDS.get(
-        DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
-    )
+    for _database in DATABASES.values():
+        _database["ENGINE"] = _PROMETHEUS_BACKENDS.get(_database["ENGINE"], _database["ENGINE"])
     # Django's default cache (local memory, per process), counted for /metrics.
     CACHES = {"default": {"BACKEND": "django_prometheus.cache.backends.locmem.LocMemCache"}}
 

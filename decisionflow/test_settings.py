@@ -55,3 +55,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
 # Nor is there a STATIC_ROOT to serve (WhiteNoise would warn about the missing folder).
 STATIC_ROOT = None
+
+# The read replica's alias as a mirror of the test database (no second copy), with its router
+# and middleware, off until a test sets DATABASE_REPLICA_URL (tests/decisionflow/test_replicas.py).
+if "replica" not in DATABASES:
+    DATABASES["replica"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+    DATABASE_ROUTERS = ["core.replicas.ReplicaRouter"]
+    MIDDLEWARE = [*MIDDLEWARE, "core.replicas.OwnWritesMiddleware"]  # noqa: F405

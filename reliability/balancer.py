@@ -504,7 +504,7 @@ def run(args, admin_url: str, pair) -> int:
         problems.append(f"not every host is UP at the end: {summary['haproxy_servers']}")
     if stuck:
         problems.append(f"{stuck} client thread(s) did not finish")
-    return load.finish(summary, failures + problems, args.json)
+    return load.summary_written(summary, failures + problems, args.json)
 
 
 if __name__ == "__main__":

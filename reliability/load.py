@@ -662,6 +662,18 @@ def pooler_probes(ports: list[int], tokens: list[str], tally: Tally, database_ur
 # --- checks --------------------------------------------------------------------------------
 
 
+def summary_written(summary: dict, failures: list[str], json_path: str | None) -> int:
+    """Print the summary (and write it to ``json_path``); the exit status: 0 when nothing failed."""
+    summary["failures"] = failures
+    summary["ok"] = not failures
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    print(text)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(text + "\n")
+    return 0 if not failures else 1
+
+
 def settle(database_url: str, tally: Tally, summary: dict) -> list[str]:
     """Reconcile, compare with what the clients were told; returns the failed checks."""
     from django.db.models import Count
@@ -903,20 +915,7 @@ def main(argv=None) -> int:
             f"{summary['server_errors']} answer(s) 5xx with no fault injected"
             f" ({summary['outcome_uncertain']} of them outcome_uncertain)"
         )
-    return finish(summary, failures + pooler_problems, args.json)
-
-
-def finish(summary: dict, failures: list[str], json_path: str | None) -> int:
-    """Print the summary with its failed checks (and write it to ``json_path``); the exit
-    status: 0 when every check held."""
-    summary["failures"] = failures
-    summary["ok"] = not failures
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    print(text)
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(text + "\n")
-    return 0 if not failures else 1
+    return summary_written(summary, failures + pooler_problems, args.json)
 
 
 if __name__ == "__main__":

@@ -11,20 +11,23 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 4. the same load through a private PgBouncer (reliability/pooler.py, 4 server
    connections), once in transaction mode and once in session mode, each on its own
    database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
-5. reliability/balancer.py: three gunicorn hosts behind Debian's haproxy (health check on
+5. reliability/replica.py: the same load (6 clients, 30 s) against a private streaming pair
+   (reliability/streaming.py: its own primary from initdb, its standby from pg_basebackup)
+   with DATABASE_REPLICA_URL on, the standby stopped mid-run;
+6. reliability/balancer.py: three gunicorn hosts behind Debian's haproxy (health check on
    /readyz), then PgBouncer, then PostgreSQL (decisionflow_balancer), 8 client threads for
    45 s, one host SIGKILLed part-way and restarted; with PostgreSQL's server binaries, on a
    private primary and its streaming standby (reliability/streaming.py), the standby the
    hosts' DATABASE_REPLICA_URL;
-6. this file writes docs/RELIABILITY.md from the figures the tests recorded
+7. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
-``reliability/run.py --only balancer`` runs step 5 alone and rewrites only its section of
+``reliability/run.py --only balancer`` runs step 6 alone and rewrites only its section of
 docs/RELIABILITY.md.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-RELIABILITY_BALANCER_SECONDS (45), TEST_POSTGRES_URL.
+RELIABILITY_REPLICA_SECONDS (30), RELIABILITY_BALANCER_SECONDS (45), TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
+REPLICA_SECONDS = os.environ.get("RELIABILITY_REPLICA_SECONDS", "30")
 BALANCER_SECONDS = os.environ.get("RELIABILITY_BALANCER_SECONDS", "45")
 
 POINTS = {
@@ -206,13 +210,17 @@ def load_step() -> dict:
     return run(f"load: two gunicorn hosts, one PostgreSQL, {LOAD_SECONDS} s", argv, env, OUT / "load.log")
 
 
+def not_installed(step: str, why: str) -> dict:
+    """A step whose Debian package is missing: skipped, or failed in CI (DECISIONFLOW_REQUIRE_POSTGRES=1)."""
+    required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
+    note = f"{'FAILED' if required else 'SKIPPED'}: {why}"
+    return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+
+
 def pooler_step(mode: str) -> dict:
     step = f"load through PgBouncer, {mode} mode, {POOLER_SECONDS} s"
     if pooler.binary() is None:
-        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
-        verdict = "FAILED" if required else "SKIPPED"
-        note = f"{verdict}: pgbouncer is not installed (`make pgbouncer`, as root)"
-        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+        return not_installed(step, "pgbouncer is not installed (`make pgbouncer`, as root)")
     env = dict(os.environ, DEBUG="1")
     argv = [
         sys.executable,
@@ -235,14 +243,29 @@ def pooler_step(mode: str) -> dict:
     return run(step, argv, env, OUT / f"pooler-{mode}.log")
 
 
+def replica_step() -> dict:
+    step = f"load with a streaming replica, the standby stopped mid-run, {REPLICA_SECONDS} s"
+    if streaming.bin_dir() is None:
+        return not_installed(step, "PostgreSQL's server binaries are missing (`make postgresql-server`, as root)")
+    argv = [
+        sys.executable,
+        "-m",
+        "reliability.replica",
+        "--seconds",
+        REPLICA_SECONDS,
+        "--json",
+        str(OUT / "replica.json"),
+        "--log-dir",
+        str(OUT / "replica-logs"),
+    ]
+    return run(step, argv, dict(os.environ, DEBUG="1"), OUT / "replica.log")
+
+
 def balancer_step() -> dict:
     step = f"three hosts behind haproxy, then PgBouncer, one host killed, {BALANCER_SECONDS} s"
     missing = [name for name, found in (("haproxy", balancer.binary()), ("pgbouncer", pooler.binary())) if not found]
     if missing:
-        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
-        verdict = "FAILED" if required else "SKIPPED"
-        note = f"{verdict}: {' and '.join(missing)} not installed (`make haproxy pgbouncer`, as root)"
-        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+        return not_installed(step, f"{' and '.join(missing)} not installed (`make haproxy pgbouncer`, as root)")
     env = dict(os.environ, DEBUG="1")
     argv = [sys.executable, "reliability/balancer.py", "--create-database", "decisionflow_balancer"]
     argv += ["--admin-url", PG, "--seconds", BALANCER_SECONDS, "--clients", LOAD_CLIENTS]
@@ -381,6 +404,55 @@ def pooler_report() -> list[str]:
                 f"{f['server_errors']} 5xx, {f['effects']} effects, {f['duplicates']} duplicates, "
                 f"{f['advisory_locks_left']} advisory locks left.",
             ]
+    return lines
+
+
+def replica_report() -> list[str]:
+    """The load with a real streaming replica, and the standby stopped mid-run."""
+    lines = [
+        "",
+        "## Load with a read replica, the standby stopped mid-run",
+        "",
+        "The two-host load against a streaming pair of its own (reliability/streaming.py: a primary made "
+        "with `initdb` on a free port, `wal_level replica`, and its standby made with `pg_basebackup -R`, "
+        "both run as the `postgres` user and removed afterwards; the shared server is never copied), with "
+        "`DATABASE_REPLICA_URL` naming the standby: every scenario's first read, `GET /api/cases/{id}`, "
+        "reads the replica while it is within `DECISIONFLOW_REPLICA_MAX_LAG` (5 s). Once the clients "
+        "decide, the standby is stopped (fast shutdown) at the middle of the timed window; from then on "
+        "the hosts read the primary. Decisions, `GET /api/operations/...` and reconcile read the primary "
+        "throughout. Stale answers: decision answers that disagree with what reconcile reads from the "
+        "effect store. The lag is sampled every half second with the router's own query "
+        "(core/replicas.py `LAG_SQL`). Script: `python -m reliability.replica`.",
+        "",
+    ]
+    path = OUT / "replica.json"
+    if not path.exists():
+        return lines + ["Not run (see Steps)."]
+    s = json.loads(path.read_text())
+    reads = s.get("standby_reads_before_stop") or {}
+    lines += md_table(
+        ["measure", "value"],
+        [
+            ["clients, timed seconds", f"{s['clients']}, {s['seconds']:.0f}"],
+            ["requests (per second)", f"{s['requests']} ({s['requests_per_second']})"],
+            ["answers by status", ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))],
+            ["errors (5xx, unexpected, lost in transport)", s["errors"]],
+            ["stale answers on the primary-only paths", s["stale_answers"]],
+            ["duplicates", s["duplicates"]],
+            ["operations told Committed / effects", f"{s['operations_told_committed']} / {s['effects']}"],
+            [
+                "reads served by the standby before it stopped",
+                f"{reads.get('transactions', 0)} transactions, {reads.get('rows_returned', 0)} rows",
+            ],
+            ["standby stopped after (s from the load's start)", s["standby_stopped_after_seconds"]],
+            [
+                "lag while it ran: median / max (s, samples)",
+                f"{s['lag_p50_seconds']} / {s['lag_max_seconds']} ({s['lag_samples']})",
+            ],
+            ["pair ready in / whole step (s)", f"{s['pair_ready_seconds']} / {s['total_seconds']}"],
+            ["verdict", "ok" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
+        ],
+    )
     return lines
 
 
@@ -653,6 +725,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             ]
 
     lines += pooler_report()
+    lines += replica_report()
     lines += balancer_report()
 
     # bad input
@@ -846,12 +919,14 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
+        ".venv/bin/python -m reliability.replica --seconds 30   # its own streaming pair; the standby stopped mid-run",
         ".venv/bin/python reliability/run.py --only balancer   # the balancer step; rewrites its section here",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
-        "`RELIABILITY_BALANCER_SECONDS` (45), `TEST_POSTGRES_URL`. Raw figures, "
+        "`RELIABILITY_REPLICA_SECONDS` (30), `RELIABILITY_BALANCER_SECONDS` (45), "
+        "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
     ]
@@ -883,7 +958,13 @@ def only_balancer() -> int:
     (OUT / "balancer.json").unlink(missing_ok=True)
     step = balancer_step()
     if (OUT / "balancer.json").exists():
-        splice(balancer_report())
+        when = dt.datetime.now(dt.UTC)
+        note = (
+            f"This section's figures are from the step run alone (`reliability/run.py --only balancer`) on "
+            f"{when:%Y-%m-%d %H:%M} UTC, commit `{git('rev-parse', '--short', 'HEAD')}`, load average "
+            f"{os.getloadavg()[0]:.0f}; the rest of this file is from the last full run."
+        )
+        splice([*balancer_report(), "", note])
         print(f"wrote its section of {DOC.relative_to(ROOT)}")
     return 1 if step["exit"] != 0 else 0
 
@@ -903,6 +984,7 @@ def main() -> int:
         steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
         steps.append(load_step())
         steps += [pooler_step(mode) for mode in POOLER_MODES]
+        steps.append(replica_step())
         steps.append(balancer_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(

@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     summary["machine_cpu_busy_percent"] = round(
         100 * summary["machine_busy_cpu_seconds"] / (summary["machine_cpu_seconds"] or 1), 1
     )
-    status = load.finish(summary, load.settle(database_url, tally, summary), args.json)
+    status = load.summary_written(summary, load.settle(database_url, tally, summary), args.json)
     shutil.rmtree(metrics_dir, ignore_errors=True)
     if status == 0:
         shutil.rmtree(log_dir, ignore_errors=True)  # kept when a check failed, to read

@@ -1,6 +1,7 @@
 """A private PostgreSQL streaming pair (primary and hot standby), for the replica proofs.
 
-``streaming_pair(workdir)`` makes a small primary with Debian's ``initdb`` in a temporary
+``streaming_pair(workdir)`` (a folder the ``postgres`` user can reach; the system's temporary
+folder by default) makes a small primary with Debian's ``initdb`` in a temporary
 folder under ``workdir``, starts it with ``pg_ctl`` on a free loopback port (``wal_level
 replica``, trust authentication on 127.0.0.1 only), makes its standby from it with
 ``pg_basebackup -R`` (which writes ``standby.signal`` and ``primary_conninfo``), starts that on
@@ -9,6 +10,10 @@ stopped (fast shutdown, then immediate) and their folders removed.
 
 It never touches the shared server on 5432, which holds other databases: the pair is a
 cluster of its own, made from nothing, and copies only from its own primary.
+
+``pg_ctl`` starts each server detached, so a harness killed outright (SIGKILL) leaves its
+pair running: stop it with ``runuser -u postgres -- pg_ctl -D /tmp/decisionflow-streaming-*/standby
+stop`` (then ``primary``) and remove the folder.
 
 The PostgreSQL binaries refuse to run as root: as root, every one of them is run as the
 ``postgres`` OS user (``runuser``), and the folder is given to that user.

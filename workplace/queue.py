@@ -20,12 +20,14 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.decorators import method_decorator
 from django.utils.html import format_html, format_html_join
 
 from cases.models import ASSIGNEE_ONLY, REVIEWER_GROUPS, Policy, reviewer_groups
 from cases.selectors import case_text_fields
 from core import text as text_policy
 from core.errors import ClaimHeld, DecisionflowError, InvalidInput
+from core.replicas import replica_reads
 from reviews.models import EscalationStep, Origin, PendingReview, ReviewAssignment, ReviewEscalation
 from reviews.selectors import proposal_text_fields
 from workflow import assignment, queue
@@ -205,6 +207,7 @@ class ReviewQueueAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     def get_model_perms(self, request):
         return {"view": self.has_view_permission(request)}
 
+    @method_decorator(replica_reads)
     def changelist_view(self, request, extra_context=None):
         self._now = timezone.now()  # one clock for every row of the page
         context = {

@@ -23,6 +23,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.decorators import method_decorator
 from django.utils.html import format_html, format_html_join
 
 from audit.verify import case_chain
@@ -42,6 +43,7 @@ from core.errors import (
     StaleProposal,
 )
 from core.outcomes import DecisionOutcome, OperationState
+from core.replicas import replica_reads
 from effects.models import EffectRecord
 from effects.selectors import case_delivery_panels, delivery_for, delivery_panel
 from effects.services import operation_reconcile
@@ -263,6 +265,10 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer(*PROPOSAL_BIG_FIELDS)
+
+    @method_decorator(replica_reads)
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, extra_context)
 
     @admin.display(description="operation", ordering="operation_id")
     def operation(self, obj):
@@ -670,7 +676,7 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             path("<int:object_id>/history/", wrap(self.history_view), name="cases_case_history"),
             path(
                 "<int:object_id>/history/export/",
-                wrap(partial(history_export_view, self)),
+                wrap(replica_reads(partial(history_export_view, self))),
                 name="cases_case_history_export",
             ),
         ] + super().get_urls()
@@ -730,6 +736,7 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
         )
         return HttpResponseRedirect(reverse("admin:cases_case_review", args=[pk]))
 
+    @method_decorator(replica_reads)
     def history_view(self, request, object_id, extra_context=None):
         """The timeline support leads read; view permission is enough, nothing here writes."""
         if not self.has_view_permission(request):
@@ -771,6 +778,7 @@ class CaseAdmin(LargeListAdminMixin, ViewOnlyAdmin):
     def has_review_permission(self, request):
         return can_review(request.user)
 
+    @method_decorator(replica_reads)
     def changelist_view(self, request, extra_context=None):
         # Without the permission the actions are not offered; a forged POST naming one is
         # refused outright instead of falling back to "no action selected".
