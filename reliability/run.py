@@ -407,6 +407,12 @@ def pooler_report() -> list[str]:
     return lines
 
 
+def step_summary(name: str) -> dict | None:
+    """The JSON summary a step wrote to var/reliability/NAME.json, or None when it wrote none."""
+    path = OUT / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def replica_report() -> list[str]:
     """The load with a real streaming replica, and the standby stopped mid-run."""
     lines = [
@@ -425,10 +431,9 @@ def replica_report() -> list[str]:
         "(core/replicas.py `LAG_SQL`). Script: `python -m reliability.replica`.",
         "",
     ]
-    path = OUT / "replica.json"
-    if not path.exists():
+    s = step_summary("replica")
+    if s is None:
         return lines + ["Not run (see Steps)."]
-    s = json.loads(path.read_text())
     reads = s.get("standby_reads_before_stop") or {}
     lines += md_table(
         ["measure", "value"],
@@ -481,10 +486,9 @@ def balancer_report() -> list[str]:
         "Script: `reliability/balancer.py`.",
         "",
     ]
-    path = OUT / "balancer.json"
-    if not path.exists():
+    s = step_summary("balancer")
+    if s is None:
         return lines + ["Not run (no PostgreSQL, haproxy or pgbouncer, or the step failed before writing its summary)."]
-    s = json.loads(path.read_text())
     lines += md_table(
         ["figure", "value"],
         [
