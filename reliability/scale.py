@@ -22,6 +22,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -57,6 +58,8 @@ def read_metrics(folder: str) -> dict:
                 "decisionflow_busy_refusals_total",
             ):
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                if sample.name == "django_db_execute_total" and sample.labels.get("alias") == "replica":
+                    totals["replica_execute_total"] = totals.get("replica_execute_total", 0.0) + sample.value
     return totals
 
 
@@ -107,14 +110,32 @@ def main(argv=None) -> int:
         help="Rounds whose cases are imported before the clock starts (default: about 700 in all, at least 10"
         " per client), so that the client threads hold no database connection of their own.",
     )
+    parser.add_argument(
+        "--replica",
+        action="store_true",
+        help="Run on a private streaming pair (reliability/streaming.py): the database on its primary and the"
+        " hosts' DATABASE_REPLICA_URL its standby, so that the router's reads go there.",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 400 or not 1 <= args.hosts <= 8 or not 0 < args.seconds <= 300:
         parser.error("--clients 1..400, --hosts 1..8, --seconds 0..300")
+    with contextlib.ExitStack() as stack:
+        admin_url, replica = args.admin_url, None
+        if args.replica:
+            from reliability.streaming import streaming_pair
 
+            pair = stack.enter_context(streaming_pair())
+            admin_url, replica = pair.primary_url(), pair
+        return measure(args, admin_url, replica)
+
+
+def measure(args, admin_url: str, pair) -> int:
+    """One measured run on the server of ``admin_url``, the hosts reading ``pair``'s standby
+    when there is one."""
     os.environ["SECRET_KEY"] = load.SHARED_SECRET
-    database_url = load.create_database(args.admin_url, args.create_database)
+    database_url = load.create_database(admin_url, args.create_database)
     migrated = load.manage(database_url, "migrate", "--noinput")
     if migrated.returncode != 0:
         print(migrated.stderr, file=sys.stderr)
@@ -135,6 +156,8 @@ def main(argv=None) -> int:
         if port not in ports:
             ports.append(port)
     hosts_url, hosts_env = database_url, {"PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+    if pair is not None:
+        hosts_env["DATABASE_REPLICA_URL"] = pair.replica_url(database_url.rsplit("/", 1)[1])
     log_dir = Path(tempfile.mkdtemp(prefix="decisionflow-scale-logs-"))
     bouncer = None
     if args.pooler:
@@ -162,6 +185,7 @@ def main(argv=None) -> int:
         "threads_per_worker": args.threads,
         "cpus": os.cpu_count(),
         "pooler": {"mode": args.pooler, "default_pool_size": args.pool_size} if bouncer else None,
+        "replica": pair is not None,
     }
     try:
         servers.wait_ready()
@@ -215,6 +239,9 @@ def main(argv=None) -> int:
         statuses=dict(tally.statuses),
         server_requests=int(delta.get("django_http_requests_total_by_method_total", 0)),
         sql_statements=int(delta.get("django_db_execute_total", 0)),
+        # What the database router sent to the standby (with --replica), of the statements above.
+        replica_statements=int(delta.get("replica_execute_total", 0)),
+        replica_statement_share=round(delta.get("replica_execute_total", 0) / statements, 3),
         statements_per_request=round(statements / requests, 2),
         new_db_connections=int(delta.get("django_db_new_connections_total", 0)),
         sql_ms_per_statement=round(delta.get("django_db_query_duration_seconds_sum", 0) * 1000 / statements, 3),
