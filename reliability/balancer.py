@@ -55,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import load  # noqa: E402
+from reliability import load, streaming  # noqa: E402
 from reliability.pooler import PgBouncer, advisory_locks, debian_binary, spawn, terminate  # noqa: E402
 
 HOST = load.HOST
@@ -266,12 +266,7 @@ def main(argv=None) -> int:
         "--kill-at", type=float, default=0.3, help="When the host is killed, as a fraction of --seconds."
     )
     parser.add_argument("--rounds-per-client", type=int, help="Rounds prepared before the clock starts.")
-    parser.add_argument(
-        "--replica",
-        action="store_true",
-        help="Run on a private streaming pair (reliability/streaming.py): the database on its primary, behind"
-        " PgBouncer, and the hosts' DATABASE_REPLICA_URL its standby.",
-    )
+    streaming.add_replica_option(parser)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="FILE", help="Also write the summary here.")
     parser.add_argument("--log-dir", default=str(ROOT / "var" / "balancer"), help="gunicorn, haproxy, PgBouncer logs.")
@@ -283,13 +278,7 @@ def main(argv=None) -> int:
     if binary() is None:
         print("balancer: haproxy is not installed: `make haproxy` (Debian's package, as root)", file=sys.stderr)
         return 1
-    with contextlib.ExitStack() as stack:
-        admin_url, pair = args.admin_url, None
-        if args.replica:
-            from reliability.streaming import streaming_pair
-
-            pair = stack.enter_context(streaming_pair())
-            admin_url = pair.primary_url()
+    with streaming.server_for(args.admin_url, args.replica) as (admin_url, pair):
         return run(args, admin_url, pair)
 
 
@@ -316,11 +305,7 @@ def run(args, admin_url: str, pair) -> int:
         rounds_per_client = int(args.seconds * 2) + 10
 
     os.environ["SECRET_KEY"] = load.SHARED_SECRET
-    database_url = load.create_database(admin_url, args.create_database)
-    migrated = load.manage(database_url, "migrate", "--noinput")
-    if migrated.returncode != 0:
-        print(migrated.stderr, file=sys.stderr)
-        return 1
+    database_url = load.database_created(admin_url, args.create_database)
     load.django_setup(database_url)
     tokens = load.make_reviewers(4)
     load.import_case("LOAD-WARMUP")

@@ -130,6 +130,16 @@ def create_database(admin_url: str, name: str) -> str:
     return f"{base}/{name}"
 
 
+def database_created(admin_url: str, name: str) -> str:
+    """Drop, create and migrate ``name`` on the server of ``admin_url``; its DATABASE_URL.
+    A failed migrate ends the harness with migrate's own error output."""
+    database_url = create_database(admin_url, name)
+    migrated = manage(database_url, "migrate", "--noinput")
+    if migrated.returncode != 0:
+        raise SystemExit(f"migrate failed on {name}:\n{migrated.stderr}")
+    return database_url
+
+
 def manage(database_url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1")
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)

@@ -22,7 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-from reliability import load  # noqa: E402
+from reliability import load, streaming  # noqa: E402
 from reliability.pooler import PgBouncer  # noqa: E402
 
 
@@ -110,36 +109,21 @@ def main(argv=None) -> int:
         help="Rounds whose cases are imported before the clock starts (default: about 700 in all, at least 10"
         " per client), so that the client threads hold no database connection of their own.",
     )
-    parser.add_argument(
-        "--replica",
-        action="store_true",
-        help="Run on a private streaming pair (reliability/streaming.py): the database on its primary and the"
-        " hosts' DATABASE_REPLICA_URL its standby, so that the router's reads go there.",
-    )
+    streaming.add_replica_option(parser)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     if not 1 <= args.clients <= 400 or not 1 <= args.hosts <= 8 or not 0 < args.seconds <= 300:
         parser.error("--clients 1..400, --hosts 1..8, --seconds 0..300")
-    with contextlib.ExitStack() as stack:
-        admin_url, replica = args.admin_url, None
-        if args.replica:
-            from reliability.streaming import streaming_pair
-
-            pair = stack.enter_context(streaming_pair())
-            admin_url, replica = pair.primary_url(), pair
-        return measure(args, admin_url, replica)
+    with streaming.server_for(args.admin_url, args.replica) as (admin_url, pair):
+        return measure(args, admin_url, pair)
 
 
 def measure(args, admin_url: str, pair) -> int:
     """One measured run on the server of ``admin_url``, the hosts reading ``pair``'s standby
     when there is one."""
     os.environ["SECRET_KEY"] = load.SHARED_SECRET
-    database_url = load.create_database(admin_url, args.create_database)
-    migrated = load.manage(database_url, "migrate", "--noinput")
-    if migrated.returncode != 0:
-        print(migrated.stderr, file=sys.stderr)
-        return 1
+    database_url = load.database_created(admin_url, args.create_database)
     metrics_dir = tempfile.mkdtemp(prefix="decisionflow-scale-metrics-")
     load.django_setup(database_url)
     tokens = load.make_reviewers(4)
