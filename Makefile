@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer postgresql-server screenshots bench reliability clean helpdesk
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer postgresql-server haproxy screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -100,6 +100,20 @@ postgresql-server:
 		echo "      replica step of make reliability will be skipped. To add them: sudo apt-get install postgresql"; \
 	fi
 
+# `make reliability` puts three hosts behind Debian's haproxy (reliability/balancer.py, its
+# config rendered from deploy/haproxy.cfg), started as a private child process (never the
+# system service). Without it that step is skipped (failed with DECISIONFLOW_REQUIRE_POSTGRES=1),
+# and so are the haproxy tests of tests/reliability/test_balancer.py (a few seconds).
+haproxy:
+	@if [ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's haproxy for the load balancer step of make reliability..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null; \
+	else \
+		echo "NOTE: haproxy is missing and cannot be installed here (not root): the load balancer step of"; \
+		echo "      make reliability will fail. To add it: sudo apt-get install haproxy"; \
+	fi
+
 # Rerun the browser tests and keep their screenshots for the README and docs/ (docs/screenshots/).
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
@@ -122,14 +136,14 @@ helpdesk: | $(PY)
 # status fails when either fails (tests/run_both.sh). Together they take about as long as the
 # slower one alone (figures in CONTRIBUTING.md). `make test-sqlite` or `make test-postgres`
 # runs one, streaming its output.
-test: $(VENV)/.test browser graphviz pgbouncer
+test: $(VENV)/.test browser graphviz pgbouncer haproxy
 	@MAKE="$(MAKE)" tests/run_both.sh
 
 test-sqlite: $(VENV)/.test
 	@echo "== pytest on SQLite =="
 	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-postgres: $(VENV)/.test pgbouncer
+test-postgres: $(VENV)/.test pgbouncer haproxy
 	@if $(PY) -c "import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()" "$(TEST_POSTGRES_URL)" 2>/dev/null; then \
 		echo "== pytest on PostgreSQL ($(TEST_POSTGRES_URL)) =="; \
 		DATABASE_URL="$(TEST_POSTGRES_URL)" $(VENV)/bin/pytest $(PYTEST_ARGS); \
@@ -164,9 +178,10 @@ bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 # The reliability battery (crashes at every step, two-host load, bad input, security), long
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
 # decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
-# in session mode, then 30 s of it with a private streaming replica whose standby stops mid-run;
-# writes docs/RELIABILITY.md (~15-25 minutes on 2 cores).
-reliability: $(VENV)/.bench pgbouncer postgresql-server
+# in session mode, then 30 s of it with a private streaming replica whose standby stops mid-run,
+# then 45 s of three hosts behind haproxy, PgBouncer and a streaming pair with one host killed
+# (reliability/balancer.py); writes docs/RELIABILITY.md (~18-28 minutes on 2 cores).
+reliability: $(VENV)/.bench pgbouncer postgresql-server haproxy
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:

@@ -130,6 +130,16 @@ def create_database(admin_url: str, name: str) -> str:
     return f"{base}/{name}"
 
 
+def database_created(admin_url: str, name: str) -> str:
+    """Drop, create and migrate ``name`` on the server of ``admin_url``; its DATABASE_URL.
+    A failed migrate ends the harness with migrate's own error output."""
+    database_url = create_database(admin_url, name)
+    migrated = manage(database_url, "migrate", "--noinput")
+    if migrated.returncode != 0:
+        raise SystemExit(f"migrate failed on {name}:\n{migrated.stderr}")
+    return database_url
+
+
 def manage(database_url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, DATABASE_URL=database_url, DEBUG="1")
     env.pop("DECISIONFLOW_FAULT_INJECTION", None)
@@ -542,12 +552,16 @@ def prepare_rounds(clients: int, rounds_per_client: int, seed: int) -> list[list
     return plans
 
 
-def client_loop(index, ports, tokens, tally, deadline, seed, plan=None):
+def client_loop(index, ports, tokens, tally, deadline, seed, plan=None, client_class=None):
+    """One client thread's rounds until ``deadline``. ``client_class`` (default ``Client``)
+    is how a request is sent and its answer read: behind a load balancer, its own error page
+    is a lost answer, not the application's (reliability/balancer.py)."""
     from django.db import connections
 
+    make = client_class or Client
     rng = random.Random(seed + index)
-    here = Client(ports[index % len(ports)], tokens[index % len(tokens)], tally)
-    there = Client(ports[(index + 1) % len(ports)], tokens[(index + 1) % len(tokens)], tally)
+    here = make(ports[index % len(ports)], tokens[index % len(tokens)], tally)
+    there = make(ports[(index + 1) % len(ports)], tokens[(index + 1) % len(tokens)], tally)
     prepared = iter(plan or ())
     try:
         for _ in range(MAX_ROUNDS_PER_CLIENT):
@@ -911,15 +925,7 @@ def main(argv=None) -> int:
             f"{summary['server_errors']} answer(s) 5xx with no fault injected"
             f" ({summary['outcome_uncertain']} of them outcome_uncertain)"
         )
-    failures += pooler_problems
-    summary["failures"] = failures
-    summary["ok"] = not failures
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    print(text)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    return 0 if not failures else 1
+    return summary_written(summary, failures + pooler_problems, args.json)
 
 
 if __name__ == "__main__":

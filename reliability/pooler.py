@@ -43,19 +43,48 @@ from urllib.parse import urlsplit
 
 HOST = "127.0.0.1"
 MODES = ("session", "transaction", "statement")
-# Debian puts it in /usr/sbin, which is not on every user's PATH.
-CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 # The user PgBouncer drops to when started as root: the server's own, or nobody.
 RUN_AS = ("postgres", "nobody")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def binary() -> str | None:
-    """The pgbouncer executable, or None when it is not installed (`make pgbouncer`)."""
-    found = shutil.which("pgbouncer")
+def debian_binary(name: str) -> str | None:
+    """``name`` on PATH, or in /usr/sbin or /usr/bin, where Debian's packages put it; None
+    when it is not installed."""
+    found = shutil.which(name)
     if found:
         return found
-    return next((path for path in CANDIDATES if os.access(path, os.X_OK)), None)
+    return next((path for path in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.access(path, os.X_OK)), None)
+
+
+def binary() -> str | None:
+    """The pgbouncer executable, or None when it is not installed (`make pgbouncer`)."""
+    return debian_binary("pgbouncer")
+
+
+def spawn(argv: list[str], log, **kwargs) -> subprocess.Popen:
+    """Start a child server: its output to ``log``, no input, a session of its own, and
+    SIGTERM when this process dies (``_die_with_parent``)."""
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+        **kwargs,
+    )
+
+
+def terminate(proc: subprocess.Popen | None) -> None:
+    """SIGTERM a child server, then SIGKILL if it has not exited within 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 def _system_user() -> str:
@@ -183,15 +212,7 @@ class PgBouncer:
         log_path = self.log_path or self.folder / "pgbouncer.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [executable, str(ini)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-                **as_user,
-            )
+            self.proc = spawn([executable, str(ini)], log, **as_user)
         try:
             self._wait_ready(timeout, log_path)
         except BaseException:
@@ -222,13 +243,7 @@ class PgBouncer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        terminate(proc)
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None

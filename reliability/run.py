@@ -14,13 +14,20 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 5. reliability/replica.py: the same load (6 clients, 30 s) against a private streaming pair
    (reliability/streaming.py: its own primary from initdb, its standby from pg_basebackup)
    with DATABASE_REPLICA_URL on, the standby stopped mid-run;
-6. this file writes docs/RELIABILITY.md from the figures the tests recorded
+6. reliability/balancer.py: three gunicorn hosts behind Debian's haproxy (health check on
+   /readyz), then PgBouncer, then PostgreSQL (decisionflow_balancer), 8 client threads for
+   45 s, one host SIGKILLed part-way and restarted; with PostgreSQL's server binaries, on a
+   private primary and its streaming standby (reliability/streaming.py), the standby the
+   hosts' DATABASE_REPLICA_URL;
+7. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
+``reliability/run.py --only balancer`` runs step 6 alone and rewrites only its section of
+docs/RELIABILITY.md.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-RELIABILITY_REPLICA_SECONDS (30), TEST_POSTGRES_URL.
+RELIABILITY_REPLICA_SECONDS (30), RELIABILITY_BALANCER_SECONDS (45), TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import pooler, streaming  # noqa: E402
+from reliability import balancer, pooler, streaming  # noqa: E402
 
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -52,6 +59,7 @@ LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
 REPLICA_SECONDS = os.environ.get("RELIABILITY_REPLICA_SECONDS", "30")
+BALANCER_SECONDS = os.environ.get("RELIABILITY_BALANCER_SECONDS", "45")
 
 POINTS = {
     "begin-after-proposal": (
@@ -253,6 +261,21 @@ def replica_step() -> dict:
     return run(step, argv, dict(os.environ, DEBUG="1"), OUT / "replica.log")
 
 
+def balancer_step() -> dict:
+    step = f"three hosts behind haproxy, then PgBouncer, one host killed, {BALANCER_SECONDS} s"
+    missing = [name for name, found in (("haproxy", balancer.binary()), ("pgbouncer", pooler.binary())) if not found]
+    if missing:
+        return not_installed(step, f"{' and '.join(missing)} not installed (`make haproxy pgbouncer`, as root)")
+    env = dict(os.environ, DEBUG="1")
+    argv = [sys.executable, "reliability/balancer.py", "--create-database", "decisionflow_balancer"]
+    argv += ["--admin-url", PG, "--seconds", BALANCER_SECONDS, "--clients", LOAD_CLIENTS]
+    argv += ["--json", str(OUT / "balancer.json"), "--log-dir", str(OUT / "balancer-logs")]
+    if streaming.bin_dir() is not None:
+        argv.append("--replica")
+        step += ", on a private primary and its streaming replica"
+    return run(step, argv, env, OUT / "balancer.log")
+
+
 # --- the report ----------------------------------------------------------------------------
 
 
@@ -384,6 +407,12 @@ def pooler_report() -> list[str]:
     return lines
 
 
+def step_summary(name: str) -> dict | None:
+    """The JSON summary a step wrote to var/reliability/NAME.json, or None when it wrote none."""
+    path = OUT / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def replica_report() -> list[str]:
     """The load with a real streaming replica, and the standby stopped mid-run."""
     lines = [
@@ -402,10 +431,9 @@ def replica_report() -> list[str]:
         "(core/replicas.py `LAG_SQL`). Script: `python -m reliability.replica`.",
         "",
     ]
-    path = OUT / "replica.json"
-    if not path.exists():
+    s = step_summary("replica")
+    if s is None:
         return lines + ["Not run (see Steps)."]
-    s = json.loads(path.read_text())
     reads = s.get("standby_reads_before_stop") or {}
     lines += md_table(
         ["measure", "value"],
@@ -428,6 +456,89 @@ def replica_report() -> list[str]:
             ],
             ["pair ready in / whole step (s)", f"{s['pair_ready_seconds']} / {s['total_seconds']}"],
             ["verdict", "ok" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
+        ],
+    )
+    return lines
+
+
+def balancer_report() -> list[str]:
+    """Three hosts behind haproxy and PgBouncer, one of them killed."""
+    lines = [
+        "",
+        "## Behind a load balancer: three hosts, haproxy, PgBouncer, one host killed",
+        "",
+        'The whole picture of docs/DEPLOY.md "Scale": the clients send every request to Debian\'s haproxy, '
+        "which picks one of three gunicorn hosts (`balance leastconn`, each host at most `maxconn` = its "
+        "workers x threads requests at once) and takes a host out of rotation when `GET /readyz` fails twice "
+        "(checked every second). The hosts connect through a private PgBouncer in transaction mode; the "
+        "driver and `reconcile` connect directly. With PostgreSQL's server binaries installed the database "
+        "is on a private primary made by `initdb` with a standby made by `pg_basebackup -R` "
+        "(reliability/streaming.py), and the hosts get the standby as `DATABASE_REPLICA_URL` (directly: "
+        "PgBouncer forwards to one server). haproxy's config is rendered from deploy/haproxy.cfg, the "
+        "documented example, with loopback ports. The scenarios are the load's (above). Part-way through, "
+        "once haproxy counts a request on it, the third host's gunicorn (master and workers) gets SIGKILL; "
+        "once the health check has marked it DOWN it is started again and must come back UP. Required: every "
+        "answer the clients lost is a request haproxy logged as aborted by the killed host, no more than it "
+        "serves at once (no answer lost beyond the requests in flight on it); a request that found it gone is "
+        "resent to another host (`retry-on conn-failure`, `option redispatch`); every lost decision is read "
+        "back with `GET /api/operations/<id>` through the balancer and agrees with `reconcile`; every other "
+        "answer agrees with `reconcile --all`; 0 duplicates; no other error; no advisory lock left. "
+        "Script: `reliability/balancer.py`.",
+        "",
+    ]
+    s = step_summary("balancer")
+    if s is None:
+        return lines + ["Not run (no PostgreSQL, haproxy or pgbouncer, or the step failed before writing its summary)."]
+    lines += md_table(
+        ["figure", "value"],
+        [
+            [
+                "seconds, clients, hosts (workers x threads, maxconn)",
+                f"{s['seconds']:.0f} s, {s['clients']}, {s['hosts']} ({s['workers_per_host']} x "
+                f"{s['threads_per_worker']}, {s['maxconn_per_host']}); PgBouncer pool {s['pool_size']}",
+            ],
+            [
+                "rounds (approve / decline / stale)",
+                " / ".join(str(s["scenarios"].get(k, 0)) for k in ("approve", "decline", "stale")),
+            ],
+            ["requests (per second)", f"{s['requests']} ({s['requests_per_second']})"],
+            ["latency p50 / p95", f"{s['latency_p50_ms']} ms / {s['latency_p95_ms']} ms"],
+            [
+                "database; transactions the standby served during the run",
+                "private primary and standby; " + str(s["replica_transactions"])
+                if s.get("replica")
+                else "the shared server, no replica; -",
+            ],
+            ["requests by host (haproxy's log)", ", ".join(f"{k}: {v}" for k, v in s["requests_by_host"].items())],
+            ["answers by status", ", ".join(f"{k}: {v}" for k, v in sorted(s["statuses"].items()))],
+            [
+                f"{s['killed_host']} killed at / requests haproxy counted on it just before",
+                f"{s['killed_at_seconds']} s / {s['in_flight_on_killed_host_when_killed']}",
+            ],
+            [
+                "taken out of rotation after / back after its restart",
+                f"{s['down_after_seconds']} s / {s['rejoined_after_restart_seconds']} s "
+                f"({s['served_by_killed_host_after_restart']} requests served after)",
+            ],
+            ["requests resent to another host by haproxy", s["redispatched"]],
+            [
+                "answers lost (of which dropped connections) / aborted by the killed host",
+                f"{s['answers_lost']} ({s['of_which_dropped_connections']}) / {s['aborted_by_killed_host']}",
+            ],
+            ["**answers lost beyond the requests in flight on the killed host**", f"**{s['lost_beyond_in_flight']}**"],
+            ["requests failed on the other hosts", f"**{s['failed_on_other_hosts']}**"],
+            [
+                "lost decisions read back / disagreeing with reconcile",
+                f"{s['lost_operations_read_back']} / **{s['lost_operations_read_back_disagreeing']}**",
+            ],
+            ["unexpected answers", s["unexpected_errors"]],
+            [
+                "operations told Committed / Declined; effects",
+                f"{s['operations_told_committed']} / {s['operations_told_declined']}; {s['effects']}",
+            ],
+            ["**duplicates**", f"**{s['duplicates']}**"],
+            ["operations where reconcile disagrees with the clients", f"**{s['disagreements']}**"],
+            ["result", "passed" if s["ok"] else "FAILED: " + "; ".join(s["failures"])],
         ],
     )
     return lines
@@ -619,6 +730,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
 
     lines += pooler_report()
     lines += replica_report()
+    lines += balancer_report()
 
     # bad input
     lines += [
@@ -812,11 +924,12 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
         ".venv/bin/python -m reliability.replica --seconds 30   # its own streaming pair; the standby stopped mid-run",
+        ".venv/bin/python reliability/run.py --only balancer   # the balancer step; rewrites its section here",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
-        "`RELIABILITY_REPLICA_SECONDS` (30), "
+        "`RELIABILITY_REPLICA_SECONDS` (30), `RELIABILITY_BALANCER_SECONDS` (45), "
         "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
@@ -824,7 +937,48 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
     return "\n".join(lines)
 
 
+def splice(section: list[str], before: str = "## Bad input") -> None:
+    """Put ``section`` (its first non-blank line is its heading) into docs/RELIABILITY.md in
+    place of the section of that heading, or ahead of ``before``; the rest of the file is
+    left as the last full run wrote it."""
+    lines = "\n".join(section).strip("\n").splitlines()
+    heading = lines[0]
+    text = DOC.read_text()
+    new = "\n".join(lines) + "\n\n"
+    if heading + "\n" in text:
+        start = text.index(heading + "\n")
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + new + (text[end + 1 :] if end != -1 else "")
+    else:
+        at = text.index(before + "\n")
+        text = text[:at] + new + text[at:]
+    DOC.write_text(text)
+
+
+def only_balancer() -> int:
+    """`reliability/run.py --only balancer`: the balancer step alone, and its section of
+    docs/RELIABILITY.md rewritten (the other sections keep the last full run's figures)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "balancer.json").unlink(missing_ok=True)
+    step = balancer_step()
+    if (OUT / "balancer.json").exists():
+        when = dt.datetime.now(dt.UTC)
+        note = (
+            f"This section's figures are from the step run alone (`reliability/run.py --only balancer`) on "
+            f"{when:%Y-%m-%d %H:%M} UTC, commit `{git('rev-parse', '--short', 'HEAD')}`, load average "
+            f"{os.getloadavg()[0]:.0f}; the rest of this file is from the last full run."
+        )
+        splice([*balancer_report(), "", note])
+        print(f"wrote its section of {DOC.relative_to(ROOT)}")
+    return 1 if step["exit"] != 0 else 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--only", "balancer"]:
+        return only_balancer()
+    if sys.argv[1:]:
+        print("usage: reliability/run.py [--only balancer]", file=sys.stderr)
+        return 2
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     shutil.rmtree(OUT, ignore_errors=True)
@@ -835,6 +989,7 @@ def main() -> int:
         steps.append(load_step())
         steps += [pooler_step(mode) for mode in POOLER_MODES]
         steps.append(replica_step())
+        steps.append(balancer_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(
             {

@@ -256,6 +256,27 @@ def streaming_pair(workdir: Path | str | None = None) -> Iterator[Pair]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def add_replica_option(parser) -> None:
+    """``--replica`` for a harness that can run its hosts on a private pair (``server_for``)."""
+    parser.add_argument(
+        "--replica",
+        action="store_true",
+        help="Run on a private streaming pair (reliability/streaming.py): the database on its primary and the"
+        " hosts' DATABASE_REPLICA_URL its standby, so that the router's reads go there.",
+    )
+
+
+@contextlib.contextmanager
+def server_for(admin_url: str, replica: bool) -> Iterator[tuple[str, Pair | None]]:
+    """Where a harness creates its database: ``admin_url``'s server, or with ``replica`` the
+    primary of a private pair, yielded with the pair (its standby for the hosts to read)."""
+    if not replica:
+        yield admin_url, None
+        return
+    with streaming_pair() as pair:
+        yield pair.primary_url(), pair
+
+
 def main() -> None:
     import psycopg
 
