@@ -152,9 +152,24 @@ def _declined(decided: DecisionResult) -> str:
     )
 
 
+def _awaiting(decided: DecisionResult) -> str:
+    return format_html(
+        "Approval recorded: {}; another reviewer must approve before the reply is approved, "
+        "and nothing is written or sent until then.{}",
+        decided.commit.approvals_shown,
+        _receipt_html(decided),
+    )
+
+
 def _replayed(decided: DecisionResult) -> str:
     decision = decided.commit.decision
-    assert decision is not None  # a replay is a decision that was already recorded
+    if decision is None:
+        # The same reviewer's approval again, before the others the policy needs.
+        return format_html(
+            "Already approved by you: nothing new was written ({}; another reviewer must approve).{}",
+            decided.commit.approvals_shown,
+            _receipt_html(decided),
+        )
     verb = "approved" if decision.approved else "declined"
     text = format_html(
         "Already {}: nothing new was written ({} by {} at {}",
@@ -173,6 +188,7 @@ SAID = {
     DecisionOutcome.COMMITTED: (messages.SUCCESS, _committed),
     DecisionOutcome.DECLINED: (messages.SUCCESS, _declined),
     DecisionOutcome.REPLAY: (messages.INFO, _replayed),
+    DecisionOutcome.AWAITING_APPROVAL: (messages.SUCCESS, _awaiting),
 }
 
 

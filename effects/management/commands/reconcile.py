@@ -15,6 +15,7 @@ from effects.models import DeliveryState
 from effects.services import (
     NO_LOCAL_EFFECT,
     DeliveryAlert,
+    approvals_shown,
     deliveries_repair,
     delivery_alert,
     effects_repair,
@@ -219,6 +220,8 @@ class Command(WorkflowCommand):
             line += f" delivery={row.delivery}"
             if row.delivery_reference:
                 line += f" reference={shown(row.delivery_reference)}"
+        if row.approvals:
+            line += f" approvals={shown(approvals_shown(row.approvals, row.required))}"
         return line
 
     def report(self, row, repaired=False):
