@@ -68,7 +68,8 @@ if TYPE_CHECKING:
     JobStateOut = str
 else:
     DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never a system actor's reason
-    ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
+    # A conflict is a 409.
+    ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED, ReceiptStatus.AWAITING_APPROVAL])
     WithdrawStatusOut = one_of([ReceiptStatus.DECLINED])
     OutcomeOut = one_of(RETURNED)
     OriginOut = one_of(Origin.values)
@@ -356,6 +357,11 @@ class OperationOut(Schema):
     case_id: str
     state: OperationStateOut
     effect_count: int
+    approvals: str | None = Field(
+        default=None,
+        description='an undecided operation whose policy needs several approvers: how far its approvals are ("1 of 2 '
+        'approvals"); null otherwise',
+    )
     current: bool = Field(description="whether this is still the case's current proposal")
     decision: DecisionInfoOut | None
     delivery: DeliveryOut | None = Field(

@@ -51,6 +51,7 @@ from reviews.models import (
     DeclineReason,
     Proposal,
     ReviewDecision,
+    approvals_shown,
 )
 
 log = logging.getLogger(__name__)
@@ -84,17 +85,6 @@ class CommitResult:
     def receipt(self) -> dict:
         """The compact receipt the commands print: exactly these three keys."""
         return {"Status": self.status, "Replay": self.replay, "EffectCount": self.effect_count}
-
-
-# How far the approvals of an operation are, in the one wording every channel shows.
-APPROVALS_SHOWN = "{} of {} approvals"
-
-
-def approvals_shown(approvals: int, required: int) -> str | None:
-    """``APPROVALS_SHOWN`` for a policy that needs several approvers; None otherwise."""
-    if required <= 1:
-        return None
-    return APPROVALS_SHOWN.format(approvals, required)
 
 
 def reviewer_check(reviewer) -> None:

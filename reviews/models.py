@@ -255,6 +255,17 @@ class ReviewDecision(AppendOnlyModel):
         return self.system_actor == SystemActor.PIPELINE_WITHDRAW
 
 
+# How far the approvals of an operation are, in the one wording every channel shows.
+APPROVALS_SHOWN = "{} of {} approvals"
+
+
+def approvals_shown(approvals: int, required: int) -> str | None:
+    """``APPROVALS_SHOWN`` for a policy that needs several approvers; None otherwise."""
+    if required <= 1:
+        return None
+    return APPROVALS_SHOWN.format(approvals, required)
+
+
 class Approval(AppendOnlyModel):
     """One reviewer's approval of one operation, under a policy that needs more than one
     (``approvals_required``, docs/QUEUE.md "Two-person approval"). Never updated.

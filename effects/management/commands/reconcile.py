@@ -15,7 +15,6 @@ from effects.models import DeliveryState
 from effects.services import (
     NO_LOCAL_EFFECT,
     DeliveryAlert,
-    approvals_shown,
     deliveries_repair,
     delivery_alert,
     effects_repair,
@@ -23,6 +22,7 @@ from effects.services import (
     operations_reconcile,
     operations_reconcile_lines,
 )
+from reviews.models import approvals_shown
 
 # Exit bits (docs/COMMANDS.md): each finding its own, so that cron can tell them apart; 1 is
 # the code NoLocalEffectRecorded always had (it is also the usage error's).
