@@ -307,7 +307,12 @@ class Approval(AppendOnlyModel):
         ]
 
     def __str__(self):
-        return f"approval {self.ordinal} of {self.required} of {short(self.operation_id)}"
+        return f"{self.shown} of {short(self.operation_id)}"
+
+    @property
+    def shown(self) -> str | None:
+        """Where this approval stood when it was given: "1 of 2 approvals"."""
+        return approvals_shown(self.ordinal, self.required)
 
     def chain_link(self) -> str:
         return self.proposal.row_hash or ""

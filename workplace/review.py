@@ -26,7 +26,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from audit.verify import case_chain
-from cases.models import Case, SourceVersion
+from cases.models import Case, SourceVersion, approvals_required
 from cases.selectors import case_text_fields
 from core import identity
 from core import text as text_policy
@@ -45,7 +45,7 @@ from core.outcomes import DecisionOutcome, OperationState
 from effects.models import EffectRecord
 from effects.selectors import case_delivery_panels, delivery_for, delivery_panel
 from effects.services import operation_reconcile
-from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
+from reviews.models import Approval, Channel, PendingReview, Proposal, ReviewDecision, approvals_shown
 from reviews.selectors import RECHECK_FLAG, evidence_moves, policy_change, proposal_diff, proposal_text_fields
 from workflow import selectors
 from workflow.begin import review_begin
@@ -372,6 +372,15 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             if reviewer_ok and is_current and decision is None
             else None
         )
+        # Two-person approval: the approvals so far (no query under a policy of one approver).
+        required = approvals_required(policy.get("parameters"))
+        approvals = (
+            list(Approval.objects.filter(operation_id=proposal.operation_id).select_related("reviewer"))
+            if required > 1
+            else []
+        )
+        # Who approved already sees that instead of Approve (another approval is a replay).
+        approved_by_you = decision is None and any(a.reviewer_id == request.user.pk for a in approvals)
         # The same for a proposal a new source version has marked: the reason, not Approve.
         evidence_changed = (
             selectors.evidence_changed_refusal(case, proposal) if is_current and decision is None else None
@@ -411,6 +420,10 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
             not_in_group=_not_in_group_sentence(not_in_group),
+            approvals=approvals,
+            approvals_required=required,
+            approvals_shown=approvals_shown(len(approvals), required),
+            approved_by_you=approved_by_you,
             evidence_changed=_evidence_changed_sentence(evidence_changed),
             show_edit=reviewer_ok and is_current and decision is None,
             decline_reasons=DECLINE_REASON_CHOICES,

@@ -274,3 +274,65 @@ def test_sixteen_concurrent_approvals_by_four_reviewers_write_one_effect(transac
     assert said.count(DecisionOutcome.COMMITTED) == 1
     assert said.count(DecisionOutcome.AWAITING_APPROVAL) == 1
     assert ReviewDecision.objects.get().reviewer_id in approvers
+
+
+# --- what the channels show ---------------------------------------------------------------
+
+
+def test_the_review_page_history_picture_and_api_show_one_of_two(db, reviewers):
+    from django.test import Client
+    from django.urls import reverse
+
+    from api.services import token_create
+
+    case = begun()
+    first, second = reviewers[:2]
+    decide(case, first)
+    proposal = case.current_proposal
+    page_of = {}
+    for who in (first, second):
+        client = Client()
+        client.force_login(who)
+        page_of[who] = client.get(reverse("admin:reviews_proposal_review", args=[proposal.pk])).content.decode()
+    for page in page_of.values():
+        assert 'id="df-approvals-count">1 of 2 approvals</strong>' in page
+        assert f"approved by <strong>{first.username}</strong>" in page
+    # Who approved already sees why instead of Approve; the second approver sees Approve.
+    assert 'id="df-approved-by-you"' in page_of[first] and 'id="df-approve"' not in page_of[first]
+    assert 'id="df-approve"' in page_of[second] and 'id="df-approved-by-you"' not in page_of[second]
+
+    client = Client()
+    client.force_login(second)
+    history = client.get(reverse("admin:cases_case_history", args=[case.pk])).content.decode()
+    assert 'class="df-approval-count">1 of 2 approvals</strong>' in history
+    assert "workflow " in history and "; 1 of 2 approvals" in history  # the picture's waiting step
+
+    headers = {"Authorization": f"Bearer {token_create(user=second, name='t')[1]}"}
+    operation = client.get(f"/api/operations/{proposal.operation_id}", headers=headers).json()
+    assert (operation["state"], operation["approvals"]) == ("AwaitingApproval", "1 of 2 approvals")
+    shown = client.get(f"/api/cases/{case.case_id}", headers=headers).json()
+    assert shown["status"] == "AwaitingApproval" and shown["reconcile"]["approvals"] == "1 of 2 approvals"
+
+    decide(case, second)
+    history = client.get(reverse("admin:cases_case_history", args=[case.pk])).content.decode()
+    assert 'class="df-approval-count">2 of 2 approvals</strong>' in history
+    operation = client.get(f"/api/operations/{proposal.operation_id}", headers=headers).json()
+    assert (operation["state"], operation["approvals"]) == ("Committed", None)
+
+
+def test_reconcile_prints_how_far_the_approvals_are(db, reviewers):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    case = begun()
+    op = decide(case, reviewers[0]).operation_id
+    out = io.StringIO()
+    call_command("reconcile", case.case_id, stdout=out)
+    assert f'op={op} state=AwaitingApproval effects=0 approvals="1 of 2 approvals"' in out.getvalue()
+    out = io.StringIO()
+    call_command("reconcile", case.case_id, "--json", stdout=out)
+    line = json.loads(out.getvalue().splitlines()[0])
+    assert (line["state"], line["approvals"], line["approvals_required"]) == ("AwaitingApproval", 1, 2)
+    assert operation_reconcile(op).as_dict() == line
