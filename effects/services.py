@@ -653,7 +653,7 @@ def effect_commit(
                 except CaseLocked:
                     call.commit_sent = False
                     raise _busy(call) from None
-                if written.decision_pk is not None:
+                if written.decision_pk is not None and decision is not None:
                     decision = stored(decision, written.decision_pk)
                 result = _answer(call, target, outcome, writes, decision, approvals)
                 break
@@ -976,9 +976,11 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
         operation_state(approved, effects > 0, approvals),
         effects,
         reason,
-        *delivery,
-        approvals,
-        required,
+        delivery=delivery[0],
+        delivery_reference=delivery[1],
+        delivery_since=delivery[2],
+        approvals=approvals,
+        required=required,
     )
 
 

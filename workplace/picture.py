@@ -361,7 +361,7 @@ def _path(
 def case_path(case: Case) -> list[Step]:
     """Each of the case's proposals, oldest first, with where it stands (five queries)."""
     latest = Approval.objects.filter(proposal=OuterRef("pk")).order_by("-ordinal")
-    proposals = list(
+    annotated = list(
         Proposal.objects.filter(case=case)
         .select_related("author")
         .only("id", "case_id", "parent_id", "operation_id", "origin", "created_at", "author__username")
@@ -370,7 +370,8 @@ def case_path(case: Case) -> list[Step]:
             approvals_n=Subquery(latest.values("ordinal")[:1]), approvals_of=Subquery(latest.values("required")[:1])
         )
     )
-    approvals = {p.pk: (p.approvals_n, p.approvals_of) for p in proposals if p.approvals_n}
+    approvals = {p.pk: (p.approvals_n, p.approvals_of) for p in annotated if p.approvals_n}
+    proposals: list[Proposal] = list(annotated)
     decisions = {
         d.proposal_id: d for d in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer")
     }
