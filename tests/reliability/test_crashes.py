@@ -336,6 +336,7 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
                         "operation_id": op,
                         "outcome": "replay" if after == "Committed" else "committed",
                         "decline_reason": None,
+                        "approvals": None,
                     }
                     t = figures.add(case, approved=True)
                     assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
