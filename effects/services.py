@@ -79,7 +79,8 @@ class CommitResult:
 
     @property
     def approvals_shown(self) -> str | None:
-        """ "1 of 2 approvals", for a policy that needs several approvers; None otherwise."""
+        """How far the approvals are ("1 of 2 approvals") under a policy that needs several
+        approvers; None otherwise."""
         return approvals_shown(self.approvals, self.required)
 
     def receipt(self) -> dict:
@@ -344,6 +345,12 @@ def _approvals(store, target: Target, approved) -> Approvals | None:
 def _is_approval_replay(approvals: Approvals | None, reviewer_pk) -> bool:
     """The same reviewer approves again before the decision: a replay, not a second approver."""
     return approvals is not None and reviewer_pk in approvals.by
+
+
+def _decided_since_read(approvals: Approvals | None) -> bool:
+    """As many approvals as the policy needs, and no decision read: the last approval and its
+    decision committed between the commit's read and its read of the approvals."""
+    return approvals is not None and len(approvals.by) >= approvals.required
 
 
 def _is_partial(approvals: Approvals | None) -> bool:
@@ -634,8 +641,7 @@ def effect_commit(
                             raise held
                         crash_point("commit-before-decision")
                         approvals = _approvals(store, target, approved)
-                        if approvals is not None and len(approvals.by) >= approvals.required:
-                            # The last approval and its decision committed after the read.
+                        if _decided_since_read(approvals):
                             raise _LostRace
                         outcome = _outcome(target, approved, approvals, getattr(reviewer, "pk", None))
                         writes, decision = _decided(call, target, outcome, approvals)
