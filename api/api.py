@@ -336,7 +336,9 @@ def case_redraft_post(request, payload: DraftIn, response: HttpResponse, case_id
 def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
     """Approve or decline the operation you saw. The reviewer is you, the authenticated user.
 
-    The same request again answers 200 with ``replay: true`` and writes nothing. The
+    The same request again answers 200 with ``replay: true`` and writes nothing. Under a
+    policy that needs several approvers, an approval before the last is 200 with outcome
+    ``awaiting_approval`` and ``approvals`` "1 of 2 approvals": nothing is decided yet. The
     opposite decision is 409 ``conflicting_decision``. After a 500 ``outcome_uncertain``,
     GET the operation, then retry: a retry is a replay, never a duplicate.
     """
@@ -359,6 +361,7 @@ def case_decision(request, payload: DecisionIn, case_id: str = CaseId):
         "effect_count": commit.effect_count,
         "operation_id": commit.operation_id,
         "outcome": decided.outcome.value,
+        "approvals": commit.approvals_shown,
     }
 
 

@@ -13,7 +13,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, 
 from cases.models import SourceVersionJob
 from core import text
 from core.identity import OPERATION_ID_RE
-from core.outcomes import DECIDED, OperationState, ReceiptStatus
+from core.outcomes import RETURNED, OperationState, ReceiptStatus
 from effects.models import DeliveryState, DeliveryTry
 from reviews.models import HUMAN_DECLINE_REASONS, AssignmentKind, Channel, Origin, PendingReview
 from workflow.assignment import NOTE_MAX
@@ -70,9 +70,10 @@ if TYPE_CHECKING:
     AssignmentKindOut = str
 else:
     DeclineReasonIn = one_of(HUMAN_DECLINE_REASONS)  # never a system actor's reason
-    ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED])  # a conflict is a 409
+    # A conflict is a 409.
+    ReceiptStatusOut = one_of([ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED, ReceiptStatus.AWAITING_APPROVAL])
     WithdrawStatusOut = one_of([ReceiptStatus.DECLINED])
-    OutcomeOut = one_of(DECIDED)
+    OutcomeOut = one_of(RETURNED)
     OriginOut = one_of(Origin.values)
     PendingStatusOut = one_of(PendingReview.Status.values)
     ChannelOut = one_of(Channel.values)
@@ -240,7 +241,13 @@ class DecisionOut(Schema):
     effect_count: int
     operation_id: str
     outcome: OutcomeOut = Field(
-        description="the decision service's outcome: the first approval, the first decline, or the same decision again"
+        description="the decision service's outcome: the first approval, the first decline, the same decision again, "
+        "or an approval that awaits another approver"
+    )
+    approvals: str | None = Field(
+        default=None,
+        description='under a policy that needs several approvers, how far its approvals are ("1 of 2 approvals"); '
+        "null otherwise",
     )
     decline_reason: str | None = Field(
         default=None, description="the reason of the decision that stands (a replay keeps the first one)"
@@ -395,6 +402,11 @@ class OperationOut(Schema):
     case_id: str
     state: OperationStateOut
     effect_count: int
+    approvals: str | None = Field(
+        default=None,
+        description='an undecided operation whose policy needs several approvers: how far its approvals are ("1 of 2 '
+        'approvals"); null otherwise',
+    )
     current: bool = Field(description="whether this is still the case's current proposal")
     decision: DecisionInfoOut | None
     delivery: DeliveryOut | None = Field(

@@ -20,8 +20,8 @@ from core.replicas import read_connection
 from effects.models import Delivery, EffectRecord
 from effects.selectors import delivery_data
 from effects.services import operation_state
-from reviews.models import PendingReview, Proposal, ReviewDecision
-from reviews.selectors import proposal_text_fields
+from reviews.models import PendingReview, Proposal, ReviewDecision, approvals_shown
+from reviews.selectors import approvals_of, proposal_text_fields
 from workflow.selectors import decidable_operation_id, evidence_changed_refusal
 
 
@@ -204,13 +204,20 @@ def _operation_read(operation_id: str) -> _Operation:
     return _Operation(decision, effect is not None, delivery, pending)
 
 
-def _operation_view(*, case_id: str, operation_id: str, current: bool, found: _Operation) -> dict:
+def _operation_view(
+    *, case_id: str, operation_id: str, current: bool, found: _Operation, policy_snapshot: dict | None
+) -> dict:
     decision = found.decision
+    # Under a policy that needs several approvers, how far an undecided operation's are.
+    approvals = (0, 1)
+    if decision is None:
+        approvals = approvals_of(operation_id=operation_id, policy_snapshot=policy_snapshot)
     return {
         "operation_id": operation_id,
         "case_id": case_id,
         # reconcile's own classification (effects/services.py), from the rows just read.
-        "state": operation_state(decision.approved if decision is not None else None, found.has_effect),
+        "state": operation_state(decision.approved if decision is not None else None, found.has_effect, approvals[0]),
+        "approvals": approvals_shown(*approvals) if decision is None else None,
         "effect_count": 1 if found.has_effect else 0,  # at most one: effect_unique_operation
         "current": current,
         "decision": None if decision is None else decision_data(decision),
@@ -238,14 +245,20 @@ def operation_data(operation_id: str) -> dict:
     """
     row = _only(
         Proposal.objects.filter(operation_id=operation_id).values_list(
-            "pk", "case__case_id", "case__current_proposal_id"
+            "pk", "case__case_id", "case__current_proposal_id", "policy_snapshot"
         )
     )
     if row is None:
         raise NotFound(f"no proposal has operation {operation_id}", operation_id=operation_id)
-    pk, case_id, current_pk = row
+    pk, case_id, current_pk, policy_snapshot = row
     found = _operation_read(operation_id)
-    return _operation_view(case_id=case_id, operation_id=operation_id, current=current_pk == pk, found=found)
+    return _operation_view(
+        case_id=case_id,
+        operation_id=operation_id,
+        current=current_pk == pk,
+        found=found,
+        policy_snapshot=policy_snapshot,
+    )
 
 
 def case_data(case: Case) -> dict:
@@ -264,7 +277,13 @@ def case_data(case: Case) -> dict:
         warnings += proposal_warnings.prefixed("proposal.")
         shown = proposal_data(proposal, warnings=proposal_warnings)
         found = _operation_read(proposal.operation_id)
-        reconcile = _operation_view(case_id=case.case_id, operation_id=proposal.operation_id, current=True, found=found)
+        reconcile = _operation_view(
+            case_id=case.case_id,
+            operation_id=proposal.operation_id,
+            current=True,
+            found=found,
+            policy_snapshot=proposal.policy_snapshot,
+        )
         pending = _pending_view(found.pending)
     decision = reconcile["decision"] if reconcile else None
     held = evidence_changed_refusal(case, proposal) if proposal is not None and decision is None else None

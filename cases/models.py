@@ -17,6 +17,18 @@ GROUP_SEPARATOR = ","
 # "assignee first", the default: others may decide too, and it is shown.
 ASSIGNEE_ONLY = "assignee_only"
 
+# The policy parameter that asks for that many distinct approvers (``int:2`` and up). Absent:
+# one, and the policy's identity is what it was before two-person approval existed.
+APPROVALS_REQUIRED = "approvals_required"
+MOST_APPROVALS = 9
+
+
+def approvals_required(parameters) -> int:
+    """How many distinct reviewers must approve under a policy's parameters (or a proposal's
+    policy snapshot's): 1 unless the policy says more."""
+    value = (parameters or {}).get(APPROVALS_REQUIRED)
+    return value if type(value) is int and value > 1 else 1
+
 
 def reviewer_groups(parameters) -> tuple[str, ...]:
     """The group names a policy's parameters (or a proposal's policy snapshot's) name; () for none."""

@@ -12,8 +12,10 @@ from django.db import IntegrityError, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
 from cases.models import (
+    APPROVALS_REQUIRED,
     ASSIGNEE_ONLY,
     GROUP_SEPARATOR,
+    MOST_APPROVALS,
     REVIEWER_GROUPS,
     Case,
     Finding,
@@ -280,6 +282,8 @@ def validate_policy_data(policy: Any, field: str = "policy") -> None:
             _fail(f"{field}.parameters.{key}", str(exc))
     if REVIEWER_GROUPS in policy["parameters"]:
         _check_reviewer_groups(policy["parameters"][REVIEWER_GROUPS], f"{field}.parameters.{REVIEWER_GROUPS}")
+    if APPROVALS_REQUIRED in policy["parameters"]:
+        _check_approvals_required(policy["parameters"][APPROVALS_REQUIRED], f"{field}.parameters.{APPROVALS_REQUIRED}")
     if ASSIGNEE_ONLY in policy["parameters"] and policy["parameters"][ASSIGNEE_ONLY] is not True:
         # One spelling for the default too: "assignee first" is said by leaving it out.
         _fail(
@@ -304,6 +308,17 @@ def _check_reviewer_groups(value: Any, field: str) -> None:
     canonical = reviewer_groups_value(names)
     if canonical != value:
         _fail(field, f"must list each group once, sorted: {text.shown(canonical)}")
+
+
+def _check_approvals_required(value: Any, field: str) -> None:
+    """A whole number from 2 to ``MOST_APPROVALS``. One approver, the default, is said by
+    leaving the parameter out, so that the default has one identity (today's)."""
+    if type(value) is not int:
+        _fail(field, "must be a whole number: how many distinct reviewers must approve")
+    if value == 1:
+        _fail(field, f"is 1; a policy one approval decides leaves {APPROVALS_REQUIRED} out")
+    if not 2 <= value <= MOST_APPROVALS:
+        _fail(field, f"is {value}; it must be from 2 to {MOST_APPROVALS}")
 
 
 def reviewer_groups_exist_check(parameters: dict, field: str = "policy.parameters") -> None:

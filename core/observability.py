@@ -35,7 +35,7 @@ from django.conf import settings
 
 from core.errors import REFUSALS as REFUSAL_CLASSES
 from core.errors import CaseBusy, DecisionflowError, LockBusy
-from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReadSource, ReceiptStatus, error_outcome
+from core.outcomes import RETURNED, DecisionOutcome, Failure, OperationState, ReadSource, ReceiptStatus, error_outcome
 from core.tracing import Attr, SpanName, span_begin
 
 events = logging.getLogger("decisionflow.events")
@@ -128,8 +128,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 # its failures, counted by whether the commit may have happened (``Failure``) rather than as
 # ``failed``, which only the effect store can know. The docs' table and the tests read this.
 OUTCOMES: tuple[str, ...] = (
-    *(outcome.value for outcome in DECIDED),
-    *(outcome.value for outcome in DecisionOutcome if outcome not in DECIDED and outcome != DecisionOutcome.FAILED),
+    *(outcome.value for outcome in RETURNED),
+    *(outcome.value for outcome in DecisionOutcome if outcome not in RETURNED and outcome != DecisionOutcome.FAILED),
     *Failure.values,
 )
 RECONCILE_STATES: tuple[str, ...] = tuple(OperationState.values)
@@ -432,6 +432,8 @@ def commit_observed(*, approved, operation_id=None):
             outcome = DecisionOutcome.CONFLICT
         elif getattr(seen.result, "replay", False):
             outcome = DecisionOutcome.REPLAY
+        elif getattr(seen.result, "status", None) == ReceiptStatus.AWAITING_APPROVAL:
+            outcome = DecisionOutcome.AWAITING_APPROVAL
         else:
             outcome = DecisionOutcome.COMMITTED if approved is True else DecisionOutcome.DECLINED
     except BaseException as exc:

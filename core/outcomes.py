@@ -35,11 +35,17 @@ class DecisionOutcome(models.TextChoices):
     STALE = "stale", "Stale"  # the operation is not the case's current one
     REFUSED = "refused", "Refused"  # any other refusal: permission, input, checkpoint, busy
     FAILED = "failed", "Failed"  # the commit's transaction failed and is known rolled back
+    # An approval recorded under a policy that needs more distinct approvers: no decision and
+    # no effect yet ("1 of 2 approvals").
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
 
 
 # What the decision service returns; the decision asked for stands. Every other outcome
 # means it did not take effect.
 DECIDED: tuple[DecisionOutcome, ...] = (DecisionOutcome.COMMITTED, DecisionOutcome.DECLINED, DecisionOutcome.REPLAY)
+# Everything the decision service returns: a decision that stands, or an approval that is
+# one of the several its policy needs. Every other outcome is a refusal or a failure.
+RETURNED: tuple[DecisionOutcome, ...] = (*DECIDED, DecisionOutcome.AWAITING_APPROVAL)
 
 
 class Failure(models.TextChoices):
@@ -75,6 +81,7 @@ class OperationState(models.TextChoices):
     """
 
     PENDING = "Pending", "Pending"  # no decision yet
+    AWAITING_APPROVAL = "AwaitingApproval", "AwaitingApproval"  # some approvals, fewer than its policy needs
     COMMITTED = "Committed", "Committed"  # approved, and its effect exists
     DECLINED = "Declined", "Declined"  # declined: there is no effect
     NO_LOCAL_EFFECT = "NoLocalEffectRecorded", "NoLocalEffectRecorded"  # approved, no effect: repair writes it
@@ -86,6 +93,7 @@ class ReceiptStatus(models.TextChoices):
 
     COMMITTED = OperationState.COMMITTED.value, OperationState.COMMITTED.label
     DECLINED = OperationState.DECLINED.value, OperationState.DECLINED.label
+    AWAITING_APPROVAL = OperationState.AWAITING_APPROVAL.value, OperationState.AWAITING_APPROVAL.label
     CONFLICTING = "ConflictingDecision", "ConflictingDecision"
 
 

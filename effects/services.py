@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cases.models import Case
+from cases.models import MOST_APPROVALS, Case, approvals_required
 from core import chain, identity, text
 from core.errors import (
     CaseBusy,
@@ -44,7 +44,15 @@ from effects.delivery import delivery_attempt, delivery_configured, duration_set
 from effects.models import REPAIR_CHANNEL, CommitAttempt, Delivery, DeliveryState, EffectRecord
 from effects.store import CaseLocked, Target, Writes, Written, attempt_append, commit_store
 from effects.tasks import delivery_enqueue, delivery_sweep_and_enqueue
-from reviews.models import HUMAN_DECLINE_REASONS, SYSTEM_DECLINE_REASONS, DeclineReason, Proposal, ReviewDecision
+from reviews.models import (
+    HUMAN_DECLINE_REASONS,
+    SYSTEM_DECLINE_REASONS,
+    Approval,
+    DeclineReason,
+    Proposal,
+    ReviewDecision,
+    approvals_shown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,7 @@ REVIEW_PERMISSION = "reviews.review_proposal"
 # A receipt's status (``CommitResult.status``), and the reconcile state repair looks for.
 COMMITTED = ReceiptStatus.COMMITTED
 DECLINED = ReceiptStatus.DECLINED
+AWAITING_APPROVAL = ReceiptStatus.AWAITING_APPROVAL
 CONFLICTING = ReceiptStatus.CONFLICTING
 NO_LOCAL_EFFECT = OperationState.NO_LOCAL_EFFECT
 
@@ -64,6 +73,15 @@ class CommitResult:
     effect_count: int
     operation_id: str
     decision: ReviewDecision | None = field(default=None, compare=False)
+    # Under a policy that needs several approvers: how many approved so far, of how many.
+    approvals: int = 0
+    required: int = 1
+
+    @property
+    def approvals_shown(self) -> str | None:
+        """How far the approvals are ("1 of 2 approvals") under a policy that needs several
+        approvers; None otherwise."""
+        return approvals_shown(self.approvals, self.required)
 
     def receipt(self) -> dict:
         """The compact receipt the commands print: exactly these three keys."""
@@ -306,20 +324,61 @@ def conflict_refusal(commit: CommitResult) -> ConflictingDecision:
     )
 
 
-def _outcome(target: Target, approved: bool) -> str:
+@dataclass(frozen=True)
+class Approvals:
+    """The approvals an approval adds to, under a policy that needs several approvers."""
+
+    required: int
+    by: tuple[int, ...]  # the reviewers (user pks) who approved so far, in order
+
+
+def _approvals(store, target: Target, approved) -> Approvals | None:
+    """The approvals so far of an undecided operation whose policy (the operation's own, so
+    fixed by its identity) needs more than one approver, when this call approves; None
+    otherwise, without a query: one approver's approval reads exactly what it read before."""
+    required = approvals_required(target.proposal.policy_snapshot.get("parameters"))
+    if required == 1 or approved is not True or target.decision is not None:
+        return None
+    return Approvals(required, tuple(store.approvals(target.proposal.operation_id)))
+
+
+def _is_approval_replay(approvals: Approvals | None, reviewer_pk) -> bool:
+    """The same reviewer approves again before the decision: a replay, not a second approver."""
+    return approvals is not None and reviewer_pk in approvals.by
+
+
+def _decided_since_read(approvals: Approvals | None) -> bool:
+    """As many approvals as the policy needs, and no decision read: the last approval and its
+    decision committed between the commit's read and its read of the approvals."""
+    return approvals is not None and len(approvals.by) >= approvals.required
+
+
+def _is_partial(approvals: Approvals | None) -> bool:
+    """This approval is not the last its policy needs: it is recorded, and nothing is decided."""
+    return approvals is not None and len(approvals.by) + 1 < approvals.required
+
+
+def _outcome(target: Target, approved: bool, approvals: Approvals | None = None, reviewer_pk=None) -> str:
     """What a commit of ``approved`` on ``target`` is (a ``CommitAttempt.Outcome``)."""
     if _is_conflict(target.decision, approved):
         return CommitAttempt.Outcome.CONFLICT
-    if _is_replay(target.decision, approved, target.effect_exists):
+    if _is_replay(target.decision, approved, target.effect_exists) or _is_approval_replay(approvals, reviewer_pk):
         return CommitAttempt.Outcome.REPLAY
+    if _is_partial(approvals):
+        return CommitAttempt.Outcome.AWAITING_APPROVAL
     return CommitAttempt.Outcome.COMMITTED if approved else CommitAttempt.Outcome.DECLINED
 
 
-def _result(outcome: str, *, approved: bool, effect_count: int, operation_id: str, decision) -> CommitResult:
+def _result(
+    outcome: str, *, approved: bool, effect_count: int, operation_id: str, decision, approvals: tuple[int, int] = (0, 1)
+) -> CommitResult:
     if outcome == CommitAttempt.Outcome.CONFLICT:
-        return CommitResult(CONFLICTING, False, effect_count, operation_id, decision)
+        return CommitResult(CONFLICTING, False, effect_count, operation_id, decision, *approvals)
     status = COMMITTED if approved else DECLINED
-    return CommitResult(status, outcome == CommitAttempt.Outcome.REPLAY, effect_count, operation_id, decision)
+    if decision is None:
+        status = AWAITING_APPROVAL  # approvals recorded, the decision not yet
+    replay = outcome == CommitAttempt.Outcome.REPLAY
+    return CommitResult(status, replay, effect_count, operation_id, decision, *approvals)
 
 
 # -- the commit ------------------------------------------------------------------------------
@@ -333,13 +392,49 @@ class _LostRace(Exception):
 
 def _is_lost_race(writes: Writes, written: Written) -> bool:
     """A new row the write was given was not written."""
-    return (writes.decision is not None and written.decision_pk is None) or (
-        writes.effect is not None and written.effect_pk is None
+    return (
+        (writes.decision is not None and written.decision_pk is None)
+        or (writes.effect is not None and written.effect_pk is None)
+        or (writes.approval is not None and written.approval_pk is None)
     )
 
 
-def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewDecision]:
-    """The rows a commit with ``outcome`` writes, and the decision that will stand."""
+def _approval_row(call: _Call, target: Target, approvals: Approvals) -> Approval:
+    """The next approval of ``approvals``: its ordinal is the count read plus one, so another
+    approval written since the read takes that ordinal first and this write is refused."""
+    proposal = target.proposal
+    return Approval(
+        operation_id=call.operation_id,
+        proposal_id=proposal.pk,
+        reviewer_id=call.reviewer.pk,
+        ordinal=len(approvals.by) + 1,
+        required=approvals.required,
+        channel=call.channel,
+        approved_at=timezone.now(),
+        prev_hash=proposal.row_hash or "",
+    )
+
+
+def _partly_decided(call: _Call, target: Target, outcome: str, approvals: Approvals) -> Writes:
+    """The rows of an approval that is not the decision yet: its approval row (none for the
+    same reviewer again) and the attempt; the pending review stays open for the next one."""
+    approval = _approval_row(call, target, approvals) if outcome == CommitAttempt.Outcome.AWAITING_APPROVAL else None
+    return Writes(
+        attempt=call.attempt(outcome),
+        approval=approval,
+        flush=approval is not None,
+        complete_pending=False,
+        basis=target,
+    )
+
+
+def _decided(
+    call: _Call, target: Target, outcome: str, approvals: Approvals | None = None
+) -> tuple[Writes, ReviewDecision | None]:
+    """The rows a commit with ``outcome`` writes, and the decision that will stand (None: the
+    approvals so far are not the decision yet)."""
+    if approvals is not None and outcome in (CommitAttempt.Outcome.AWAITING_APPROVAL, CommitAttempt.Outcome.REPLAY):
+        return _partly_decided(call, target, outcome, approvals), None
     approved, proposal = call.approved, target.proposal
     detail = ""
     if outcome == CommitAttempt.Outcome.CONFLICT:
@@ -368,6 +463,8 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
     writes = Writes(
         attempt=call.attempt(outcome, detail),
         decision=decision if target.decision is None else None,
+        # The Nth approval: its row goes with the decision it completes.
+        approval=_approval_row(call, target, approvals) if approvals is not None else None,
         effect=effect,
         delivery=effect is not None and delivery_configured(),
         # A replay or a conflict that completes no pending review writes nothing but its
@@ -380,12 +477,37 @@ def _decided(call: _Call, target: Target, outcome: str) -> tuple[Writes, ReviewD
     return writes, decision
 
 
-def _answer(call: _Call, target: Target, outcome: str, writes: Writes, decision: ReviewDecision) -> CommitResult:
+def _answer(
+    call: _Call,
+    target: Target,
+    outcome: str,
+    writes: Writes,
+    decision: ReviewDecision | None,
+    approvals: Approvals | None,
+) -> CommitResult:
+    counted = (0, 1)
+    if approvals is not None:
+        # The approvals now: those read, this one if it was written.
+        counted = (len(approvals.by) + (writes.approval is not None), approvals.required)
+    if decision is None:
+        return _result(
+            outcome,
+            approved=call.approved,
+            effect_count=0,
+            operation_id=call.operation_id,
+            decision=None,
+            approvals=counted,
+        )
     if decision.reviewer_id == call.reviewer.pk:
         decision.reviewer = call.reviewer
     effect_count = 1 if decision.approved and (target.effect_exists or writes.effect is not None) else 0
     return _result(
-        outcome, approved=call.approved, effect_count=effect_count, operation_id=call.operation_id, decision=decision
+        outcome,
+        approved=call.approved,
+        effect_count=effect_count,
+        operation_id=call.operation_id,
+        decision=decision,
+        approvals=counted,
     )
 
 
@@ -485,7 +607,8 @@ def effect_commit(
             # write that wrote nothing (another commit or an edit came first) is decided again.
             store = commit_store()
             timeout = lock_timeout_ms(decision_lock_timeout())
-            for _ in range(3):
+            # A lost race is another writer's progress: a decision, or one more approval.
+            for _ in range(2 + MOST_APPROVALS):
                 try:
                     with store.transaction():
                         target = store.read(operation_id)
@@ -517,8 +640,11 @@ def effect_commit(
                         if approved and held is not None:
                             raise held
                         crash_point("commit-before-decision")
-                        outcome = _outcome(target, approved)
-                        writes, decision = _decided(call, target, outcome)
+                        approvals = _approvals(store, target, approved)
+                        if _decided_since_read(approvals):
+                            raise _LostRace
+                        outcome = _outcome(target, approved, approvals, getattr(reviewer, "pk", None))
+                        writes, decision = _decided(call, target, outcome, approvals)
                         # Decided, nothing written yet; where the write commits as it runs
                         # (PostgreSQL), from its start only the effect store knows.
                         crash_point("commit-after-decision")
@@ -533,9 +659,9 @@ def effect_commit(
                 except CaseLocked:
                     call.commit_sent = False
                     raise _busy(call) from None
-                if written.decision_pk is not None:
+                if written.decision_pk is not None and decision is not None:
                     decision = stored(decision, written.decision_pk)
-                result = _answer(call, target, outcome, writes, decision)
+                result = _answer(call, target, outcome, writes, decision, approvals)
                 break
             else:
                 raise RuntimeError(f"the decision of {operation_id} is neither insertable nor readable")
@@ -578,6 +704,10 @@ class ReconcileRow(NamedTuple):
     delivery: str | None = None
     delivery_reference: str | None = None
     delivery_since: Any = None
+    # An undecided operation whose policy needs several approvers: its approvals so far, of
+    # how many (0 of 1 otherwise).
+    approvals: int = 0
+    required: int = 1
 
     def as_dict(self) -> dict:
         found = {
@@ -590,14 +720,18 @@ class ReconcileRow(NamedTuple):
         if self.delivery is not None:
             # Only with a delivery: without a helpdesk the lines stay exactly as before.
             found.update(delivery=self.delivery, delivery_reference=self.delivery_reference or None)
+        if self.approvals:
+            # Only while partly approved: every other line stays exactly as before.
+            found.update(approvals=self.approvals, approvals_required=self.required)
         return found
 
 
-def operation_state(approved: bool | None, has_effect: bool) -> str:
-    """An operation's reconcile state from its decision (None: undecided) and whether its
-    effect exists. The one classification: reconcile applies it to every row it reads."""
+def operation_state(approved: bool | None, has_effect: bool, approvals: int = 0) -> str:
+    """An operation's reconcile state from its decision (None: undecided), whether its
+    effect exists, and how many approvals an undecided one has (a policy that needs several).
+    The one classification: reconcile applies it to every row it reads."""
     if approved is None:
-        return OperationState.PENDING
+        return OperationState.AWAITING_APPROVAL if approvals else OperationState.PENDING
     if not approved:
         return OperationState.DECLINED
     return OperationState.COMMITTED if has_effect else OperationState.NO_LOCAL_EFFECT
@@ -657,6 +791,16 @@ def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
     return done
 
 
+# The approvals of an undecided operation: how many, and of how many. Read only where there
+# is no decision (an index lookup on the approvals' (operation_id, ordinal) key), nothing for
+# a decided one. The ordinals run 1..n, so the highest is the count.
+_APPROVALS_OF = (
+    f"CASE WHEN d.id IS NULL THEN (SELECT max(a.{{}}) FROM {Approval._meta.db_table} a "
+    "WHERE a.operation_id = p.operation_id) END"
+)
+APPROVALS_SQL, REQUIRED_SQL = _APPROVALS_OF.format("ordinal"), _APPROVALS_OF.format("required")
+
+
 def _reconcile_query(
     select: str, *, case_ids: Iterable[str] | None, operation_ids: Iterable[str] | None, delivered: bool = False
 ) -> tuple[str, list] | None:
@@ -705,7 +849,7 @@ def operations_reconcile(
     """
     query = _reconcile_query(
         "c.case_id, p.operation_id, d.approved, e.id IS NOT NULL, d.decline_reason, dl.state, dl.reference, "
-        "dl.created_at",
+        f"dl.created_at, {APPROVALS_SQL}, {REQUIRED_SQL}",
         case_ids=case_ids,
         operation_ids=operation_ids,
         delivered=delivered,
@@ -723,7 +867,7 @@ def operations_reconcile(
         cursor.execute(sql, params)
         converters = connection.ops.get_db_converters(Delivery._meta.get_field("created_at").get_col("dl"))
         while rows := cursor.fetchmany(chunk_size):
-            for case_id, operation_id, approved, has_effect, reason, delivery, reference, since in rows:
+            for case_id, operation_id, approved, has_effect, reason, delivery, reference, since, n, of in rows:
                 if delivery is not None:
                     # SQLite returns the timestamp as text: the field's own converter reads it.
                     for convert in converters:
@@ -731,12 +875,14 @@ def operations_reconcile(
                 yield ReconcileRow(
                     case_id,
                     operation_id,
-                    operation_state(approved, has_effect),
+                    operation_state(approved, has_effect, n or 0),
                     1 if has_effect else 0,
                     reason,
                     None if delivery is None else _DELIVERY_LABELS.get(delivery, delivery),
                     reference,
                     since,
+                    n or 0,
+                    of or 1,
                 )
 
 
@@ -745,7 +891,10 @@ def _sql_state() -> tuple[str, list]:
     from the Python function, so the rule stays written once, there. Nested (the decision,
     then the effect where it matters), so that a row takes two tests at most."""
     whens, params = [], []
-    for approved, decided in ((None, "d.approved IS NULL"), (False, "NOT d.approved"), (True, "d.approved")):
+    pending, awaiting = operation_state(None, False), operation_state(None, False, 1)
+    whens.append(f"WHEN d.approved IS NULL THEN CASE WHEN {APPROVALS_SQL} IS NULL THEN %s ELSE %s END")
+    params += [pending, awaiting]
+    for approved, decided in ((False, "NOT d.approved"), (True, "d.approved")):
         without, with_effect = operation_state(approved, False), operation_state(approved, True)
         if without == with_effect:
             whens.append(f"WHEN {decided} THEN %s")
@@ -770,6 +919,7 @@ def _sql_json_line() -> tuple[str, list]:
         f""" || ',"decline_reason":' || COALESCE({quote.format("d.decline_reason")}, 'null')"""
         f""" || CASE WHEN dl.state IS NULL THEN '' ELSE ',"delivery":' || CASE dl.state {labels} ELSE {quote.format("dl.state")} END"""
         f""" || ',"delivery_reference":' || COALESCE({quote.format("NULLIF(dl.reference, '')")}, 'null') END"""
+        f""" || COALESCE(',"approvals":' || {APPROVALS_SQL} || ',"approvals_required":' || {REQUIRED_SQL}, '')"""
         " || '}'"
     )
     return line, state_params + label_params
@@ -819,10 +969,25 @@ def operation_reconcile(operation_id: str) -> ReconcileRow | None:
         return None
     decided = ReviewDecision.objects.filter(operation_id=operation_id).values_list("approved", "decline_reason").first()
     approved, reason = decided if decided is not None else (None, None)
+    approvals, required = 0, 1
+    if decided is None:
+        found_approvals = Approval.objects.filter(operation_id=operation_id).values_list("ordinal", "required")
+        approvals, required = max(found_approvals, default=(0, 1))
     effects = EffectRecord.objects.filter(operation_id=operation_id).count()
     found = Delivery.objects.filter(operation_id=operation_id).values_list("state", "reference", "created_at").first()
     delivery = (DeliveryState(found[0]).label, found[1], found[2]) if found else (None, None, None)
-    return ReconcileRow(row[0], row[1], operation_state(approved, effects > 0), effects, reason, *delivery)
+    return ReconcileRow(
+        row[0],
+        row[1],
+        operation_state(approved, effects > 0, approvals),
+        effects,
+        reason,
+        delivery=delivery[0],
+        delivery_reference=delivery[1],
+        delivery_since=delivery[2],
+        approvals=approvals,
+        required=required,
+    )
 
 
 def effects_repair(*, rows: Iterable[ReconcileRow], dry_run: bool = True) -> list[ReconcileRow]:

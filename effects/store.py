@@ -35,7 +35,7 @@ from core.locks import lock_not_available
 from core.statements import bound_cursor, database, insert, loaded, statement_commits, statement_scope
 from effects.delivery import delivery_fields
 from effects.models import CommitAttempt, Delivery, EffectRecord
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.models import Approval, PendingReview, Proposal, ReviewDecision
 
 # PostgreSQL's unique_violation (a unique key refused a row) and not_null_violation.
 UNIQUE_VIOLATION = "23505"
@@ -79,12 +79,15 @@ class Writes:
     decision: ReviewDecision | None = None  # a new decision
     effect: EffectRecord | None = None  # a new effect (its decision may be the new one)
     delivery: bool = False  # the new effect's delivery row
+    # A new approval of a policy that needs several (the Nth comes with its decision).
+    approval: Approval | None = None
     # False when nothing but the attempt row is new: the transaction may skip the WAL flush.
     flush: bool = True
     # The operation has a pending review to complete.
     complete_pending: bool = True
     # The read the new rows were decided from: they are written only while the case row is
-    # still as it read (its current proposal and policy). Required with a new decision or effect.
+    # still as it read (its current proposal and policy). Required with a new decision, effect or
+    # approval.
     basis: Target | None = None
 
 
@@ -94,6 +97,7 @@ class Written:
 
     decision_pk: int | None
     effect_pk: int | None
+    approval_pk: int | None = None
 
 
 class CommitStore(Protocol):
@@ -107,6 +111,10 @@ class CommitStore(Protocol):
 
     def current_operation(self, target: Target) -> str | None:
         """The operation of the case's current proposal (for a stale answer)."""
+
+    def approvals(self, operation_id: str) -> list[int]:
+        """The reviewers who approved ``operation_id`` so far, in the order they did (a
+        policy that needs several approvers only)."""
 
     def write_commits(self) -> bool:
         """Whether ``write()`` is a transaction of its own, committed when it returns: a
@@ -211,9 +219,9 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
     commit may skip the WAL flush. Each part's text is compiled once per process, so a given
     shape is the same text every time (psycopg prepares it by its text)."""
     parts: list[tuple[str, str, list]] = []
-    if writes.decision is not None or writes.effect is not None:
+    if writes.decision is not None or writes.effect is not None or writes.approval is not None:
         basis = writes.basis
-        assert basis is not None, "a new decision or effect is written only from a read"
+        assert basis is not None, "a new decision, effect or approval is written only from a read"
         guard = _guard()
         places = {
             _CASE: basis.proposal.case_id,
@@ -222,6 +230,9 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
             _HOLD: basis.evidence_hold,
         }
         parts.append(("guard", guard.sql, guard.params_for(places)))
+    if writes.approval is not None:
+        statement = insert(Approval, by_name=(_GUARDED,))
+        parts.append(("approval", statement.sql, statement.params_for(writes.approval)))
     if writes.decision is not None:
         statement = insert(ReviewDecision, by_name=(_GUARDED,))
         parts.append(("decision", statement.sql, statement.params_for(writes.decision)))
@@ -247,7 +258,7 @@ def _write(writes: Writes, timeout: str) -> tuple[str, list]:
 def _joined(parts: tuple[tuple[str, str], ...], flush: bool) -> str:
     """The write's text for one shape of parts: joined once, the same string every time."""
     answers = ["set_config('lock_timeout', %s, true)"]
-    answers += [f"(SELECT id FROM {name})" for name, _ in parts if name in ("decision", "effect")]
+    answers += [f"(SELECT id FROM {name})" for name, _ in parts if name in ("approval", "decision", "effect")]
     if not flush:
         answers.append("set_config('synchronous_commit', 'off', true)")
     body = ", ".join(f"{name} AS ({sql})" for name, sql in parts)
@@ -401,6 +412,10 @@ class _Store:
             return None
         return Proposal.objects.filter(pk=target.current_proposal_id).values_list("operation_id", flat=True).first()
 
+    def approvals(self, operation_id: str) -> list[int]:
+        found = Approval.objects.filter(operation_id=operation_id).order_by("ordinal")
+        return list(found.values_list("reviewer_id", flat=True))
+
     def read(self, operation_id: str) -> Target | None:
         read = _read()
         with bound_cursor() as cursor:
@@ -421,7 +436,8 @@ def _moved_on(exc: IntegrityError) -> bool:
     return (
         getattr(cause, "sqlstate", None) == NOT_NULL_VIOLATION
         and getattr(diag, "column_name", None) == "proposal_id"
-        and getattr(diag, "table_name", None) in (ReviewDecision._meta.db_table, EffectRecord._meta.db_table)
+        and getattr(diag, "table_name", None)
+        in (ReviewDecision._meta.db_table, EffectRecord._meta.db_table, Approval._meta.db_table)
     )
 
 
@@ -467,6 +483,7 @@ class PostgresCommitStore(_Store):
 
     def write(self, writes: Writes, *, lock_timeout_ms: int) -> Written:
         new_decision, new_effect = writes.decision is not None, writes.effect is not None
+        new_approval = writes.approval is not None
         with bound_cursor() as cursor, _lock_wait_bounded():
             try:
                 cursor.execute(*_write(writes, f"{lock_timeout_ms}ms"))
@@ -476,7 +493,11 @@ class PostgresCommitStore(_Store):
                 return _nothing_written()
             _, *ids = cursor.fetchone()
         found = iter(ids)
-        return Written(decision_pk=next(found) if new_decision else None, effect_pk=next(found) if new_effect else None)
+        return Written(
+            approval_pk=next(found) if new_approval else None,
+            decision_pk=next(found) if new_decision else None,
+            effect_pk=next(found) if new_effect else None,
+        )
 
 
 # -- SQLite ----------------------------------------------------------------------------------
@@ -521,12 +542,18 @@ class SqliteCommitStore(_Store):
             if writes.complete_pending:
                 completion = _completion()
                 cursor.execute(completion.sql, completion.params_for({_OPERATION: writes.attempt.operation_id}))
-        return Written(decision_pk=getattr(writes.decision, "pk", None), effect_pk=getattr(writes.effect, "pk", None))
+        return Written(
+            decision_pk=getattr(writes.decision, "pk", None),
+            effect_pk=getattr(writes.effect, "pk", None),
+            approval_pk=getattr(writes.approval, "pk", None),
+        )
 
 
 def _rows(writes: Writes) -> Iterator[Model]:
     """The new rows of ``writes`` in order, each given the id of the row before it that it
     references once that row is in (the caller inserts each and sets its ``pk``)."""
+    if writes.approval is not None:
+        yield writes.approval
     if writes.decision is not None:
         yield writes.decision
     if writes.effect is not None:

@@ -595,7 +595,12 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "The rows marked *(HTTP, host killed)* do the same over the API with two gunicorn hosts on one "
         "database: host A has the crash point armed, so its worker is SIGKILLed mid-request and the "
         "client gets no answer at all; the client asks host B (`GET /api/operations/OP`), reconcile must "
-        "agree, and the client retries the approval on host B.",
+        "agree, and the client retries the approval on host B. "
+        "The rows marked *(first of two approvals)* and *(second of two approvals)* run under a policy that "
+        "needs two approvers (`approvals_required` 2): the first reviewer's `resume` (its approval row) is "
+        "killed at the point, reconciled (`Pending` or `AwaitingApproval`) and retried, then the second "
+        "reviewer's (its approval row, the decision and the effect), reconciled (`AwaitingApproval` or "
+        "`Committed`) and retried; each approval must be there once, and the effect once.",
         "",
         "Test: `tests/reliability/test_crashes.py`.",
         "",
@@ -918,6 +923,8 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "make test                             # the quick version: 1 iteration per crash point, a 4 s load run,",
         "                                      # and 4 s through PgBouncer per pool mode",
         "DECISIONFLOW_RELIABILITY_ITERATIONS=5 .venv/bin/pytest tests/reliability/test_crashes.py   # SQLite",
+        "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres DECISIONFLOW_RELIABILITY_ITERATIONS=20 \\",
+        "    .venv/bin/pytest tests/reliability/test_crashes.py -k two_approvals   # two-person approval alone",
         "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres DECISIONFLOW_RELIABILITY_ITERATIONS=20 \\",
         "    .venv/bin/pytest tests/reliability -q                                                # PostgreSQL",
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",

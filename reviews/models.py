@@ -256,6 +256,69 @@ class ReviewDecision(AppendOnlyModel):
         return self.system_actor == SystemActor.PIPELINE_WITHDRAW
 
 
+# How far the approvals of an operation are, in the one wording every channel shows.
+APPROVALS_SHOWN = "{} of {} approvals"
+
+
+def approvals_shown(approvals: int, required: int) -> str | None:
+    """``APPROVALS_SHOWN`` for a policy that needs several approvers; None otherwise."""
+    if required <= 1:
+        return None
+    return APPROVALS_SHOWN.format(approvals, required)
+
+
+class Approval(AppendOnlyModel):
+    """One reviewer's approval of one operation, under a policy that needs more than one
+    (``approvals_required``, docs/QUEUE.md "Two-person approval"). Never updated.
+
+    The approvals before the last one write no decision: the ``ReviewDecision`` is written
+    with the Nth, in the same statement, so a decision still means the whole decision. Keyed
+    by the operation identity, so an edit, a re-draft or a policy change (a new operation)
+    starts again from none.
+    """
+
+    operation_id = models.CharField(max_length=80)
+    proposal = models.ForeignKey(Proposal, on_delete=models.PROTECT, related_name="approvals")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    # Which approval this is (1 .. required): unique per operation, so two approvals that read
+    # the same count cannot both be written; the one refused reads again.
+    ordinal = models.PositiveSmallIntegerField()
+    # How many the operation's policy needs: fixed by the operation identity, kept here so
+    # that a reader of this table alone (reconcile) can say "1 of 2".
+    required = models.PositiveSmallIntegerField()
+    channel = models.CharField(max_length=20)
+    approved_at = models.DateTimeField(auto_now_add=True)
+    # The chain (core/chain.py): after its proposal.
+    prev_hash = PrevHashField()
+    row_hash = RowHashField()
+
+    CHAIN_FIELDS = ("operation_id", "proposal_id", "reviewer_id", "ordinal", "required", "channel", "approved_at")
+
+    class Meta:
+        ordering = ["operation_id", "ordinal"]
+        constraints = [
+            # One approval per reviewer per operation: the same reviewer again is a replay.
+            models.UniqueConstraint(fields=["operation_id", "reviewer"], name="approval_unique_reviewer"),
+            # The atomic step of a partial approval (and the index reconcile counts by).
+            models.UniqueConstraint(fields=["operation_id", "ordinal"], name="approval_unique_ordinal"),
+            models.CheckConstraint(
+                condition=models.Q(ordinal__gte=1, required__gte=2, ordinal__lte=models.F("required")),
+                name="approval_ordinal_within_required",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.shown} of {short(self.operation_id)}"
+
+    @property
+    def shown(self) -> str | None:
+        """Where this approval stood when it was given: "1 of 2 approvals"."""
+        return approvals_shown(self.ordinal, self.required)
+
+    def chain_link(self) -> str:
+        return self.proposal.row_hash or ""
+
+
 class PendingReview(models.Model):
     """A workflow paused at the human step: where to resume it, and for which operation."""
 

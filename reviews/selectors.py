@@ -5,8 +5,9 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 
+from cases.models import approvals_required
 from core import identity
-from reviews.models import Proposal
+from reviews.models import Approval, Proposal
 
 # How a finding is flagged while its policy changed under it (``policy_change``'s
 # ``recheck``): the review page's flag on each finding, the bulk confirmation's warning.
@@ -112,3 +113,12 @@ def policy_change(
         "recheck": recheck,
         "depends_on": depends_on,
     }
+
+
+def approvals_of(*, operation_id: str, policy_snapshot: dict | None) -> tuple[int, int]:
+    """How many distinct reviewers approved ``operation_id`` so far, of how many the policy
+    it was prepared under needs: (0, 1) for a policy of one approver, without a query."""
+    required = approvals_required((policy_snapshot or {}).get("parameters"))
+    if required == 1:
+        return 0, 1
+    return Approval.objects.filter(operation_id=operation_id).count(), required

@@ -54,6 +54,7 @@ from core.observability import REFUSALS_UNRECORDED, decision_observed
 from core.outcomes import DecisionOutcome
 from effects.models import CommitAttempt
 from effects.services import (
+    AWAITING_APPROVAL,
     CONFLICTING,
     DECLINED,
     CommitResult,
@@ -78,7 +79,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DecisionResult:
-    outcome: DecisionOutcome  # one of DECIDED; a refusal is an error class instead
+    outcome: DecisionOutcome  # one of RETURNED; a refusal is an error class instead
     commit: CommitResult  # the review core's receipt, exactly as it returned it
     checkpoint_id: str  # the pause checkpoint the answer was bound to
     begun: bool  # this call began the review first
@@ -100,6 +101,8 @@ def _check_fault(fault: str | None) -> None:
 def _outcome(commit: CommitResult) -> DecisionOutcome:
     if commit.replay:
         return DecisionOutcome.REPLAY
+    if commit.status == AWAITING_APPROVAL:
+        return DecisionOutcome.AWAITING_APPROVAL
     return DecisionOutcome.DECLINED if commit.status == DECLINED else DecisionOutcome.COMMITTED
 
 
@@ -118,7 +121,9 @@ def decision_record(
 
     ``reviewer`` is the user the channel authenticated. Begins the review first when the
     named operation is the case's decidable one and was never begun (for every channel
-    alike). Returns the outcome (committed, declined, replay); every refusal is an error
+    alike). Returns the outcome (committed, declined, replay, or awaiting_approval: an
+    approval recorded under a policy that needs more distinct approvers, nothing decided
+    yet; ``commit.approvals_shown`` says how far, "1 of 2 approvals"); every refusal is an error
     class carrying its exit code and HTTP status: ``StaleProposal``, ``NotFound``,
     ``PermissionRefused``, ``InvalidInput``, ``WorkflowIncompatible`` (the pause fails a
     binding check: nothing ran), ``NotInGroup`` (the operation's policy names reviewer groups

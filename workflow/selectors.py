@@ -20,6 +20,7 @@ from core.text import when
 from effects.models import CommitAttempt, EffectRecord
 from effects.services import ReconcileRow, evidence_refusal, operations_reconcile
 from reviews.models import (
+    Approval,
     Notification,
     Origin,
     PendingReview,
@@ -109,7 +110,7 @@ def cases_with_status(queryset: QuerySet[Case] | None = None) -> QuerySet[WithAn
 @dataclass(frozen=True)
 class HistoryEvent:
     at: datetime
-    kind: str  # proposal, pending_review, escalation, assignment, claim, attempt, decision, effect, notification
+    kind: str  # proposal, pending_review, escalation, assignment, claim, attempt, approval, decision, effect, notification
     obj: Model
     # For proposals: the body diff and the evidence moves against the parent.
     diff: list[str] = field(default_factory=list)
@@ -130,9 +131,10 @@ _ORDER = {
     "assignment": 2,
     "claim": 3,
     "attempt": 4,
-    "decision": 5,
-    "effect": 6,
-    "notification": 7,
+    "approval": 5,
+    "decision": 6,
+    "effect": 7,
+    "notification": 8,
 }
 
 
@@ -161,6 +163,9 @@ def case_history(case: Case) -> CaseHistory:
         events.append(HistoryEvent(step.at, "escalation", step))
     for attempt in CommitAttempt.objects.filter(case=case).select_related("reviewer"):
         events.append(HistoryEvent(attempt.attempted_at, "attempt", attempt))
+    # Two-person approval: each approval before the decision it adds up to.
+    for approval in Approval.objects.filter(proposal__case=case).select_related("reviewer"):
+        events.append(HistoryEvent(approval.approved_at, "approval", approval))
     for decision in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer"):
         events.append(HistoryEvent(decision.decided_at, "decision", decision))
     for effect in EffectRecord.objects.filter(case=case).select_related("reviewer").defer("body"):

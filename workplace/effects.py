@@ -7,7 +7,7 @@ from django.template.loader import render_to_string
 from django.utils.html import format_html
 
 from core import text
-from core.outcomes import DECIDED, DecisionOutcome
+from core.outcomes import RETURNED, DecisionOutcome
 from effects.models import REPAIR_CHANNEL
 from reviews.models import Channel
 from workplace.display import ViewOnlyAdmin, marked_html, op_html, when
@@ -57,7 +57,7 @@ class EffectRecordAdmin(ViewOnlyAdmin):
 
 
 # Outcomes where the decision asked for did not take effect: shown in red, never with a tick.
-REFUSED_OUTCOMES = frozenset(DecisionOutcome) - frozenset(DECIDED)
+REFUSED_OUTCOMES = frozenset(DecisionOutcome) - frozenset(RETURNED)
 
 
 class AskedFilter(admin.SimpleListFilter):

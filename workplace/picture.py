@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from agent_framework import WorkflowViz
 from django.db import models
+from django.db.models import OuterRef, Subquery
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
@@ -38,7 +39,7 @@ from core.outcomes import DecisionOutcome, Failure, OperationState
 from effects.models import CommitAttempt, EffectRecord
 from engine.graph import GRAPH_SIGNATURE_HASH, build_workflow
 from engine.names import COMMIT_ID, HUMAN_REVIEW_ID, PREPARE_ID, WORKFLOW_VERSION
-from reviews.models import PendingReview, Proposal, ReviewDecision
+from reviews.models import Approval, PendingReview, Proposal, ReviewDecision, approvals_shown
 
 if TYPE_CHECKING:
     from workflow.selectors import CaseHistory
@@ -271,6 +272,7 @@ def _standing(
     pending: PendingReview | None,
     failed_attempt: CommitAttempt | None,
     successor: Proposal | None,
+    approvals: tuple[int, int] = (0, 1),
 ) -> Step:
     if decision is not None:
         who = decision.reviewer.get_username() if decision.reviewer_id else "(unknown)"
@@ -301,11 +303,13 @@ def _standing(
             failed_attempt.attempted_at,
         )
     if pending is not None and pending.status == PendingReview.Status.PENDING:
+        # Under a policy that needs several approvers, how far its approvals are.
+        shown = approvals_shown(*approvals) if approvals[0] else None
         return Step(
             proposal,
             Standing.WAITING,
             Standing.WAITING.label,
-            f"workflow {pending.workflow_version}",
+            f"workflow {pending.workflow_version}" + (f"; {shown}" if shown else ""),
             pending.created_at,
             pending.checkpoint_id,
         )
@@ -325,6 +329,7 @@ def _path(
     effects: set[int],
     pendings: dict[int, PendingReview],
     last_attempts: dict[str, CommitAttempt],
+    approvals: dict[int, tuple[int, int]],
 ) -> list[Step]:
     proposals = sorted(proposals, key=lambda p: (p.created_at, p.pk))
     successors: dict[int, Proposal] = {}
@@ -347,6 +352,7 @@ def _path(
                 if attempt is not None and attempt.outcome == CommitAttempt.Outcome.FAILED
                 else None,
                 successor=successors.get(proposal.pk),
+                approvals=approvals.get(proposal.pk, (0, 1)),
             )
         )
     return steps
@@ -354,11 +360,18 @@ def _path(
 
 def case_path(case: Case) -> list[Step]:
     """Each of the case's proposals, oldest first, with where it stands (five queries)."""
-    proposals = list(
+    latest = Approval.objects.filter(proposal=OuterRef("pk")).order_by("-ordinal")
+    annotated = list(
         Proposal.objects.filter(case=case)
         .select_related("author")
         .only("id", "case_id", "parent_id", "operation_id", "origin", "created_at", "author__username")
+        # Two-person approval: the latest approval's ordinal is the count (none: no subquery row).
+        .annotate(
+            approvals_n=Subquery(latest.values("ordinal")[:1]), approvals_of=Subquery(latest.values("required")[:1])
+        )
     )
+    approvals = {p.pk: (p.approvals_n, p.approvals_of) for p in annotated if p.approvals_n}
+    proposals: list[Proposal] = list(annotated)
     decisions = {
         d.proposal_id: d for d in ReviewDecision.objects.filter(proposal__case=case).select_related("reviewer")
     }
@@ -371,7 +384,7 @@ def case_path(case: Case) -> list[Step]:
         .only("id", "operation_id", "outcome", "attempted_at")
     ):
         last_attempts[attempt.operation_id] = attempt
-    return _path(case, proposals, decisions, effects, pendings, last_attempts)
+    return _path(case, proposals, decisions, effects, pendings, last_attempts, approvals)
 
 
 def path_from_history(history: CaseHistory) -> list[Step]:
@@ -381,10 +394,13 @@ def path_from_history(history: CaseHistory) -> list[Step]:
     pendings: dict[int, PendingReview] = {}
     effects: set[int] = set()
     last_attempts: dict[str, CommitAttempt] = {}
+    approvals: dict[int, tuple[int, int]] = {}
     for event in history.events:  # oldest first: the last attempt per operation wins
         obj = event.obj
         if isinstance(obj, Proposal):
             proposals.append(obj)
+        elif isinstance(obj, Approval):
+            approvals[obj.proposal_id] = max(approvals.get(obj.proposal_id, (0, 1)), (obj.ordinal, obj.required))
         elif isinstance(obj, ReviewDecision):
             decisions[obj.proposal_id] = obj
         elif isinstance(obj, EffectRecord):
@@ -393,7 +409,7 @@ def path_from_history(history: CaseHistory) -> list[Step]:
             pendings[obj.proposal_id] = obj
         elif isinstance(obj, CommitAttempt):
             last_attempts[obj.operation_id] = obj
-    return _path(history.case, proposals, decisions, effects, pendings, last_attempts)
+    return _path(history.case, proposals, decisions, effects, pendings, last_attempts, approvals)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from django.utils.decorators import method_decorator
 from django.utils.html import format_html, format_html_join
 
 from audit.verify import case_chain
-from cases.models import Case, SourceVersion
+from cases.models import Case, SourceVersion, approvals_required
 from cases.selectors import case_text_fields
 from core import identity
 from core import text as text_policy
@@ -47,7 +47,7 @@ from core.replicas import replica_reads
 from effects.models import EffectRecord
 from effects.selectors import case_delivery_panels, delivery_for, delivery_panel
 from effects.services import operation_reconcile
-from reviews.models import Channel, PendingReview, Proposal, ReviewDecision
+from reviews.models import Approval, Channel, PendingReview, Proposal, ReviewDecision, approvals_shown
 from reviews.selectors import RECHECK_FLAG, evidence_moves, policy_change, proposal_diff, proposal_text_fields
 from workflow import selectors
 from workflow.begin import review_begin
@@ -154,9 +154,24 @@ def _declined(decided: DecisionResult) -> str:
     )
 
 
+def _awaiting(decided: DecisionResult) -> str:
+    return format_html(
+        "Approval recorded: {}; another reviewer must approve before the reply is approved, "
+        "and nothing is written or sent until then.{}",
+        decided.commit.approvals_shown,
+        _receipt_html(decided),
+    )
+
+
 def _replayed(decided: DecisionResult) -> str:
     decision = decided.commit.decision
-    assert decision is not None  # a replay is a decision that was already recorded
+    if decision is None:
+        # The same reviewer's approval again, before the others the policy needs.
+        return format_html(
+            "Already approved by you: nothing new was written ({}; another reviewer must approve).{}",
+            decided.commit.approvals_shown,
+            _receipt_html(decided),
+        )
     verb = "approved" if decision.approved else "declined"
     text = format_html(
         "Already {}: nothing new was written ({} by {} at {}",
@@ -175,6 +190,7 @@ SAID = {
     DecisionOutcome.COMMITTED: (messages.SUCCESS, _committed),
     DecisionOutcome.DECLINED: (messages.SUCCESS, _declined),
     DecisionOutcome.REPLAY: (messages.INFO, _replayed),
+    DecisionOutcome.AWAITING_APPROVAL: (messages.SUCCESS, _awaiting),
 }
 
 
@@ -362,6 +378,15 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             if reviewer_ok and is_current and decision is None
             else None
         )
+        # Two-person approval: the approvals so far (no query under a policy of one approver).
+        required = approvals_required(policy.get("parameters"))
+        approvals = (
+            list(Approval.objects.filter(operation_id=proposal.operation_id).select_related("reviewer"))
+            if required > 1
+            else []
+        )
+        # Who approved already sees that instead of Approve (another approval is a replay).
+        approved_by_you = decision is None and any(a.reviewer_id == request.user.pk for a in approvals)
         # The same for a proposal a new source version has marked: the reason, not Approve.
         evidence_changed = (
             selectors.evidence_changed_refusal(case, proposal) if is_current and decision is None else None
@@ -401,6 +426,10 @@ class ProposalAdmin(LargeListAdminMixin, ViewOnlyAdmin):
             show_decide=reviewer_ok and is_current and decision is None,
             four_eyes=_four_eyes_sentence(four_eyes),
             not_in_group=_not_in_group_sentence(not_in_group),
+            approvals=approvals,
+            approvals_required=required,
+            approvals_shown=approvals_shown(len(approvals), required),
+            approved_by_you=approved_by_you,
             evidence_changed=_evidence_changed_sentence(evidence_changed),
             show_edit=reviewer_ok and is_current and decision is None,
             decline_reasons=DECLINE_REASON_CHOICES,

@@ -35,6 +35,7 @@ def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
         "operation_id": DEMO_OP,
         "outcome": "committed",
         "decline_reason": None,
+        "approvals": None,
     }
     assert PendingReview.objects.get(operation_id=DEMO_OP).status == "completed"
     # Begin wrote exactly one checkpoint (the pause); the answered run wrote none.
@@ -50,6 +51,7 @@ def test_approve_begins_a_never_begun_review_then_replays(api, case, reviewer):
         "operation_id": DEMO_OP,
         "outcome": "replay",
         "decline_reason": None,
+        "approvals": None,
     }
     assert snapshot() == after_first
     assert WorkflowCheckpoint.objects.count() == 1
@@ -81,6 +83,7 @@ def test_decline_then_replay_then_conflict(api, proposal):
         "operation_id": DEMO_OP,
         "outcome": "declined",
         "decline_reason": None,
+        "approvals": None,
     }
     again = api.post(DECISION, {"operation_id": DEMO_OP, "approved": False})
     assert (again.json()["replay"], again.json()["outcome"], again.json()["status"]) == (True, "replay", "Declined")
@@ -148,6 +151,7 @@ def test_stale_decision_409_names_the_current_operation(api, proposal, reviewer,
         "case_id": "T-1042",
         "state": "Pending",
         "effect_count": 0,
+        "approvals": None,
         "current": False,
         "decision": None,
         "delivery": None,
@@ -219,6 +223,7 @@ def test_lost_receipt_sequence_over_http(api, proposal, settings):
         "operation_id": DEMO_OP,
         "outcome": "replay",
         "decline_reason": None,
+        "approvals": None,
     }
     assert EffectRecord.objects.filter(operation_id=DEMO_OP).count() == 1
     assert attempts()[-1] == ("replay", "api")

@@ -33,7 +33,7 @@ def test_openapi_json_describes_the_endpoints(client, db):
     components = schema["components"]["schemas"]
     decided = components["DecisionOut"]
     assert "outcome" in decided["required"]
-    assert decided["properties"]["outcome"]["enum"] == ["committed", "declined", "replay"]
+    assert decided["properties"]["outcome"]["enum"] == ["committed", "declined", "replay", "awaiting_approval"]
     edited = components["EditOut"]
     assert {"review_begun", "review_error"} <= set(edited["required"])
     assert edited["properties"]["review_begun"]["type"] == "boolean"

@@ -31,6 +31,8 @@ EXPECTED = {
     "committed": ("committed", None),
     "declined": ("declined", None),
     "replay": ("replay", None),
+    "awaiting_approval": ("awaiting_approval", None),
+    "four_eyes": ("refused", "four_eyes"),
     "conflict": ("conflict", "conflicting_decision"),
     "stale": ("stale", "stale_proposal"),
     "not_found": ("refused", "not_found"),
@@ -164,7 +166,7 @@ def test_reconcile_runs_and_operations_by_state(world):  # noqa: F811
     assert delta(before, middle, "decisionflow_reconcile_operations_total", state="Pending") == 1
     assert delta(before, middle, "decisionflow_lock_wait_seconds_count", lock="reconcile") == 1
     last = {dict(ls)["state"]: v for (n, ls), v in middle.items() if n == "decisionflow_reconcile_last_operations"}
-    assert last == {"Pending": 1, "Committed": 1, "Declined": 0, "NoLocalEffectRecorded": 0}
+    assert last == {"Pending": 1, "AwaitingApproval": 0, "Committed": 1, "Declined": 0, "NoLocalEffectRecorded": 0}
 
     # A run for one case counts its operations but leaves the whole-store gauges alone.
     assert run_reconcile(pending.case_id) == 0

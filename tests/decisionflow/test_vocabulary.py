@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from core import errors, observability
-from core.outcomes import DECIDED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
+from core.outcomes import DECIDED, RETURNED, DecisionOutcome, Failure, OperationState, ReceiptStatus, error_outcome
 from effects.models import CommitAttempt
 from effects.services import CommitResult, operation_state
 from reviews.models import HUMAN_DECLINE_REASONS, Channel, DeclineReason, PendingReview
@@ -91,11 +91,11 @@ def test_the_attempt_row_stores_the_outcome_enum_and_its_migrations_agree(db):
 
 
 def test_the_service_returns_the_decided_outcomes_and_the_api_lists_them(openapi):
-    assert _enum(openapi, "DecisionOut", "outcome") == [outcome.value for outcome in DECIDED]
-    assert set(DECIDED) < set(DecisionOutcome)
+    assert _enum(openapi, "DecisionOut", "outcome") == [outcome.value for outcome in RETURNED]
+    assert set(DECIDED) < set(RETURNED) < set(DecisionOutcome)
     # docs/API.md says what each returned outcome means.
     paragraph = _doc("API.md").split("`outcome` is what this request did", 1)[1].split("\n- ", 1)[0]
-    assert _ticked(paragraph) == [outcome.value for outcome in DECIDED]
+    assert _ticked(paragraph) == [outcome.value for outcome in RETURNED]
 
 
 def test_the_metric_labels_are_the_outcomes_and_the_docs_list_them():
@@ -119,8 +119,8 @@ def test_the_admin_filters_and_colours_every_outcome(admin_client):
     for outcome in DecisionOutcome:
         assert f"?outcome__exact={outcome.value}" in page and outcome.label in page, outcome
     # Every outcome is either one the decision took effect in (a tick) or not (red).
-    assert REFUSED_OUTCOMES | set(DECIDED) == set(DecisionOutcome)
-    assert not REFUSED_OUTCOMES & set(DECIDED)
+    assert REFUSED_OUTCOMES | set(RETURNED) == set(DecisionOutcome)
+    assert not REFUSED_OUTCOMES & set(RETURNED)
 
 
 def test_the_picture_says_the_outcomes_words():
@@ -150,7 +150,12 @@ def test_the_case_list_status_says_the_outcomes_words():
 
 
 def test_reconcile_classifies_into_the_states():
-    found = {operation_state(approved, effect) for approved in (None, True, False) for effect in (True, False)}
+    found = {
+        operation_state(approved, effect, approvals)
+        for approved in (None, True, False)
+        for effect in (True, False)
+        for approvals in (0, 1)
+    }
     assert found == set(OperationState)
     assert list(observability.RECONCILE_STATES) == OperationState.values
 
@@ -197,7 +202,7 @@ def test_the_receipt_is_byte_for_byte_the_documented_one():
     assert json.dumps(receipt, separators=(",", ":")) == '{"Status":"Committed","Replay":false,"EffectCount":1}'
     assert ReceiptStatus.COMMITTED == OperationState.COMMITTED and ReceiptStatus.DECLINED == OperationState.DECLINED
     lines = _table("COMMANDS.md", "| situation | result line | exit |")
-    assert len(lines) == 5
+    assert len(lines) == 6
     table = _doc("COMMANDS.md").split("| situation | result line | exit |", 1)[1].split("\n\n", 1)[0]
     assert sorted(set(re.findall(r'"Status":"(\w+)"', table))) == sorted(ReceiptStatus.values)
 
@@ -244,7 +249,11 @@ def test_no_module_of_ours_spells_a_state_or_a_receipt_status_itself():
 
 def test_the_api_lists_the_statuses_a_decision_answers(openapi):
     # A conflict is a 409 with its receipt in the message, never a 200.
-    assert _enum(openapi, "DecisionOut", "status") == [ReceiptStatus.COMMITTED, ReceiptStatus.DECLINED]
+    assert _enum(openapi, "DecisionOut", "status") == [
+        ReceiptStatus.COMMITTED,
+        ReceiptStatus.DECLINED,
+        ReceiptStatus.AWAITING_APPROVAL,
+    ]
 
 
 # --- decline reasons ---------------------------------------------------------------------

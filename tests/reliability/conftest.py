@@ -95,11 +95,16 @@ def case_data(case_id: str, **overrides) -> dict:
     return {**load_fixture("t1042.json"), "case_id": case_id, **overrides}
 
 
-def new_case(tag: str):
-    """A fresh case with a unique ID: cheaper than a fresh database per iteration."""
+def new_case(tag: str, *, approvals_required: int | None = None):
+    """A fresh case with a unique ID: cheaper than a fresh database per iteration.
+    ``approvals_required``: under a policy that needs that many distinct approvers."""
     from cases.services import case_import
 
-    return case_import(data=case_data(f"R-{tag}-{uuid.uuid4().hex[:10]}")).case
+    data = case_data(f"R-{tag}-{uuid.uuid4().hex[:10]}")
+    if approvals_required is not None:
+        data["policy"] = {**data["policy"], "parameters": {**data["policy"]["parameters"]}}
+        data["policy"]["parameters"]["approvals_required"] = approvals_required
+    return case_import(data=data).case
 
 
 def truth(case_ids) -> list[dict]:
@@ -109,7 +114,7 @@ def truth(case_ids) -> list[dict]:
     """
     from cases.models import Case
     from effects.models import EffectRecord
-    from reviews.models import Proposal, ReviewDecision
+    from reviews.models import Approval, Proposal, ReviewDecision
 
     rows = []
     for case in Case.objects.filter(case_id__in=list(case_ids)).order_by("case_id"):
@@ -118,8 +123,11 @@ def truth(case_ids) -> list[dict]:
             if decision is None and case.current_proposal_id != proposal.pk:
                 continue
             effects = EffectRecord.objects.filter(operation_id=proposal.operation_id).count()
+            approvals = list(
+                Approval.objects.filter(operation_id=proposal.operation_id).values_list("required", flat=True)
+            )
             if decision is None:
-                state = "Pending"
+                state = "AwaitingApproval" if approvals else "Pending"
             elif not decision.approved:
                 state = "Declined"
             else:
@@ -134,6 +142,9 @@ def truth(case_ids) -> list[dict]:
                     "decline_reason": decision.decline_reason if decision is not None else None,
                 }
             )
+            if decision is None and approvals:
+                # A policy that needs several approvers: how many so far, of how many.
+                rows[-1].update(approvals=len(approvals), approvals_required=approvals[0])
     return rows
 
 

@@ -336,6 +336,7 @@ def test_a_host_killed_mid_request_and_the_client_retries_on_the_other_host(revi
                         "operation_id": op,
                         "outcome": "replay" if after == "Committed" else "committed",
                         "decline_reason": None,
+                        "approvals": None,
                     }
                     t = figures.add(case, approved=True)
                     assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (1, 1, 0, 0)
@@ -367,3 +368,51 @@ def test_a_crash_point_is_inert_without_fault_injection(reviewer_name):
     assert proc.returncode == 0, proc.stderr
     assert receipt(proc.stdout) == {"Status": "Committed", "Replay": False, "EffectCount": 1}
     assert EffectRecord.objects.filter(operation_id=op).count() == 1
+
+
+@pytest.mark.parametrize("point", list(RESUME_POINTS))
+def test_crash_during_each_of_two_approvals_then_reconcile_then_retry(point, reviewer_name, make_user):
+    """Under a policy that needs two approvers: the first approval (its approval row and its
+    attempt) and the second (its approval row, the decision, the effect) are each killed at
+    the point, reconciled and retried. No approval is lost or doubled, and the effect is
+    written once, with the second. ``make test`` kills the last point only (each point costs
+    two child processes); ``make reliability`` kills every point, each approval, 20 times."""
+    if iterations() == 1 and point != "commit-after-transaction":
+        pytest.skip("make reliability kills this point (DECISIONFLOW_RELIABILITY_ITERATIONS > 1)")
+    from reviews.models import Approval
+    from workflow.begin import review_begin
+
+    second_name = make_user("second-approver").get_username()
+    # What reconcile says right after the kill, for the first and for the second approval.
+    after = {
+        "commit-before-decision": ("Pending", "AwaitingApproval"),
+        "commit-after-decision": ("Pending", "AwaitingApproval"),
+        "commit-after-transaction": ("AwaitingApproval", "Committed"),
+    }[point]
+    receipts = (
+        {"Status": "AwaitingApproval", "EffectCount": 0},
+        {"Status": "Committed", "EffectCount": 1},
+    )
+    first = Figures(f"{point} (first of two approvals)", crash_at=point)
+    second = Figures(f"{point} (second of two approvals)", crash_at=point)
+    for _ in range(iterations()):
+        case = new_case("a", approvals_required=2)
+        op = review_begin(case=case).operation_id
+        for nth, (figures, name) in enumerate(((first, reviewer_name), (second, second_name))):
+            args = ("resume", case.case_id, "--operation-id", op, "--approve", "--reviewer", name)
+            crash(figures, *args)
+            reconcile_truthfully(figures, case, after[nth])
+            landed = after[nth] != ("Pending", "AwaitingApproval")[nth]
+            code, out, err = command(*args)
+            assert code == 0, err
+            assert receipt(out) == {**receipts[nth], "Replay": landed}
+            approvers = list(Approval.objects.filter(operation_id=op).values_list("reviewer__username", flat=True))
+            t = figures.add(case, approved=True)
+            # Every approval given is there once: the first reviewer's, then the second's.
+            figures.lost += len({reviewer_name, second_name}.difference(approvers)) - (1 - nth)
+            figures.duplicates += len(approvers) - len(set(approvers))
+            assert approvers == [reviewer_name, second_name][: nth + 1]
+            assert (t["decisions"], t["effects"], t["duplicates"], t["lost_approvals"]) == (nth, nth, 0, 0)
+    for figures in (first, second):
+        figures.save()
+        assert figures.crashes == figures.iterations and figures.duplicates == 0 and figures.lost == 0

@@ -81,12 +81,14 @@ def via_admin(user, case: Case, op: str, approved: bool, fault: str | None = Non
     for pattern, outcome in (
         (r"^Approved:", "committed"),
         (r"^Declined:", "declined"),
-        (r"^Already (approved|declined): nothing new was written", "replay"),
+        (r"^Already (approved|declined)( by you)?: nothing new was written", "replay"),
+        (r"^Approval recorded: 1 of 2 approvals;", "awaiting_approval"),
         # A refusal in its error's own words.
         (r"^conflicting decision:", "conflict"),
         (r"^stale:", "stale"),
         (r"^not in group:", "not_in_group"),
         (r"^not the assignee:", "not_assignee"),
+        (r"^four eyes:", "four_eyes"),
         (r"^another action on case \S+ is in progress; try again", "busy"),
         (r"^outcome uncertain:", "uncertain"),
         (r"review permission", "forbidden"),
@@ -110,6 +112,8 @@ def via_api(user, case: Case, op: str, approved: bool, fault: str | None = None)
     )
     body = response.json()
     if response.status_code == 200:
+        if body["outcome"] == "awaiting_approval":
+            assert body["approvals"] == "1 of 2 approvals" and body["effect_count"] == 0
         return body["outcome"]
     if body["code"] == "case_busy":
         assert response["Retry-After"].isdigit()
@@ -118,6 +122,7 @@ def via_api(user, case: Case, op: str, approved: bool, fault: str | None = None)
         "stale_proposal": "stale",
         "not_in_group": "not_in_group",
         "not_assignee": "not_assignee",
+        "four_eyes": "four_eyes",
         "forbidden": "forbidden",
         "not_found": "not_found",
         "workflow_incompatible": "incompatible",
@@ -139,6 +144,9 @@ def via_command(user, case: Case, op: str, approved: bool, fault: str | None = N
         receipt = json.loads(out.getvalue().split("result=", 1)[1])
         if receipt["Replay"]:
             return "replay"
+        if receipt["Status"] == "AwaitingApproval":
+            assert "approvals=1 of 2 approvals\n" in out.getvalue()
+            return "awaiting_approval"
         return "declined" if receipt["Status"] == "Declined" else "committed"
     if code == 1 and "review permission" in err.getvalue():
         return "forbidden"
@@ -150,6 +158,7 @@ def via_command(user, case: Case, op: str, approved: bool, fault: str | None = N
         5: "incompatible",
         6: "busy",
         11: "not_in_group",
+        8: "four_eyes",
         14: "not_assignee",
         42: "uncertain",
     }.get(code, f"unclassified exit {code}: {err.getvalue()!r}")
@@ -157,7 +166,7 @@ def via_command(user, case: Case, op: str, approved: bool, fault: str | None = N
 
 CHANNELS = {"admin": via_admin, "api": via_api, "command": via_command}
 # What a decision that went through reports; everything else is a refusal or a failure.
-DECIDED_HERE = ("committed", "declined", "replay")
+DECIDED_HERE = ("committed", "declined", "replay", "awaiting_approval")
 
 
 # --- scenarios ---------------------------------------------------------------------------
@@ -295,6 +304,47 @@ def scenario_the_assignee(world, decide):
     return decide(world["other"], case, _op(case), True)
 
 
+def _two_person() -> Case:
+    """T-1042 under a policy that needs two distinct approvers, begun."""
+    from cases.services import case_import
+
+    data = load_fixture("t1042.json")
+    data["policy"]["parameters"]["approvals_required"] = 2
+    case = case_import(data=data).case
+    review_begin(case=case)
+    case.refresh_from_db()
+    return case
+
+
+def scenario_first_of_two_approvals(world, decide):
+    case = _two_person()
+    return decide(world["reviewer"], case, _op(case), True)
+
+
+def scenario_second_of_two_approvals(world, decide):
+    case = _two_person()
+    decision_record(case=case, operation_id=_op(case), approved=True, reviewer=world["other"], channel="test")
+    return decide(world["reviewer"], case, _op(case), True)
+
+
+def scenario_same_approver_again_of_two(world, decide):
+    case = _two_person()
+    decision_record(case=case, operation_id=_op(case), approved=True, reviewer=world["reviewer"], channel="test")
+    return decide(world["reviewer"], case, _op(case), True)
+
+
+def scenario_decline_after_one_of_two(world, decide):
+    case = _two_person()
+    decision_record(case=case, operation_id=_op(case), approved=True, reviewer=world["other"], channel="test")
+    return decide(world["reviewer"], case, _op(case), False)
+
+
+def scenario_editor_approves_one_of_two(world, decide):
+    case = _two_person()
+    review_edit(case=case, expected_operation_id=_op(case), body="A different reply.", editor=world["reviewer"])
+    return decide(world["reviewer"], case, _op(case), True)
+
+
 def scenario_checkpoint_of_another_case(world, decide):
     case, other = _begun(), _begun("t1077.json")
     theirs = PendingReview.objects.get(case=other).checkpoint_id
@@ -335,6 +385,11 @@ SCENARIOS = {
     "an approval by a member of the policy's group": (scenario_in_group, "committed", 1),
     "an approval by another than the assignee, assignee only": (scenario_not_the_assignee, "not_assignee", 0),
     "an approval by the assignee, assignee only": (scenario_the_assignee, "committed", 1),
+    "the first of two approvals": (scenario_first_of_two_approvals, "awaiting_approval", 0),
+    "the second of two approvals": (scenario_second_of_two_approvals, "committed", 1),
+    "the same approver again, of two": (scenario_same_approver_again_of_two, "replay", 0),
+    "a decline after one of two approvals": (scenario_decline_after_one_of_two, "declined", 0),
+    "the editor approves, of two": (scenario_editor_approves_one_of_two, "four_eyes", 0),
     "a checkpoint of another case": (scenario_checkpoint_of_another_case, "incompatible", 0),
     "another action holds the case": (scenario_busy, "busy", 0),
     "connection lost after the commit": (scenario_lost_connection, "uncertain", 1),

@@ -22,6 +22,7 @@ from effects.services import (
     operations_reconcile,
     operations_reconcile_lines,
 )
+from reviews.models import approvals_shown
 
 # Exit bits (docs/COMMANDS.md): each finding its own, so that cron can tell them apart; 1 is
 # the code NoLocalEffectRecorded always had (it is also the usage error's).
@@ -219,6 +220,8 @@ class Command(WorkflowCommand):
             line += f" delivery={row.delivery}"
             if row.delivery_reference:
                 line += f" reference={shown(row.delivery_reference)}"
+        if row.approvals:
+            line += f" approvals={shown(approvals_shown(row.approvals, row.required))}"
         return line
 
     def report(self, row, repaired=False):

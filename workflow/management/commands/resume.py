@@ -77,6 +77,9 @@ class Command(WorkflowCommand):
             self.stdout.write(bound)
             raise
         self.stdout.write(bound)
+        if decided.commit.approvals_shown:
+            # A policy that needs several approvers: how far its approvals are.
+            self.stdout.write(f"approvals={decided.commit.approvals_shown}")
         self.stdout.write("result=" + json.dumps(decided.commit.receipt(), separators=(",", ":")))
 
     def hints(self, exc):
