@@ -16,7 +16,7 @@ from django.db.models import Exists, Model, OuterRef, QuerySet, Subquery
 
 from core.chain import row_hash
 from effects.models import CommitAttempt, Delivery, DeliveryTry, EffectRecord
-from reviews.models import NotificationEvent, Proposal, ReviewDecision
+from reviews.models import Approval, NotificationEvent, Proposal, ReviewDecision
 
 CHUNK = 2000
 
@@ -128,7 +128,10 @@ class Table:
         return {"expected_prev": ""}
 
 
-# Sealed and verified in this order; the order is part of a seal's signed statement.
+# Sealed and verified in this order; the order is part of a seal's signed statement. A table
+# added later goes last, and a seal made before it says nothing of it (``seals.statement``
+# frames only the tables a seal covers), so the seals already signed stay valid; the first
+# seal after the upgrade covers the new table's rows from its first one.
 TABLES: tuple[Table, ...] = (
     Table(Proposal, follows_fk="parent_id", follows_model=Proposal),
     Table(ReviewDecision, follows_fk="proposal_id", follows_model=Proposal),
@@ -136,6 +139,7 @@ TABLES: tuple[Table, ...] = (
     Table(CommitAttempt),
     Table(DeliveryTry, partition="delivery_id"),
     Table(NotificationEvent, partition="notification_id"),
+    Table(Approval, follows_fk="proposal_id", follows_model=Proposal),
 )
 BY_LABEL = {table.label: table for table in TABLES}
 

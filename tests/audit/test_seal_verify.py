@@ -20,7 +20,7 @@ from core import chain, signing
 from core.errors import AuditMismatch
 from effects.models import CommitAttempt, Delivery, DeliveryTry, EffectRecord
 from effects.services import effect_commit
-from reviews.models import ReviewDecision
+from reviews.models import Approval, ReviewDecision
 from reviews.services import proposal_create
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +32,7 @@ APPEND_ONLY = (
     "effects_commitattempt",
     "effects_deliverytry",
     "reviews_notificationevent",
+    "reviews_approval",
     "audit_seal",
 )
 
@@ -327,3 +328,51 @@ def test_two_tries_after_the_same_one_are_a_fork_and_a_deleted_try_breaks_the_ne
     assert (
         f"effects.deliverytry {fork.pk} follows an earlier delivery try of its delivery, which is missing: deleted"
     ) in problems
+
+
+def _approval(proposal, reviewer) -> Approval:
+    """One approval of two, as a two-approver policy's first approver writes it."""
+    return Approval.objects.create(
+        operation_id=proposal.operation_id, proposal=proposal, reviewer=reviewer, ordinal=1, required=2, channel="api"
+    )
+
+
+def test_a_table_chained_later_keeps_the_older_seals_valid_and_is_sealed_from_then_on(
+    decided, reviewer, make_user, monkeypatch
+):
+    """The approvals joined the chain after seals existed: a seal made before says nothing of
+    them and still verifies; the next seal covers them, and a change to one is then named."""
+    import audit.seals
+
+    before = tuple(t for t in audit.seals.TABLES if t.label != "reviews.approval")
+    with monkeypatch.context() as m:
+        m.setattr(audit.seals, "TABLES", before)
+        old = seal_write().seal
+    assert "reviews.approval" not in old.covers
+    approval = _approval(proposal_create(case=decided.case), make_user("second"))
+    report = database_verify(public_keys=keys())
+    assert report.ok, report.problems
+    assert report.unsealed["reviews.approval"] == 1
+    new = seal_write().seal
+    assert (new.number, new.covers["reviews.approval"]["through"]) == (2, approval.pk)
+    report = database_verify(public_keys=keys())
+    assert report.ok, report.problems
+    assert report.unsealed_count == 0
+    with triggers_off() as cursor:
+        cursor.execute("UPDATE reviews_approval SET channel = %s WHERE id = %s", ["admin", approval.pk])
+    assert first(database_verify(public_keys=keys())) == (
+        f"reviews.approval {approval.pk} does not match its hash: it was changed after it was written"
+    )
+
+
+def test_a_seal_that_drops_a_table_the_one_before_covered_is_named(decided, reviewer, monkeypatch):
+    import audit.seals
+
+    seal_write()
+    effect_commit(operation_id=decided.operation_id, approved=True, reviewer=reviewer)  # a replay's attempt to seal
+    with monkeypatch.context() as m:
+        m.setattr(audit.seals, "TABLES", tuple(t for t in audit.seals.TABLES if t.label != "reviews.approval"))
+        seal_write()
+    assert first(database_verify(public_keys=keys())) == (
+        "seal 2 says nothing of reviews.approval, which the seal before it covered"
+    )
