@@ -8,9 +8,11 @@ claim lets one worker through.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from datetime import timedelta
 
+from django.db import transaction
 from django.utils import timezone
 from django_tasks import task, task_backends
 
@@ -33,9 +35,18 @@ def deliver(operation_id: str, trace: dict[str, str] | None = None) -> str:
 
 
 def delivery_enqueue(operation_id: str, *, delay: timedelta | None = None) -> None:
-    """Enqueue one try, with the current trace context in its arguments when tracing is on.
+    """Enqueue one try once the caller's transaction commits (at once outside one), with the
+    caller's trace context in its arguments when tracing is on. A broker is not rolled back
+    with the database: enqueued earlier, a worker could look for the row before it exists.
     Never raises: a lost enqueue only delays the delivery (the sweep finds it), and the
     commit that called it has already succeeded."""
+    # Run in the caller's context, so that an enqueue at an outer commit still joins the
+    # caller's trace (and its span names the case).
+    caller = contextvars.copy_context()
+    transaction.on_commit(lambda: caller.run(_enqueue, operation_id, delay))
+
+
+def _enqueue(operation_id: str, delay: timedelta | None) -> None:
     with traced(SpanName.ENQUEUE, {Attr.OPERATION: operation_id}):
         context = carrier()
         traced_args = {"trace": context} if context else {}

@@ -36,7 +36,7 @@ def _walk_up(span, by_id) -> list:
 
 
 def test_one_approval_is_one_trace_across_the_queue_to_the_helpdesk(
-    client, case, reviewer, delivering, settings, spans
+    client, case, reviewer, delivering, settings, spans, django_capture_on_commit_callbacks
 ):
     from api.services import token_create
 
@@ -46,7 +46,9 @@ def test_one_approval_is_one_trace_across_the_queue_to_the_helpdesk(
     spans.clear()
 
     api = Api(client, token_create(user=reviewer, name="tests")[1])
-    answer = api.post("/api/cases/T-1042/decision", {"operation_id": operation_id, "approved": True})
+    # The test's transaction never commits: its commit callbacks (the enqueue) are run as it would.
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = api.post("/api/cases/T-1042/decision", {"operation_id": operation_id, "approved": True})
     assert answer.status_code == 200 and answer.json()["outcome"] == "committed", answer.content
 
     # The task was enqueued into the database with the trace context in its arguments, and
@@ -142,14 +144,17 @@ def test_a_refusal_is_an_error_span_by_its_code_not_its_words(client, case, revi
     assert answer.json()["message"] not in decision.status.description
 
 
-def test_off_nothing_is_traced_and_the_task_carries_no_context(proposal, reviewer, delivering):
+def test_off_nothing_is_traced_and_the_task_carries_no_context(
+    proposal, reviewer, delivering, django_capture_on_commit_callbacks
+):
     from effects.services import effect_commit
 
     assert not tracing.tracing_start(service="decisionflow-test")  # off: DECISIONFLOW_TRACING unset
     assert tracing.carrier() is None and tracing.outbound_headers({"a": "b"}) == {"a": "b"}
     with tracing.traced(SpanName.DECISION, {Attr.OPERATION: "x"}) as span:
         span.set({Attr.OUTCOME: "y"})  # does nothing
-    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    with django_capture_on_commit_callbacks(execute=True):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     (enqueued,) = default_task_backend.results
     assert enqueued.args == [proposal.operation_id] and enqueued.kwargs == {}
     assert delivering.stats()["traceparents_by_key"] == {}
@@ -195,17 +200,20 @@ def test_the_worker_process_joins_the_trace_and_exports_it(proposal, reviewer, d
     assert received.startswith(f"00-{deliver.trace_id.hex()}-{send.span_id.hex()}-")
 
 
-def test_an_approval_in_the_admin_is_one_trace_too(client, case, reviewer, delivering, spans):
+def test_an_approval_in_the_admin_is_one_trace_too(
+    client, case, reviewer, delivering, spans, django_capture_on_commit_callbacks
+):
     from django.urls import reverse
 
     review_begin(case=case)
     pending = PendingReview.objects.get()
     spans.clear()
     client.force_login(reviewer)
-    decided = client.post(
-        reverse("admin:reviews_proposal_decide", args=[pending.proposal_id]),
-        {"operation_id": pending.operation_id, "decision": "approve"},
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        decided = client.post(
+            reverse("admin:reviews_proposal_decide", args=[pending.proposal_id]),
+            {"operation_id": pending.operation_id, "decision": "approve"},
+        )
     assert decided.status_code == 302 and Delivery.objects.filter(operation_id=pending.operation_id).exists()
     finished = spans.get_finished_spans()
     (request,) = [span for span in finished if span.kind == trace.SpanKind.SERVER]
