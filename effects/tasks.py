@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
-from django.db import transaction
+from django.conf import settings
+from django.db import close_old_connections, connections, transaction
 from django.utils import timezone
 from django_tasks import task, task_backends
 
-from core.tracing import Attr, SpanName, carrier, traced
+from core.tracing import Attr, SpanName, carrier, traced, tracing_start, tracing_stop
 from effects import delivery
+from effects.delivery import delivery_configured
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +72,43 @@ def delivery_sweep_and_enqueue() -> dict[str, int]:
     for operation_id in due:
         delivery_enqueue(operation_id)
     return {"unknown": unknown, "enqueued": len(due)}
+
+
+def _sweep_once() -> None:
+    try:
+        done = delivery_sweep_and_enqueue()
+        if done["unknown"] or done["enqueued"]:
+            log.info("delivery sweep: unknown=%s enqueued=%s", done["unknown"], done["enqueued"])
+    except Exception:
+        # The next round tries again; the worker itself keeps running tasks.
+        log.exception("delivery sweep failed")
+
+
+def _sweep_forever(stop: threading.Event, interval: float) -> None:
+    while not stop.wait(interval):
+        close_old_connections()
+        _sweep_once()
+    connections.close_all()
+
+
+@contextmanager
+def worker_running(*, once: bool) -> Iterator[None]:
+    """What every task worker runs around its backend's loop (``db_worker``, ``rqworker``):
+    tracing (when on), and with a helpdesk configured the delivery sweep, once at start and,
+    unless ``once``, every ``DECISIONFLOW_DELIVERY_SWEEP_INTERVAL`` seconds in a thread of its
+    own, so a lost enqueue or a worker killed mid-send only delays a delivery. Several
+    workers sweeping at once is harmless: every move is a conditional UPDATE and the claim
+    lets one try through."""
+    stop = threading.Event()
+    tracing_start(service="decisionflow-worker")  # when tracing is on (docs/DEPLOY.md)
+    if delivery_configured():
+        _sweep_once()
+        close_old_connections()
+        if not once:
+            interval = float(settings.DECISIONFLOW_DELIVERY_SWEEP_INTERVAL)
+            threading.Thread(target=_sweep_forever, args=(stop, interval), name="delivery-sweep", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+        tracing_stop()  # the last spans are sent before the process ends

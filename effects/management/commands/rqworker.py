@@ -1,0 +1,67 @@
+"""`manage.py rqworker`: django-rq's worker for the RQ task backend, plus the delivery sweep.
+
+The same command and options as django-rq's own (this app is listed before it, so this one
+is found first), with what django-tasks-rq needs as defaults: its job class, the scheduler
+(a retry is a deferred task), and the queue ``default``. Its worker runs each task in its
+own process, not a forked child per task, so a task's database connection and trace
+exporter are the worker's, and a ``kill -9`` of the worker is the end of its task too: the
+delivery's lease runs out and the sweep sends it again, with the same key. With a helpdesk
+configured it also runs the delivery sweep (effects.tasks.worker_running).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import django_rq
+from django.conf import settings
+from django.core.management.base import CommandError
+from django.db import close_old_connections
+from django_rq.management.commands import rqworker
+from redis.exceptions import RedisError
+from rq.worker import SimpleWorker
+
+from effects.tasks import worker_running
+
+
+class TaskWorker(SimpleWorker):
+    """RQ's in-process worker, with Django's stale connections closed around each task (as
+    a web request does), so a restarted database costs one failed task at most."""
+
+    def execute_job(self, job, queue):
+        close_old_connections()
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            close_old_connections()
+
+
+class Command(rqworker.Command):
+    help = (
+        "Run a task worker on the RQ backend (DECISIONFLOW_TASKS_BACKEND=django_tasks_rq.RQBackend, "
+        "Redis at DECISIONFLOW_TASKS_REDIS_URL): sends the review notifications and delivers approved "
+        "replies to the helpdesk. With DECISIONFLOW_DELIVERY_URL set it also sweeps the deliveries "
+        "every DECISIONFLOW_DELIVERY_SWEEP_INTERVAL seconds (docs/QUEUE.md, 'Workers on RQ')."
+    )
+
+    def add_arguments(self, parser):
+        super().add_arguments(parser)
+        parser.set_defaults(job_class="django_tasks_rq.Job", worker_class=TaskWorker, with_scheduler=True)
+
+    def handle(self, *args, **options):
+        if settings.TASKS["default"]["BACKEND"] != settings.TASKS_RQ_BACKEND:
+            raise CommandError(
+                f"rqworker runs the RQ backend's tasks, and DECISIONFLOW_TASKS_BACKEND is "
+                f"{settings.TASKS['default']['BACKEND']}: run `manage.py db_worker`, or set "
+                f"DECISIONFLOW_TASKS_BACKEND={settings.TASKS_RQ_BACKEND} (docs/QUEUE.md)"
+            )
+        try:
+            django_rq.get_connection("default").ping()
+        except RedisError as exc:
+            where = urlsplit(settings.DECISIONFLOW_TASKS_REDIS_URL)  # never its password
+            raise CommandError(
+                f"the Redis at DECISIONFLOW_TASKS_REDIS_URL ({where.hostname}:{where.port or 6379}) does not "
+                f"answer: {exc}"
+            ) from exc
+        with worker_running(once=bool(options.get("burst"))):
+            return super().handle(*args or ("default",), **options)
