@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer screenshots bench reliability clean helpdesk
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer redis screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -86,6 +86,19 @@ pgbouncer:
 		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install pgbouncer"; \
 	fi
 
+# The RQ task backend's tests (tests/delivery/test_rq_backend.py) and `make reliability`'s broker
+# step start a private redis-server of Debian's (a free port, nothing saved), never the system
+# service. Without it those tests skip, or fail when DECISIONFLOW_REQUIRE_POSTGRES=1 (CI).
+redis:
+	@if command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's redis-server for the RQ task backend's tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+	else \
+		echo "NOTE: redis-server is missing and cannot be installed here (not root): the RQ backend's tests will be skipped"; \
+		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install redis-server"; \
+	fi
+
 # Rerun the browser tests and keep their screenshots for the README and docs/ (docs/screenshots/).
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
@@ -108,14 +121,14 @@ helpdesk: | $(PY)
 # status fails when either fails (tests/run_both.sh). Together they take about as long as the
 # slower one alone (figures in CONTRIBUTING.md). `make test-sqlite` or `make test-postgres`
 # runs one, streaming its output.
-test: $(VENV)/.test browser graphviz pgbouncer
+test: $(VENV)/.test browser graphviz pgbouncer redis
 	@MAKE="$(MAKE)" tests/run_both.sh
 
-test-sqlite: $(VENV)/.test
+test-sqlite: $(VENV)/.test redis
 	@echo "== pytest on SQLite =="
 	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-postgres: $(VENV)/.test pgbouncer
+test-postgres: $(VENV)/.test pgbouncer redis
 	@if $(PY) -c "import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()" "$(TEST_POSTGRES_URL)" 2>/dev/null; then \
 		echo "== pytest on PostgreSQL ($(TEST_POSTGRES_URL)) =="; \
 		DATABASE_URL="$(TEST_POSTGRES_URL)" $(VENV)/bin/pytest $(PYTEST_ARGS); \
@@ -151,7 +164,7 @@ bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 # version: 10 iterations per crash point on SQLite, 20 on PostgreSQL, 60 s of load on the
 # decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
 # in session mode; writes docs/RELIABILITY.md (~12-22 minutes on 2 cores).
-reliability: $(VENV)/.bench pgbouncer
+reliability: $(VENV)/.bench pgbouncer redis
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:
