@@ -192,6 +192,46 @@ def verdict(operation_ids: list[str], helpdesk, hook: Webhook, database_url: str
     }
 
 
+ROWS = (
+    ("approvals made while workers were killed", "approvals"),
+    ("worker kills (SIGKILL) / of them in the middle of a send", ("kills", "kills_mid_send")),
+    ("rqworker processes started in all", "workers_started"),
+    ("deliveries Delivered", "delivered"),
+    ("replies on the helpdesk / duplicate replies", ("helpdesk_replies", "duplicate_replies")),
+    ("the helpdesk's reference agrees / reconcile agrees", ("helpdesk_agrees", "reconcile_agrees")),
+    ("delivery tries / deliveries tried more than once", ("delivery_tries", "deliveries_tried_more_than_once")),
+    ("notifications Sent / lost", ("notifications_sent", "notifications_lost")),
+    ("notifications received twice (at-least-once, same Message-ID)", "notifications_received_twice"),
+    ("seconds in all (load seconds)", ("seconds", "load_seconds")),
+)
+
+
+def report_lines(summary: dict | None) -> list[str]:
+    """The section of docs/RELIABILITY.md (reliability/run.py writes it)."""
+    lines = [
+        "",
+        "## The RQ task backend under kill -9",
+        "",
+        "Deliveries and notifications through django-tasks-rq on a private redis-server, two "
+        "`manage.py rqworker` processes, one SIGKILLed every few seconds (preferably the one holding a "
+        "delivery in the middle of its send) and replaced at once, against the reference helpdesk "
+        "(answering each send after 300 ms) and a webhook stand-in. A task lost with its worker is never "
+        "run again by RQ: the outbox rows bring it back (the delivery sweep in each worker, `notify_sweep` "
+        "every 2 s in the driver as cron's stand-in). Must show: 0 duplicate replies, every approval "
+        "delivered with the helpdesk's own reference and reconcile agreeing, 0 lost notifications. "
+        'Script: `reliability/broker.py` (docs/QUEUE.md, "Workers on RQ").',
+        "",
+    ]
+    if not summary:
+        return [*lines, "Not run (no PostgreSQL, or no redis-server: `make redis`).", ""]
+    lines += ["| figure | value |", "|---|---|"]
+    for label, keys in ROWS:
+        value = " / ".join(str(summary.get(k)) for k in keys) if isinstance(keys, tuple) else summary.get(keys)
+        lines.append(f"| {label} | {value} |")
+    verdict = "; ".join(summary.get("failures") or []) or "every check held"
+    return [*lines, "", f"Verdict: {verdict}.", ""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--create-database", required=True, help="dropped and created first (letters, digits, _)")

@@ -11,13 +11,16 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
 4. the same load through a private PgBouncer (reliability/pooler.py, 4 server
    connections), once in transaction mode and once in session mode, each on its own
    database (decisionflow_pooler_transaction, decisionflow_pooler_session), 30 s each;
-5. this file writes docs/RELIABILITY.md from the figures the tests recorded
+5. reliability/broker.py: deliveries and notifications through the RQ task backend on a
+   private redis-server, two rqworker processes SIGKILLed in turn, on its own database
+   (decisionflow_broker), 45 s of approvals then the settling;
+6. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-TEST_POSTGRES_URL.
+RELIABILITY_BROKER_SECONDS (45), TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import pooler  # noqa: E402
+from reliability import broker, pooler, redis_server  # noqa: E402
 
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -48,6 +51,7 @@ LOAD_SECONDS = os.environ.get("RELIABILITY_LOAD_SECONDS", "60")
 LOAD_CLIENTS = os.environ.get("RELIABILITY_LOAD_CLIENTS", "8")
 POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
+BROKER_SECONDS = os.environ.get("RELIABILITY_BROKER_SECONDS", "45")
 
 POINTS = {
     "begin-after-proposal": (
@@ -225,6 +229,17 @@ def pooler_step(mode: str) -> dict:
         str(OUT / f"pooler-{mode}-logs"),
     ]
     return run(step, argv, env, OUT / f"pooler-{mode}.log")
+
+
+def broker_step() -> dict:
+    step = f"RQ task backend, two workers killed in turn, {BROKER_SECONDS} s"
+    if redis_server.binary() is None:
+        required = os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1"
+        note = f"{'FAILED' if required else 'SKIPPED'}: redis-server is not installed (`make redis`, as root)"
+        return {"step": step, "exit": 1 if required else 0, "seconds": 0, "log": "-", "note": note}
+    argv = [sys.executable, "reliability/broker.py", "--create-database", "decisionflow_broker", "--admin-url", PG]
+    argv += ["--seconds", BROKER_SECONDS, "--json", str(OUT / "broker.json"), "--log-dir", str(OUT / "broker-logs")]
+    return run(step, argv, dict(os.environ, DEBUG="1"), OUT / "broker.log")
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -543,6 +558,8 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
             ]
 
     lines += pooler_report()
+    summary = OUT / "broker.json"
+    lines += broker.report_lines(json.loads(summary.read_text()) if summary.exists() else None)
 
     # bad input
     lines += [
@@ -735,10 +752,12 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         ".venv/bin/python reliability/load.py --create-database decisionflow_load --seconds 60 --clients 8",
         ".venv/bin/python reliability/load.py --create-database decisionflow_pooler_transaction --pooler transaction \\",
         "    --seconds 30 --clients 8",
+        ".venv/bin/python reliability/broker.py --create-database decisionflow_broker --seconds 45   # the RQ backend",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
+        "`RELIABILITY_BROKER_SECONDS` (45), "
         "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
@@ -756,6 +775,7 @@ def main() -> int:
         steps.append(pytest_step("postgresql", POSTGRES_ITERATIONS))
         steps.append(load_step())
         steps += [pooler_step(mode) for mode in POOLER_MODES]
+        steps.append(broker_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(
             {
