@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from django_tasks import default_task_backend
 from django_tasks_db.management.commands.db_worker import Worker
 from django_tasks_db.models import DBTaskResult
@@ -223,3 +225,51 @@ def test_an_approval_in_the_admin_is_one_trace_too(
     (enqueued,) = default_task_backend.results
     assert enqueued.kwargs["trace"]["traceparent"].split("-")[1] == f"{request.context.trace_id:032x}"
     assert {span.context.trace_id for span in finished} == {request.context.trace_id}
+
+
+def test_a_try_enqueued_by_the_sweep_joins_the_approvals_trace(
+    proposal, reviewer, delivering, spans, django_capture_on_commit_callbacks
+):
+    """The approval's trace context is stored on its delivery, in the commit's transaction:
+    when the enqueue after the commit is lost, the sweep's enqueue joins that trace."""
+    from effects.services import effect_commit
+    from effects.tasks import delivery_sweep_and_enqueue
+
+    with (
+        tracing.traced(SpanName.DECISION, {Attr.OPERATION: proposal.operation_id}),
+        django_capture_on_commit_callbacks(execute=False),  # the process stops: no enqueue
+    ):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert default_task_backend.results == []
+    (commit,) = [span for span in spans.get_finished_spans() if span.name == SpanName.COMMIT]
+    trace_id = f"{commit.context.trace_id:032x}"
+    assert Delivery.objects.get().traceparent.startswith(f"00-{trace_id}-{commit.context.span_id:016x}-")
+
+    # Later, the sweep (no span current: a worker's sweep thread) finds it due, twice in a row.
+    Delivery.objects.update(next_try_at=timezone.now() - timedelta(minutes=5))
+    spans.clear()
+    for enqueued in (1, 0):  # the second sweep, within the grace, enqueues nothing
+        with django_capture_on_commit_callbacks(execute=True):
+            assert delivery_sweep_and_enqueue() == {"unknown": 0, "enqueued": enqueued}
+    (task,) = default_task_backend.results
+    (enqueue,) = [span for span in spans.get_finished_spans() if span.name == SpanName.ENQUEUE]
+    assert enqueue.context.trace_id == commit.context.trace_id and enqueue.parent.span_id == commit.context.span_id
+    assert task.kwargs["trace"]["traceparent"].startswith(f"00-{trace_id}-{enqueue.context.span_id:016x}-")
+
+
+def test_a_sweep_that_does_not_trace_passes_the_stored_context_on(
+    proposal, reviewer, delivering, django_capture_on_commit_callbacks
+):
+    """Cron's ``reconcile --repair`` imports no OpenTelemetry: the stored context travels as it is."""
+    from effects.services import effect_commit
+    from effects.tasks import delivery_sweep_and_enqueue
+
+    with django_capture_on_commit_callbacks(execute=False):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert Delivery.objects.get().traceparent == ""  # tracing off: nothing stored
+    stored = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    Delivery.objects.update(traceparent=stored, next_try_at=timezone.now() - timedelta(minutes=5))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert delivery_sweep_and_enqueue()["enqueued"] == 1
+    (task,) = default_task_backend.results
+    assert task.kwargs == {"trace": {"traceparent": stored}}
