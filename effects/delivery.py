@@ -91,7 +91,7 @@ def delivery_fields(effect: EffectRecord) -> dict:
         "state": DeliveryState.QUEUED,
         "next_try_at": now,
         "updated_at": now,
-        "traceparent": (carrier() or {}).get("traceparent", "")[:55],
+        "traceparent": (carrier() or {}).get("traceparent", "")[:55] or None,
     }
 
 
@@ -459,7 +459,7 @@ def delivery_traceparents(operation_ids: list[str]) -> dict[str, str]:
     """The approvals' trace contexts stored on these deliveries (those that have one)."""
     if not operation_ids:
         return {}
-    found = Delivery.objects.filter(operation_id__in=operation_ids).exclude(traceparent="")
+    found = Delivery.objects.filter(operation_id__in=operation_ids, traceparent__isnull=False)
     return dict(found.values_list("operation_id", "traceparent"))
 
 

@@ -652,7 +652,7 @@ def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
             operation_id=operation_id, worker=f"reconcile@{worker_name()}", due_only=False
         )
         if delay is not None:
-            delivery_enqueue(operation_id, delay=delay, traceparent=traceparent)
+            delivery_enqueue(operation_id, delay=delay, traceparent=traceparent or "")
         done.append((operation_id, outcome))
     return done
 

@@ -266,7 +266,7 @@ def test_a_sweep_that_does_not_trace_passes_the_stored_context_on(
 
     with django_capture_on_commit_callbacks(execute=False):
         effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
-    assert Delivery.objects.get().traceparent == ""  # tracing off: nothing stored
+    assert Delivery.objects.get().traceparent is None  # tracing off: nothing stored
     stored = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
     Delivery.objects.update(traceparent=stored, next_try_at=timezone.now() - timedelta(minutes=5))
     with django_capture_on_commit_callbacks(execute=True):
