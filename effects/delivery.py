@@ -460,7 +460,11 @@ def delivery_traceparents(operation_ids: list[str]) -> dict[str, str]:
     if not operation_ids:
         return {}
     found = Delivery.objects.filter(operation_id__in=operation_ids, traceparent__isnull=False)
-    return dict(found.values_list("operation_id", "traceparent"))
+    return {
+        operation_id: traceparent
+        for operation_id, traceparent in found.values_list("operation_id", "traceparent")
+        if traceparent
+    }
 
 
 def delivery_sweep(*, now: datetime | None = None, grace: timedelta | None = None) -> tuple[int, list[str]]:
