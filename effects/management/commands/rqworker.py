@@ -2,7 +2,7 @@
 
 The same command and options as django-rq's own (this app is listed before it, so this one
 is found first), with what django-tasks-rq needs as defaults: its job class, the scheduler
-(a retry is a deferred task), and the queue ``default``. Its worker runs each task in its
+(a retry is a deferred task; not in a ``--burst`` run), and the queue ``default``. Its worker runs each task in its
 own process, not a forked child per task, so a task's database connection and trace
 exporter are the worker's, and a ``kill -9`` of the worker is the end of its task too: the
 delivery's lease runs out and the sweep sends it again, with the same key. With a helpdesk
@@ -46,7 +46,7 @@ class Command(rqworker.Command):
 
     def add_arguments(self, parser):
         super().add_arguments(parser)
-        parser.set_defaults(job_class="django_tasks_rq.Job", worker_class=TaskWorker, with_scheduler=True)
+        parser.set_defaults(job_class="django_tasks_rq.Job", worker_class=TaskWorker, with_scheduler=None)
 
     def handle(self, *args, **options):
         if settings.TASKS["default"]["BACKEND"] != settings.TASKS_RQ_BACKEND:
@@ -63,5 +63,10 @@ class Command(rqworker.Command):
                 f"the Redis at DECISIONFLOW_TASKS_REDIS_URL ({where.hostname}:{where.port or 6379}) does not "
                 f"answer: {exc}"
             ) from exc
+        if options["with_scheduler"] is None:
+            # A burst run ends when the queue is empty, so a deferred retry is a long-running
+            # worker's (or the sweep's); and RQ's scheduler stalls a burst run that another
+            # worker's scheduler holds the lock of, for a minute.
+            options["with_scheduler"] = not options["burst"]
         with worker_running(once=bool(options.get("burst"))):
             return super().handle(*args or ("default",), **options)
