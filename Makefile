@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
 
-.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer postgresql-server haproxy screenshots bench reliability clean helpdesk
+.PHONY: run test test-sqlite test-postgres lint lock browser graphviz pgbouncer postgresql-server haproxy redis screenshots bench reliability clean helpdesk
 
 # Each purpose installs its own locked set (requirements/*.txt, with hashes); test and bench
 # are supersets of runtime, so their stamps also mark runtime as installed.
@@ -114,6 +114,19 @@ haproxy:
 		echo "      make reliability will fail. To add it: sudo apt-get install haproxy"; \
 	fi
 
+# The RQ task backend's tests (tests/delivery/test_rq_backend.py) and `make reliability`'s broker
+# step start a private redis-server of Debian's (a free port, nothing saved), never the system
+# service. Without it those tests skip, or fail when DECISIONFLOW_REQUIRE_POSTGRES=1 (CI).
+redis:
+	@if command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing Debian's redis-server for the RQ task backend's tests..."; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+	else \
+		echo "NOTE: redis-server is missing and cannot be installed here (not root): the RQ backend's tests will be skipped"; \
+		echo "      (they fail instead with DECISIONFLOW_REQUIRE_POSTGRES=1). To add it: sudo apt-get install redis-server"; \
+	fi
+
 # Rerun the browser tests and keep their screenshots for the README and docs/ (docs/screenshots/).
 screenshots: $(VENV)/.test browser graphviz
 	env -u DATABASE_URL DECISIONFLOW_SCREENSHOT_DIR=docs/screenshots $(VENV)/bin/pytest tests/browser -q
@@ -136,14 +149,14 @@ helpdesk: | $(PY)
 # status fails when either fails (tests/run_both.sh). Together they take about as long as the
 # slower one alone (figures in CONTRIBUTING.md). `make test-sqlite` or `make test-postgres`
 # runs one, streaming its output.
-test: $(VENV)/.test browser graphviz pgbouncer haproxy
+test: $(VENV)/.test browser graphviz pgbouncer haproxy redis
 	@MAKE="$(MAKE)" tests/run_both.sh
 
-test-sqlite: $(VENV)/.test
+test-sqlite: $(VENV)/.test redis
 	@echo "== pytest on SQLite =="
 	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test-postgres: $(VENV)/.test pgbouncer haproxy
+test-postgres: $(VENV)/.test pgbouncer haproxy redis
 	@if $(PY) -c "import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()" "$(TEST_POSTGRES_URL)" 2>/dev/null; then \
 		echo "== pytest on PostgreSQL ($(TEST_POSTGRES_URL)) =="; \
 		DATABASE_URL="$(TEST_POSTGRES_URL)" $(VENV)/bin/pytest $(PYTEST_ARGS); \
@@ -180,8 +193,10 @@ bench: $(VENV)/.bench .venv-peer/.installed .venv-dbos/.installed
 # decisionflow_load database, then 30 s of the same load through PgBouncer in transaction and
 # in session mode, then 30 s of it with a private streaming replica whose standby stops mid-run,
 # then 45 s of three hosts behind haproxy, PgBouncer and a streaming pair with one host killed
-# (reliability/balancer.py); writes docs/RELIABILITY.md (~18-28 minutes on 2 cores).
-reliability: $(VENV)/.bench pgbouncer postgresql-server haproxy
+# (reliability/balancer.py), then 45 s of deliveries and notifications through two RQ workers
+# on a private redis-server, one killed mid-send (reliability/broker.py); writes
+# docs/RELIABILITY.md (~22-30 minutes on 2 cores).
+reliability: $(VENV)/.bench pgbouncer postgresql-server haproxy redis
 	TEST_POSTGRES_URL="$(TEST_POSTGRES_URL)" $(PY) reliability/run.py
 
 clean:

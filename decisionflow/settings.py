@@ -106,12 +106,17 @@ DECISIONFLOW_DELIVERY_SWEEP_INTERVAL = env.float("DECISIONFLOW_DELIVERY_SWEEP_IN
 DECISIONFLOW_DELIVERY_UNKNOWN_ALERT = env.str("DECISIONFLOW_DELIVERY_UNKNOWN_ALERT", default="15m")
 DECISIONFLOW_DELIVERY_QUEUED_ALERT = env.str("DECISIONFLOW_DELIVERY_QUEUED_ALERT", default="15m")
 # The task backend: the database (SQLite or PostgreSQL, no broker); a team may name another,
-# e.g. django_tasks.backends.immediate.ImmediateBackend to send within the request.
+# e.g. django_tasks.backends.immediate.ImmediateBackend to send within the request, or
+# django_tasks_rq.RQBackend for Redis and `manage.py rqworker` (docs/QUEUE.md, "Workers on RQ").
+TASKS_RQ_BACKEND = "django_tasks_rq.RQBackend"
 TASKS = {
     "default": {
         "BACKEND": env.str("DECISIONFLOW_TASKS_BACKEND", default="django_tasks_db.DatabaseBackend"),
     }
 }
+# The Redis that the RQ backend queues on (django-rq's RQ_QUEUES), read only with that backend.
+DECISIONFLOW_TASKS_REDIS_URL = env.str("DECISIONFLOW_TASKS_REDIS_URL", default="redis://127.0.0.1:6379/0")
+RQ_QUEUES = {"default": {"URL": DECISIONFLOW_TASKS_REDIS_URL}}
 
 # The largest request body the API accepts; larger ones get 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DECISIONFLOW_MAX_BODY_BYTES", default=256 * 1024)
@@ -187,6 +192,10 @@ NINJA_DIR = Path(importlib.util.find_spec("ninja").origin).parent  # type: ignor
 STATICFILES_DIRS = [NINJA_DIR / "static"]
 if DECISIONFLOW_METRICS:
     INSTALLED_APPS.append("django_prometheus")
+# django-rq (the RQ backend's queues and its checks) only with that backend: it imports rq and
+# redis, which no command of the database backend needs.
+if TASKS["default"]["BACKEND"] == TASKS_RQ_BACKEND:
+    INSTALLED_APPS.append("django_rq")
 
 MIDDLEWARE = [
     # Request counts and latencies for /metrics; its "after" half is the last entry.

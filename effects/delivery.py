@@ -54,7 +54,7 @@ from cases.models import Case
 from core.durations import duration_setting
 from core.faults import crash_point
 from core.outbound import Deadline, DeadlinePassed, read_capped
-from core.tracing import Attr, SpanName, annotate, outbound_headers, traced
+from core.tracing import Attr, SpanName, annotate, carrier, outbound_headers, traced
 from effects.models import Delivery, DeliveryState, DeliveryTry, EffectRecord
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ def delivery_fields(effect: EffectRecord) -> dict:
         "state": DeliveryState.QUEUED,
         "next_try_at": now,
         "updated_at": now,
+        "traceparent": (carrier() or {}).get("traceparent", "")[:55] or None,
     }
 
 
@@ -452,6 +453,18 @@ def delivery_attempt(
     with transaction.atomic():
         record()
         return _settle(claim, answer)
+
+
+def delivery_traceparents(operation_ids: list[str]) -> dict[str, str]:
+    """The approvals' trace contexts stored on these deliveries (those that have one)."""
+    if not operation_ids:
+        return {}
+    found = Delivery.objects.filter(operation_id__in=operation_ids, traceparent__isnull=False)
+    return {
+        operation_id: traceparent
+        for operation_id, traceparent in found.values_list("operation_id", "traceparent")
+        if traceparent
+    }
 
 
 def delivery_sweep(*, now: datetime | None = None, grace: timedelta | None = None) -> tuple[int, list[str]]:

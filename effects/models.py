@@ -232,6 +232,11 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     settled_at = models.DateTimeField(null=True, blank=True)
+    # The approval's trace context (W3C traceparent), written with the row when tracing is on:
+    # a try enqueued again by the sweep or a repair joins the approval's trace with it.
+    # Nullable with no default so that adding it is an ALTER TABLE on SQLite: a table rebuild
+    # would drop the forward-only trigger.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         verbose_name_plural = "deliveries"

@@ -781,12 +781,12 @@ def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
     wanted = list(operation_ids)
     unknown = Delivery.objects.filter(operation_id__in=wanted, state=DeliveryState.UNKNOWN).order_by("created_at")
     done = []
-    for operation_id in unknown.values_list("operation_id", flat=True):
+    for operation_id, traceparent in unknown.values_list("operation_id", "traceparent"):
         outcome, delay = delivery_attempt(
             operation_id=operation_id, worker=f"reconcile@{worker_name()}", due_only=False
         )
         if delay is not None:
-            delivery_enqueue(operation_id, delay=delay)
+            delivery_enqueue(operation_id, delay=delay, traceparent=traceparent or "")
         done.append((operation_id, outcome))
     return done
 

@@ -19,7 +19,10 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
    45 s, one host SIGKILLed part-way and restarted; with PostgreSQL's server binaries, on a
    private primary and its streaming standby (reliability/streaming.py), the standby the
    hosts' DATABASE_REPLICA_URL;
-7. this file writes docs/RELIABILITY.md from the figures the tests recorded
+7. reliability/broker.py: deliveries and notifications through the RQ task backend on a
+   private redis-server, two rqworker processes SIGKILLed in turn, on its own database
+   (decisionflow_broker), 45 s of approvals then the settling;
+8. this file writes docs/RELIABILITY.md from the figures the tests recorded
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
@@ -27,7 +30,8 @@ Exit status 0 only if every step passed. Figures and logs stay in var/reliabilit
 docs/RELIABILITY.md.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
-RELIABILITY_REPLICA_SECONDS (30), RELIABILITY_BALANCER_SECONDS (45), TEST_POSTGRES_URL.
+RELIABILITY_REPLICA_SECONDS (30), RELIABILITY_BALANCER_SECONDS (45), RELIABILITY_BROKER_SECONDS (45),
+TEST_POSTGRES_URL.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from reliability import balancer, pooler, streaming  # noqa: E402
+from reliability import balancer, broker, pooler, redis_server, streaming  # noqa: E402
 
 OUT = ROOT / "var" / "reliability"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -60,6 +64,7 @@ POOLER_SECONDS = os.environ.get("RELIABILITY_POOLER_SECONDS", "30")
 POOLER_MODES = ("transaction", "session")
 REPLICA_SECONDS = os.environ.get("RELIABILITY_REPLICA_SECONDS", "30")
 BALANCER_SECONDS = os.environ.get("RELIABILITY_BALANCER_SECONDS", "45")
+BROKER_SECONDS = os.environ.get("RELIABILITY_BROKER_SECONDS", "45")
 
 POINTS = {
     "begin-after-proposal": (
@@ -274,6 +279,15 @@ def balancer_step() -> dict:
         argv.append("--replica")
         step += ", on a private primary and its streaming replica"
     return run(step, argv, env, OUT / "balancer.log")
+
+
+def broker_step() -> dict:
+    step = f"RQ task backend, two workers killed in turn, {BROKER_SECONDS} s"
+    if redis_server.binary() is None:
+        return not_installed(step, "redis-server is not installed (`make redis`, as root)")
+    argv = [sys.executable, "reliability/broker.py", "--create-database", "decisionflow_broker", "--admin-url", PG]
+    argv += ["--seconds", BROKER_SECONDS, "--json", str(OUT / "broker.json"), "--log-dir", str(OUT / "broker-logs")]
+    return run(step, argv, dict(os.environ, DEBUG="1"), OUT / "broker.log")
 
 
 # --- the report ----------------------------------------------------------------------------
@@ -736,6 +750,8 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
     lines += pooler_report()
     lines += replica_report()
     lines += balancer_report()
+    summary = OUT / "broker.json"
+    lines += broker.report_lines(json.loads(summary.read_text()) if summary.exists() else None)
 
     # bad input
     lines += [
@@ -932,11 +948,13 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "    --seconds 30 --clients 8",
         ".venv/bin/python -m reliability.replica --seconds 30   # its own streaming pair; the standby stopped mid-run",
         ".venv/bin/python reliability/run.py --only balancer   # the balancer step; rewrites its section here",
+        ".venv/bin/python reliability/broker.py --create-database decisionflow_broker --seconds 45   # the RQ backend",
         "```",
         "",
         "Knobs: `RELIABILITY_SQLITE_ITERATIONS` (10), `RELIABILITY_POSTGRES_ITERATIONS` (20), "
         "`RELIABILITY_LOAD_SECONDS` (60), `RELIABILITY_LOAD_CLIENTS` (8), `RELIABILITY_POOLER_SECONDS` (30), "
         "`RELIABILITY_REPLICA_SECONDS` (30), `RELIABILITY_BALANCER_SECONDS` (45), "
+        "`RELIABILITY_BROKER_SECONDS` (45), "
         "`TEST_POSTGRES_URL`. Raw figures, "
         "JUnit reports and logs: `var/reliability/`.",
         "",
@@ -997,6 +1015,7 @@ def main() -> int:
         steps += [pooler_step(mode) for mode in POOLER_MODES]
         steps.append(replica_step())
         steps.append(balancer_step())
+        steps.append(broker_step())
     elif os.environ.get("DECISIONFLOW_REQUIRE_POSTGRES") == "1":
         steps.append(
             {

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from datetime import timedelta
 from functools import cache
 from typing import TYPE_CHECKING
@@ -52,6 +53,8 @@ from reviews.models import (
 
 if TYPE_CHECKING:
     import httpx
+
+log = logging.getLogger(__name__)
 
 EMAIL = "email"
 WEBHOOK = "webhook"
@@ -119,12 +122,17 @@ def notify(
 
 
 def enqueue(pk: int, *, delay: timedelta | None = None) -> None:
-    """Enqueue one send. A later duplicate is harmless: the claim lets one through."""
-    if delay is not None and task_backends[send_notification.backend].supports_defer:
-        send_notification.using(run_after=timezone.now() + delay).enqueue(pk)
-    elif delay is None:
-        send_notification.enqueue(pk)
-    # A backend that cannot defer (the immediate one): the sweep re-enqueues it when due.
+    """Enqueue one send. A later duplicate is harmless: the claim lets one through. Never
+    raises: it runs after a commit (a broker that does not answer must not turn a decision
+    that committed into an error), and a lost enqueue is found by ``notify_sweep``."""
+    try:
+        if delay is not None and task_backends[send_notification.backend].supports_defer:
+            send_notification.using(run_after=timezone.now() + delay).enqueue(pk)
+        elif delay is None:
+            send_notification.enqueue(pk)
+        # A backend that cannot defer (the immediate one): the sweep re-enqueues it when due.
+    except Exception:
+        log.exception("could not enqueue notification %s; notify_sweep will", pk)
 
 
 def assigned_to(move: ReviewAssignment) -> str:

@@ -31,8 +31,12 @@ def enqueued() -> list[str]:
     return [result.args[0] for result in default_task_backend.results]
 
 
-def test_a_new_approval_writes_one_queued_delivery_and_enqueues_it(proposal, reviewer, configured):
-    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+def test_a_new_approval_writes_one_queued_delivery_and_enqueues_it(
+    proposal, reviewer, configured, django_capture_on_commit_callbacks
+):
+    # The test's transaction never commits: its commit callbacks are run as it would.
+    with django_capture_on_commit_callbacks(execute=True):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     delivery = Delivery.objects.get()
     effect = EffectRecord.objects.get()
     assert (delivery.operation_id, delivery.effect_id, delivery.decision_id, delivery.case_id) == (
@@ -49,7 +53,8 @@ def test_a_new_approval_writes_one_queued_delivery_and_enqueues_it(proposal, rev
     )
     assert enqueued() == [proposal.operation_id]
     # The same approval again is a replay: no second row, no second enqueue.
-    again = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    with django_capture_on_commit_callbacks(execute=True):
+        again = effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     assert again.replay and Delivery.objects.count() == 1 and enqueued() == [proposal.operation_id]
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from django_tasks import default_task_backend
 from django_tasks_db.management.commands.db_worker import Worker
 from django_tasks_db.models import DBTaskResult
@@ -36,7 +38,7 @@ def _walk_up(span, by_id) -> list:
 
 
 def test_one_approval_is_one_trace_across_the_queue_to_the_helpdesk(
-    client, case, reviewer, delivering, settings, spans
+    client, case, reviewer, delivering, settings, spans, django_capture_on_commit_callbacks
 ):
     from api.services import token_create
 
@@ -46,7 +48,9 @@ def test_one_approval_is_one_trace_across_the_queue_to_the_helpdesk(
     spans.clear()
 
     api = Api(client, token_create(user=reviewer, name="tests")[1])
-    answer = api.post("/api/cases/T-1042/decision", {"operation_id": operation_id, "approved": True})
+    # The test's transaction never commits: its commit callbacks (the enqueue) are run as it would.
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = api.post("/api/cases/T-1042/decision", {"operation_id": operation_id, "approved": True})
     assert answer.status_code == 200 and answer.json()["outcome"] == "committed", answer.content
 
     # The task was enqueued into the database with the trace context in its arguments, and
@@ -142,14 +146,17 @@ def test_a_refusal_is_an_error_span_by_its_code_not_its_words(client, case, revi
     assert answer.json()["message"] not in decision.status.description
 
 
-def test_off_nothing_is_traced_and_the_task_carries_no_context(proposal, reviewer, delivering):
+def test_off_nothing_is_traced_and_the_task_carries_no_context(
+    proposal, reviewer, delivering, django_capture_on_commit_callbacks
+):
     from effects.services import effect_commit
 
     assert not tracing.tracing_start(service="decisionflow-test")  # off: DECISIONFLOW_TRACING unset
     assert tracing.carrier() is None and tracing.outbound_headers({"a": "b"}) == {"a": "b"}
     with tracing.traced(SpanName.DECISION, {Attr.OPERATION: "x"}) as span:
         span.set({Attr.OUTCOME: "y"})  # does nothing
-    effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    with django_capture_on_commit_callbacks(execute=True):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
     (enqueued,) = default_task_backend.results
     assert enqueued.args == [proposal.operation_id] and enqueued.kwargs == {}
     assert delivering.stats()["traceparents_by_key"] == {}
@@ -195,17 +202,20 @@ def test_the_worker_process_joins_the_trace_and_exports_it(proposal, reviewer, d
     assert received.startswith(f"00-{deliver.trace_id.hex()}-{send.span_id.hex()}-")
 
 
-def test_an_approval_in_the_admin_is_one_trace_too(client, case, reviewer, delivering, spans):
+def test_an_approval_in_the_admin_is_one_trace_too(
+    client, case, reviewer, delivering, spans, django_capture_on_commit_callbacks
+):
     from django.urls import reverse
 
     review_begin(case=case)
     pending = PendingReview.objects.get()
     spans.clear()
     client.force_login(reviewer)
-    decided = client.post(
-        reverse("admin:reviews_proposal_decide", args=[pending.proposal_id]),
-        {"operation_id": pending.operation_id, "decision": "approve"},
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        decided = client.post(
+            reverse("admin:reviews_proposal_decide", args=[pending.proposal_id]),
+            {"operation_id": pending.operation_id, "decision": "approve"},
+        )
     assert decided.status_code == 302 and Delivery.objects.filter(operation_id=pending.operation_id).exists()
     finished = spans.get_finished_spans()
     (request,) = [span for span in finished if span.kind == trace.SpanKind.SERVER]
@@ -215,3 +225,51 @@ def test_an_approval_in_the_admin_is_one_trace_too(client, case, reviewer, deliv
     (enqueued,) = default_task_backend.results
     assert enqueued.kwargs["trace"]["traceparent"].split("-")[1] == f"{request.context.trace_id:032x}"
     assert {span.context.trace_id for span in finished} == {request.context.trace_id}
+
+
+def test_a_try_enqueued_by_the_sweep_joins_the_approvals_trace(
+    proposal, reviewer, delivering, spans, django_capture_on_commit_callbacks
+):
+    """The approval's trace context is stored on its delivery, in the commit's transaction:
+    when the enqueue after the commit is lost, the sweep's enqueue joins that trace."""
+    from effects.services import effect_commit
+    from effects.tasks import delivery_sweep_and_enqueue
+
+    with (
+        tracing.traced(SpanName.DECISION, {Attr.OPERATION: proposal.operation_id}),
+        django_capture_on_commit_callbacks(execute=False),  # the process stops: no enqueue
+    ):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert default_task_backend.results == []
+    (commit,) = [span for span in spans.get_finished_spans() if span.name == SpanName.COMMIT]
+    trace_id = f"{commit.context.trace_id:032x}"
+    assert Delivery.objects.get().traceparent.startswith(f"00-{trace_id}-{commit.context.span_id:016x}-")
+
+    # Later, the sweep (no span current: a worker's sweep thread) finds it due, twice in a row.
+    Delivery.objects.update(next_try_at=timezone.now() - timedelta(minutes=5))
+    spans.clear()
+    for enqueued in (1, 0):  # the second sweep, within the grace, enqueues nothing
+        with django_capture_on_commit_callbacks(execute=True):
+            assert delivery_sweep_and_enqueue() == {"unknown": 0, "enqueued": enqueued}
+    (task,) = default_task_backend.results
+    (enqueue,) = [span for span in spans.get_finished_spans() if span.name == SpanName.ENQUEUE]
+    assert enqueue.context.trace_id == commit.context.trace_id and enqueue.parent.span_id == commit.context.span_id
+    assert task.kwargs["trace"]["traceparent"].startswith(f"00-{trace_id}-{enqueue.context.span_id:016x}-")
+
+
+def test_a_sweep_that_does_not_trace_passes_the_stored_context_on(
+    proposal, reviewer, delivering, django_capture_on_commit_callbacks
+):
+    """Cron's ``reconcile --repair`` imports no OpenTelemetry: the stored context travels as it is."""
+    from effects.services import effect_commit
+    from effects.tasks import delivery_sweep_and_enqueue
+
+    with django_capture_on_commit_callbacks(execute=False):
+        effect_commit(operation_id=proposal.operation_id, approved=True, reviewer=reviewer)
+    assert Delivery.objects.get().traceparent is None  # tracing off: nothing stored
+    stored = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    Delivery.objects.update(traceparent=stored, next_try_at=timezone.now() - timedelta(minutes=5))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert delivery_sweep_and_enqueue()["enqueued"] == 1
+    (task,) = default_task_backend.results
+    assert task.kwargs == {"trace": {"traceparent": stored}}

@@ -245,7 +245,7 @@ def test_two_task_workers_at_once_escalate_each_review_and_step_once(escalating)
 
 
 def test_a_worker_without_escalations_configured_takes_none(settings):
-    from workflow.management.commands.db_worker import _sweeps
+    from workflow.workers import _sweeps
 
     settings.DECISIONFLOW_REVIEW_ESCALATION_BY_POLICY = {}
     assert "escalation" not in [name for name, _interval, _sweep in _sweeps()]
