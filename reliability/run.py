@@ -26,8 +26,8 @@ Steps (each a subprocess; a failing step is reported, and the rest still run):
    (figures.jsonl), the JUnit reports and the load summaries.
 
 Exit status 0 only if every step passed. Figures and logs stay in var/reliability/.
-``reliability/run.py --only balancer`` runs step 6 alone and rewrites only its section of
-docs/RELIABILITY.md.
+``reliability/run.py --only replica|balancer|broker`` runs step 5, 6 or 7 alone and rewrites
+only its section of docs/RELIABILITY.md.
 Environment: RELIABILITY_SQLITE_ITERATIONS (10), RELIABILITY_POSTGRES_ITERATIONS (20),
 RELIABILITY_LOAD_SECONDS (60), RELIABILITY_LOAD_CLIENTS (8), RELIABILITY_POOLER_SECONDS (30),
 RELIABILITY_REPLICA_SECONDS (30), RELIABILITY_BALANCER_SECONDS (45), RELIABILITY_BROKER_SECONDS (45),
@@ -948,6 +948,7 @@ def report(steps: list[dict], started: dt.datetime, total_seconds: float) -> str
         "    --seconds 30 --clients 8",
         ".venv/bin/python -m reliability.replica --seconds 30   # its own streaming pair; the standby stopped mid-run",
         ".venv/bin/python reliability/run.py --only balancer   # the balancer step; rewrites its section here",
+        ".venv/bin/python reliability/run.py --only broker     # the RQ step; likewise (--only replica too)",
         ".venv/bin/python reliability/broker.py --create-database decisionflow_broker --seconds 45   # the RQ backend",
         "```",
         "",
@@ -980,29 +981,38 @@ def splice(section: list[str], before: str = "## Bad input") -> None:
     DOC.write_text(text)
 
 
-def only_balancer() -> int:
-    """`reliability/run.py --only balancer`: the balancer step alone, and its section of
-    docs/RELIABILITY.md rewritten (the other sections keep the last full run's figures)."""
+# The steps that can run alone, each rewriting only its own section of docs/RELIABILITY.md.
+ALONE = {
+    "replica": (replica_step, replica_report),
+    "balancer": (balancer_step, balancer_report),
+    "broker": (lambda: broker_step(), lambda: broker.report_lines(step_summary("broker"))),
+}
+
+
+def only(name: str) -> int:
+    """`reliability/run.py --only NAME`: that step alone, and its section of docs/RELIABILITY.md
+    rewritten (the other sections keep the last full run's figures)."""
+    step_of, report_of = ALONE[name]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "balancer.json").unlink(missing_ok=True)
-    step = balancer_step()
-    if (OUT / "balancer.json").exists():
+    (OUT / f"{name}.json").unlink(missing_ok=True)
+    step = step_of()
+    if (OUT / f"{name}.json").exists():
         when = dt.datetime.now(dt.UTC)
         note = (
-            f"This section's figures are from the step run alone (`reliability/run.py --only balancer`) on "
+            f"This section's figures are from the step run alone (`reliability/run.py --only {name}`) on "
             f"{when:%Y-%m-%d %H:%M} UTC, commit `{git('rev-parse', '--short', 'HEAD')}`, load average "
             f"{os.getloadavg()[0]:.0f}; the rest of this file is from the last full run."
         )
-        splice([*balancer_report(), "", note])
+        splice([*report_of(), "", note])
         print(f"wrote its section of {DOC.relative_to(ROOT)}")
     return 1 if step["exit"] != 0 else 0
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--only", "balancer"]:
-        return only_balancer()
+    if len(sys.argv) == 3 and sys.argv[1] == "--only" and sys.argv[2] in ALONE:
+        return only(sys.argv[2])
     if sys.argv[1:]:
-        print("usage: reliability/run.py [--only balancer]", file=sys.stderr)
+        print(f"usage: reliability/run.py [--only {'|'.join(ALONE)}]", file=sys.stderr)
         return 2
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
