@@ -800,7 +800,8 @@ _APPROVALS_JOIN = (
     "LEFT JOIN (SELECT operation_id, max(ordinal) AS approvals, max(required) AS required "
     f"FROM {Approval._meta.db_table} GROUP BY operation_id) ap ON ap.operation_id = p.operation_id"
 )
-APPROVALS_SQL, REQUIRED_SQL = "CASE WHEN d.id IS NULL THEN ap.approvals END", "CASE WHEN d.id IS NULL THEN ap.required END"
+_APPROVALS_OF = "CASE WHEN d.id IS NULL THEN ap.{} END"
+APPROVALS_SQL, REQUIRED_SQL = _APPROVALS_OF.format("approvals"), _APPROVALS_OF.format("required")
 
 
 def _reconcile_query(
