@@ -163,11 +163,11 @@ FINDINGS = {
         "for every state, a delivery and awkward strings (quotes, backslashes, controls, non-ASCII). The "
         "baseline is the same query raw: its joins (the delivery's too), rows and order, and the seven columns "
         "the lines are made from (tests/bench/test_bench_smoke.py holds its text to the service's); until "
-        "2026-12-06 it read four columns without the delivery join. Still "
-        "above the goal: timed in its own process, the query to its first chunk takes ~1.45 s against the raw "
-        "COPY's 1.2 s (the formatting, and a sort of lines wider than the raw rows), streaming ~0.95 s "
-        "against 0.66 s (more bytes), and Python with Django starts in ~0.3 s. Memory stays flat: one "
-        "2,000-line chunk."
+        "2026-12-06 it read four columns without the delivery join. The approvals of an undecided operation "
+        "come from one grouped join: as three correlated subqueries per row they kept the plan off parallel "
+        'workers (1.94× → 1.45×, docs/PERFORMANCE.md, "third pass"). What remains: the formatting, a sort '
+        "of lines wider than the raw rows, more bytes to stream, and Python with Django's start (~0.3 s on "
+        "a quiet machine). Memory stays flat: one 2,000-line chunk."
     ),
 }
 

@@ -791,22 +791,31 @@ def deliveries_repair(*, operation_ids: Iterable[str]) -> list[tuple[str, str]]:
     return done
 
 
-# The approvals of an undecided operation: how many, and of how many. Read only where there
-# is no decision (an index lookup on the approvals' (operation_id, ordinal) key), nothing for
-# a decided one. The ordinals run 1..n, so the highest is the count.
-_APPROVALS_OF = (
-    f"CASE WHEN d.id IS NULL THEN (SELECT max(a.{{}}) FROM {Approval._meta.db_table} a "
-    "WHERE a.operation_id = p.operation_id) END"
+# The approvals of an undecided operation: how many, and of how many (nothing for a decided
+# one). The ordinals run 1..n, so the highest is the count. Read from one grouped join, one
+# hash lookup per row: as three correlated subqueries (the state, the count, the policy's
+# number) they were three index probes per undecided row, ~40% of the server's time for
+# reconcile --all over a million operations (docs/PERFORMANCE.md, 8).
+_APPROVALS_JOIN = (
+    "LEFT JOIN (SELECT operation_id, max(ordinal) AS approvals, max(required) AS required "
+    f"FROM {Approval._meta.db_table} GROUP BY operation_id) ap ON ap.operation_id = p.operation_id"
 )
-APPROVALS_SQL, REQUIRED_SQL = _APPROVALS_OF.format("ordinal"), _APPROVALS_OF.format("required")
+_APPROVALS_OF = "CASE WHEN d.id IS NULL THEN ap.{} END"
+APPROVALS_SQL, REQUIRED_SQL = _APPROVALS_OF.format("approvals"), _APPROVALS_OF.format("required")
 
 
 def _reconcile_query(
-    select: str, *, case_ids: Iterable[str] | None, operation_ids: Iterable[str] | None, delivered: bool = False
+    select: str,
+    *,
+    case_ids: Iterable[str] | None,
+    operation_ids: Iterable[str] | None,
+    delivered: bool = False,
+    approvals: bool = False,
 ) -> tuple[str, list] | None:
     """The operations and what they joined to, one row each in reconcile's order: ``select``
-    picks the columns (p: proposal, c: case, d: decision, e: effect, dl: delivery). None when
-    a filter was given with no values (nothing to report)."""
+    picks the columns (p: proposal, c: case, d: decision, e: effect, dl: delivery; with
+    ``approvals``, ap: the approvals of APPROVALS_SQL and REQUIRED_SQL). None when a filter
+    was given with no values (nothing to report)."""
     where, params = ["dl.id IS NOT NULL"] if delivered else [], []
     for column, values in (("c.case_id", case_ids), ("p.operation_id", operation_ids)):
         if values is not None:
@@ -822,6 +831,7 @@ def _reconcile_query(
         LEFT JOIN {ReviewDecision._meta.db_table} d ON d.operation_id = p.operation_id
         LEFT JOIN {EffectRecord._meta.db_table} e ON e.operation_id = p.operation_id
         LEFT JOIN {Delivery._meta.db_table} dl ON dl.operation_id = p.operation_id
+        {_APPROVALS_JOIN if approvals else ""}
         WHERE (d.id IS NOT NULL OR c.current_proposal_id = p.id)
         {"AND " + " AND ".join(where) if where else ""}
         ORDER BY c.case_id, p.id
@@ -853,6 +863,7 @@ def operations_reconcile(
         case_ids=case_ids,
         operation_ids=operation_ids,
         delivered=delivered,
+        approvals=True,
     )
     if query is None:
         return
@@ -936,7 +947,7 @@ def operations_reconcile_lines(
     (docs/PERFORMANCE.md, 8). The state comes from operation_state's own truth table.
     """
     line, line_params = _sql_json_line()
-    query = _reconcile_query(line, case_ids=case_ids, operation_ids=operation_ids)
+    query = _reconcile_query(line, case_ids=case_ids, operation_ids=operation_ids, approvals=True)
     if query is None:
         return
     sql, params = query
