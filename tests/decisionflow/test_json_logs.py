@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -64,6 +65,21 @@ def test_runserver_writes_its_request_lines_as_json_with_method_and_path(tmp_pat
         stderr=subprocess.PIPE,
         text=True,
     )
+    # runserver logs a request line after the response has gone out: read its stderr as it
+    # comes, and stop it only once that line is there (or 30 s have passed), not as soon as
+    # the client has its answer.
+    collected: list[str] = []
+    logged = threading.Event()
+
+    def read() -> None:
+        assert server.stderr is not None
+        for line in server.stderr:
+            collected.append(line)
+            if '"logger":"django.server"' in line:
+                logged.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -75,9 +91,12 @@ def test_runserver_writes_its_request_lines_as_json_with_method_and_path(tmp_pat
             except OSError:
                 assert time.monotonic() < deadline and server.poll() is None, "runserver did not answer"
                 time.sleep(0.2)
+        logged.wait(30)
     finally:
         server.terminate()
-        _, err = server.communicate(timeout=30)
+        server.wait(timeout=30)
+        reader.join(timeout=30)
+    err = "".join(collected)
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     served = [line for line in lines if line["logger"] == "django.server"]
     assert served, err[-2000:]
