@@ -489,18 +489,11 @@ def _answer(
     if approvals is not None:
         # The approvals now: those read, this one if it was written.
         counted = (len(approvals.by) + (writes.approval is not None), approvals.required)
-    if decision is None:
-        return _result(
-            outcome,
-            approved=call.approved,
-            effect_count=0,
-            operation_id=call.operation_id,
-            decision=None,
-            approvals=counted,
-        )
-    if decision.reviewer_id == call.reviewer.pk:
-        decision.reviewer = call.reviewer
-    effect_count = 1 if decision.approved and (target.effect_exists or writes.effect is not None) else 0
+    effect_count = 0
+    if decision is not None:
+        if decision.reviewer_id == call.reviewer.pk:
+            decision.reviewer = call.reviewer
+        effect_count = 1 if decision.approved and (target.effect_exists or writes.effect is not None) else 0
     return _result(
         outcome,
         approved=call.approved,
