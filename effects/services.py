@@ -935,9 +935,9 @@ def operations_reconcile_lines(
     """The operations of ``operations_reconcile`` as reconcile --json prints them, a chunk of
     newline-terminated lines at a time, in UTF-8 (written as they come: no decoding).
 
-    The lines are made by the database and streamed with COPY on PostgreSQL: over a million
-    operations, building a Python row and then a line for each cost twice the query itself
-    (docs/PERFORMANCE.md, 8). The state comes from operation_state's own truth table.
+    The lines are made by the database and streamed: over a million operations, building a
+    Python row and then a line for each cost twice the query itself (docs/PERFORMANCE.md, 8).
+    The state comes from operation_state's own truth table.
     """
     line, line_params = _sql_json_line()
     query = _reconcile_query(line, case_ids=case_ids, operation_ids=operation_ids, approvals=True)
@@ -952,18 +952,23 @@ def operations_reconcile_lines(
                 yield "".join(f"{found}\n" for (found,) in rows).encode()
             return
         # JIT-compiling the line's expressions took longer than running them: ~0.7 s of a
-        # 3 s COPY over a million operations (docs/PERFORMANCE.md, 8). The sort carries the
+        # 3 s query over a million operations (docs/PERFORMANCE.md, 8). The sort carries the
         # finished lines; in memory it took 1.9 s where spilled to disk it took 2.1 s (the
         # server's memory for it: up to this much per sorting process, once per run).
         cursor.execute("SET LOCAL jit = off")
         cursor.execute("SET LOCAL work_mem = '64MB'")
-        # COPY's text format doubles each backslash (the only character the lines can hold
-        # that it escapes: the JSON has no raw control characters), undone per chunk.
-        with cursor.cursor.copy(f"COPY ({sql}) TO STDOUT", params) as copy:
-            rows = iter(copy)
-            # Joined straight from the iterator, a chunk at a time: no Python step per line.
-            while data := b"".join(islice(rows, chunk_size)):
-                yield data.replace(b"\\\\", b"\\") if b"\\" in data else data
+        # psycopg's stream in libpq's chunked-rows mode: a result of chunk_size rows at a time,
+        # each row made in C, and the query still planned with parallel workers (a
+        # server-side cursor's never is). Reading the same lines as COPY data cost the client
+        # a Python step per line, 1.0 s of CPU over a million where this costs 0.4 s
+        # (docs/PERFORMANCE.md, 8). A libpq older than 17 has no chunked mode: one row at a
+        # time, still streamed.
+        from psycopg import pq
+
+        rows = cursor.cursor.stream(sql, params, size=chunk_size if pq.version() >= 170000 else 1)
+        while chunk := [found for (found,) in islice(rows, chunk_size)]:
+            chunk.append("")
+            yield "\n".join(chunk).encode()
 
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:
