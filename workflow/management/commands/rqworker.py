@@ -28,6 +28,18 @@ class TaskWorker(SimpleWorker):
     """RQ's in-process worker, with Django's stale connections closed around each task (as
     a web request does), so a restarted database costs one failed task at most."""
 
+    def subscribe(self):
+        """RQ's own subscription to the worker's command channel, its thread waking every
+        second instead of every 60: on the way out RQ unsubscribes, then redis-py (8.x) waits
+        for that thread, which could sit out the rest of its sleep. A burst run, or a worker
+        stopped with SIGTERM, then took a minute to end (tests/delivery/test_rq_backend.py)."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=1, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
+
     def execute_job(self, job, queue):
         close_old_connections()
         try:
