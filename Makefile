@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TEST_POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
+# Each suite runs on this many pytest-xdist workers, a test file to a worker (0: in one process).
+TEST_WORKERS ?= 2
+PYTEST = $(VENV)/bin/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # Local runs use the development secret; production sets SECRET_KEY and DEBUG=0.
 export DEBUG ?= 1
@@ -154,12 +157,12 @@ test: $(VENV)/.test browser graphviz pgbouncer haproxy redis
 
 test-sqlite: $(VENV)/.test redis
 	@echo "== pytest on SQLite =="
-	env -u DATABASE_URL $(VENV)/bin/pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL $(PYTEST) $(PYTEST_ARGS)
 
 test-postgres: $(VENV)/.test pgbouncer haproxy redis
 	@if $(PY) -c "import sys, psycopg; psycopg.connect(sys.argv[1], connect_timeout=3).close()" "$(TEST_POSTGRES_URL)" 2>/dev/null; then \
 		echo "== pytest on PostgreSQL ($(TEST_POSTGRES_URL)) =="; \
-		DATABASE_URL="$(TEST_POSTGRES_URL)" $(VENV)/bin/pytest $(PYTEST_ARGS); \
+		DATABASE_URL="$(TEST_POSTGRES_URL)" $(PYTEST) $(PYTEST_ARGS); \
 	elif [ "$(DECISIONFLOW_REQUIRE_POSTGRES)" = 1 ]; then \
 		echo "FAILED: no PostgreSQL answers at $(TEST_POSTGRES_URL), and DECISIONFLOW_REQUIRE_POSTGRES=1" >&2; exit 1; \
 	else \

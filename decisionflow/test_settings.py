@@ -10,7 +10,11 @@ os.environ.setdefault("DEBUG", "1")
 
 # Metrics on, in multiprocess mode as under gunicorn: a folder of this test process (children
 # it starts inherit it, as cron commands share the web's). Set before prometheus_client loads.
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+# Under pytest-xdist each worker is a test run of its own, with its own folder: the counters a
+# test reads must not move with another worker's tests.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("DECISIONFLOW_TEST_METRICS_OF", "") != _worker:
+    os.environ["DECISIONFLOW_TEST_METRICS_OF"] = _worker
     import atexit
     import shutil
     import tempfile

@@ -26,6 +26,12 @@ POSTGRES_ONLY = (
 )
 
 
+# `make test` runs both suites at once, and these tests would do the same thing twice.
+SQLITE_RUN_ONLY = (
+    "the same on either database: only the SQLite run has it (`make test` runs both; `make test-sqlite` runs it)"
+)
+
+
 def pytest_collection_modifyitems(config, items):
     from django.db import connection
 
@@ -34,6 +40,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "postgres" in item.keywords:
                 item.add_marker(skip)
+    if connection.vendor != "sqlite":
+        once = pytest.mark.skip(reason=SQLITE_RUN_ONLY)
+        for item in items:
+            if "any_database" in item.keywords:
+                item.add_marker(once)
 
 
 # The one way past the append-only triggers (effects/migrations/0003), for the test suite's

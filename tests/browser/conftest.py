@@ -21,6 +21,14 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_itemcollected(item):
+    """What a person sees is the same page on either database: the browser tests run in the
+    SQLite run only (tests/conftest.py, ``any_database``). The admin's pages are requested on
+    both databases by tests/admin, and every decision they make is the services' own."""
+    item.add_marker(pytest.mark.any_database)
+
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",

@@ -24,7 +24,7 @@ from playwright.sync_api import expect
 from tests.browser.conftest import LEAD, REVIEWER, in_thread, sign_in
 from tests.browser.test_publish_policy import V4
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.any_database]  # the markup, not the data
 
 AXE = Path(__file__).parent / "vendor" / "axe.min.js"
 BLOCKING = {"serious", "critical"}

@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 
 from tests.browser.conftest import LEAD, REVIEWER, in_thread, sign_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.any_database]  # the markup, not the data
 
 LISTEN = """
 document.addEventListener("securitypolicyviolation", (e) => {
@@ -125,10 +125,14 @@ def test_no_page_of_ours_violates_the_policy(demo, csp_browser, live_server, set
     visit(page, f"{url}/admin/api/apitoken/mine/")
     page.fill("#df-token-name", "csp test")
     page.click("#df-token-submit")
+    # Clicked once the new page's scripts have run (on a busy machine the click could come
+    # first), and the selection awaited rather than read once.
+    page.wait_for_load_state("load")
     page.click("#df-token-secret")
-    assert page.evaluate(
+    page.wait_for_function(
         "(() => { const f = document.getElementById('df-token-secret');"
-        " return f.selectionStart === 0 && f.selectionEnd === f.value.length && f.value.length > 0; })()"
+        " return f.selectionStart === 0 && f.selectionEnd === f.value.length && f.value.length > 0; })()",
+        timeout=5000,
     )
 
     # The API's docs: Swagger UI from our own static files, the document loaded, one operation open.

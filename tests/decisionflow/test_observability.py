@@ -183,10 +183,13 @@ def test_reconcile_runs_and_operations_by_state(world):  # noqa: F811
     assert delta(after_one, locked, "decisionflow_reconcile_runs_total") == 1
 
 
-def test_metrics_off_imports_nothing_and_records_nothing(settings):
+def test_metrics_off_imports_nothing_and_records_nothing(settings, monkeypatch):
     """With metrics off (a cron command without a metrics folder) every metric is a no-op."""
     from core import observability
 
+    # The throwaway metric registers itself: this test's copy of the list, not the process's
+    # (tests/decisionflow/test_health.py checks that every registered metric is served).
+    monkeypatch.setattr(observability, "_ALL", list(observability._ALL))
     settings.DECISIONFLOW_METRICS = False
     metric = observability.Counter("decisionflow_test_off", "never made")
     metric.labels(x="1").inc()

@@ -15,6 +15,8 @@ import pytest
 
 from tests.workflow.conftest import ROOT, child_env, manage_argv
 
+pytestmark = pytest.mark.any_database  # what a process imports
+
 
 def _imported(argv: list[str], **env: str) -> set[str]:
     """The modules ``argv`` imported (``-X importtime``), after it exited 0."""

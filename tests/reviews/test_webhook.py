@@ -213,6 +213,7 @@ def _imported(argv: list[str]) -> str:
     return run.stderr
 
 
+@pytest.mark.any_database
 def test_cron_commands_load_the_webhook_without_httpx(transactional_db):
     """notify_sweep and sla_report import reviews.notifications, and start without httpx
     (about 0.2 s): only the worker that sends imports it."""

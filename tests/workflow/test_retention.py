@@ -192,6 +192,7 @@ def _imports(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.any_database
 def test_cron_commands_import_no_agent_framework(transactional_db):
     """reconcile and prune_checkpoints (admin autodiscovery included) start without the engine."""
     for argv in (("reconcile", "--all"), ("prune_checkpoints", "--older-than", "30d"), ("load_case", "--help")):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from effects.models import CommitAttempt
 from reviews.models import PendingReview, Proposal, ReviewDecision
@@ -29,6 +28,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.any_database
 def test_every_command_has_help():
     env = {**os.environ, "DEBUG": "1"}
     procs = {
@@ -155,13 +155,12 @@ def test_usage_errors_exit_1_and_write_nothing(case, reviewer, settings, capsys)
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.any_database
 def test_the_demo_tells_the_whole_story(tmp_path):
     """SQLite only: the demo makes its own scratch SQLite database (about 30 child processes).
 
     Run as from the shell of a configured host (a webhook, an event log, a metrics folder):
     it prints each line as it goes, and none of the story reaches those settings."""
-    if connection.vendor != "sqlite":
-        pytest.skip("the demo runs on its own scratch SQLite file; once is enough")
     hooks: list[str] = []
 
     class Hook(BaseHTTPRequestHandler):
@@ -238,11 +237,10 @@ def test_the_demo_tells_the_whole_story(tmp_path):
     assert "UNEXPECTED" not in out and out.rstrip().endswith("demo: every step behaved as expected")
 
 
+@pytest.mark.any_database
 def test_the_demo_starts_the_helpdesk_on_the_port_it_is_given():
     """SQLite only. A port held here: the helpdesk the demo starts on it cannot listen, and the
     demo says so with the helpdesk's own line naming that port (exit 1, nothing left running)."""
-    if connection.vendor != "sqlite":
-        pytest.skip("the demo runs on its own scratch SQLite file; once is enough")
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
