@@ -946,29 +946,28 @@ def operations_reconcile_lines(
     sql, params = query
     params = line_params + params
     with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor != "postgresql":
-            cursor.execute(sql, params)
-            while rows := cursor.fetchmany(chunk_size):
-                yield "".join(f"{found}\n" for (found,) in rows).encode()
-            return
-        # JIT-compiling the line's expressions took longer than running them: ~0.7 s of a
-        # 3 s query over a million operations (docs/PERFORMANCE.md, 8). The sort carries the
-        # finished lines; in memory it took 1.9 s where spilled to disk it took 2.1 s (the
-        # server's memory for it: up to this much per sorting process, once per run).
-        cursor.execute("SET LOCAL jit = off")
-        cursor.execute("SET LOCAL work_mem = '64MB'")
-        # psycopg's stream in libpq's chunked-rows mode: a result of chunk_size rows at a time,
-        # each row made in C, and the query still planned with parallel workers (a
-        # server-side cursor's never is). Reading the same lines as COPY data cost the client
-        # a Python step per line, 1.0 s of CPU over a million where this costs 0.4 s
-        # (docs/PERFORMANCE.md, 8). A libpq older than 17 has no chunked mode: one row at a
-        # time, still streamed.
-        from psycopg import pq
+        if connection.vendor == "postgresql":
+            # JIT-compiling the line's expressions took longer than running them: ~0.7 s of a
+            # 3 s query over a million operations (docs/PERFORMANCE.md, 8). The sort carries
+            # the finished lines; in memory it took 1.9 s where spilled to disk it took 2.1 s
+            # (the server's memory for it: up to this much per sorting process, once per run).
+            cursor.execute("SET LOCAL jit = off")
+            cursor.execute("SET LOCAL work_mem = '64MB'")
+            # psycopg's stream in libpq's chunked-rows mode: a result of chunk_size rows at a
+            # time, each row made in C, and the query still planned with parallel workers (a
+            # server-side cursor's never is). Reading the same lines as COPY data cost the
+            # client a Python step per line, 1.0 s of CPU over a million where this costs
+            # 0.4 s (docs/PERFORMANCE.md, 8). A libpq older than 17 has no chunked mode: one
+            # row at a time, still streamed. (psycopg is loaded already here; imported at the
+            # top, a SQLite process would load it for nothing.)
+            from psycopg import pq
 
-        rows = cursor.cursor.stream(sql, params, size=chunk_size if pq.version() >= 170000 else 1)
+            rows = cursor.cursor.stream(sql, params, size=chunk_size if pq.version() >= 170000 else 1)
+        else:
+            cursor.execute(sql, params)
+            rows = (row for batch in iter(lambda: cursor.fetchmany(chunk_size), []) for row in batch)
         while chunk := [found for (found,) in islice(rows, chunk_size)]:
-            chunk.append("")
-            yield "\n".join(chunk).encode()
+            yield ("\n".join(chunk) + "\n").encode()
 
 
 def operation_reconcile(operation_id: str) -> ReconcileRow | None:
